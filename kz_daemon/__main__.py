@@ -1,0 +1,3 @@
+from kz_daemon.cli import main
+
+raise SystemExit(main())

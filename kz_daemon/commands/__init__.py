@@ -1,0 +1,1 @@
+"""`kz` subcommands; each module imports only the standard library at top level."""

@@ -1,0 +1,1 @@
+"""The HTTP shim (Starlette under uvicorn) and the web leaderboard."""

@@ -1,0 +1,351 @@
+"""The daemon's one configuration file, ``DIR/kz.yaml``: defaults, loading, checking.
+
+Every setting has a default that works out of the box, so an empty (or missing)
+file is a valid configuration. Unknown keys are rejected with a message naming
+the key and the keys allowed there: a typo must never be silently ignored.
+Relative paths are resolved against the state directory.
+
+The documented default file (``DEFAULT_YAML``) is what ``write_default`` puts on
+disk at first start; ``tests/test_daemon_config.py`` checks that it loads to the
+same values as the built-in defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kz_daemon.errors import ZooError
+
+MIB = 1024 * 1024
+
+DEFAULT_YAML = """\
+# kernel_zoo daemon configuration (kz.yaml). Every key is optional; the values
+# shown are the defaults. Unknown keys are an error. Relative paths are resolved
+# against the state directory that holds this file.
+
+paths:
+  repo: repo              # the kernel repo: a non-bare git worktree written with dulwich
+  spool: spool            # spool/tmp -> spool/inbox (+ spool/rejected/<uuid>/)
+  pending: pending        # pending/<uuid>/package.tar.gz + submission.json
+  runs: runs              # runs/<uuid>/result.json, logs, env.json
+  events: events          # the event log (kz_events)
+  index: index.json       # the leaderboard index, atomically replaced
+
+repo:
+  branch: main
+  author: "kernel_zoo <kernel-zoo@localhost>"
+  fsync: true             # fsync every object file and its directory before moving the branch
+
+limits:                   # checked on every upload before anything touches the repo
+  max_compressed_bytes: 67108864    # 64 MiB: the tar.gz as uploaded
+  max_members: 4096                 # entries (files + directories) in the tarball
+  max_member_bytes: 67108864        # 64 MiB: one file, unpacked
+  max_total_bytes: 268435456        # 256 MiB: all files, unpacked
+  max_ratio: 200                    # unpacked total / compressed size
+
+queue:
+  lease_seconds: 300      # a claim's lease; runners renew it while they work
+  max_attempts: 3         # claims per submission before it fails (ATTEMPTS_EXHAUSTED)
+  reaper_interval_s: 1.0  # how often expired leases are looked for
+
+timeouts:                 # handed to runners with each claim
+  build_s: 600
+  benchmark_s: 1800
+
+intake:
+  rescan_interval_s: 5.0  # periodic inbox scan besides the watchdog observer
+
+policy:
+  allow_new_packages: true          # a submission may create a new kernel_id
+  submissions_require_token: false  # the HTTP shim asks submitters for a token
+
+http:                     # the HTTP shim (kz up)
+  host: 127.0.0.1
+  port: 8470
+
+mirrors: []               # e.g. [{name: backup, url: /srv/git/kernels.git}]
+"""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the daemon keeps its state (absolute after loading)."""
+
+    repo: Path
+    spool: Path
+    pending: Path
+    runs: Path
+    events: Path
+    index: Path
+
+
+@dataclass(frozen=True)
+class RepoSettings:
+    """The kernel repo's branch, commit author and durability switch."""
+
+    branch: str = "main"
+    author: str = "kernel_zoo <kernel-zoo@localhost>"
+    fsync: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on an uploaded tarball (see kz_runner.contract.tarball)."""
+
+    max_compressed_bytes: int = 64 * MIB
+    max_members: int = 4096
+    max_member_bytes: int = 64 * MIB
+    max_total_bytes: int = 256 * MIB
+    max_ratio: float = 200.0
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Lease length, attempts per submission, reaper period."""
+
+    lease_seconds: float = 300.0
+    max_attempts: int = 3
+    reaper_interval_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Build and benchmark time limits handed to runners with each claim."""
+
+    build_s: float = 600.0
+    benchmark_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class IntakeSettings:
+    """How often the inbox is rescanned besides the watchdog observer."""
+
+    rescan_interval_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Operator policies."""
+
+    allow_new_packages: bool = True
+    submissions_require_token: bool = False
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Where the HTTP shim listens."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """A remote the repo is pushed to after each accept (a path or URL dulwich can push to)."""
+
+    name: str
+    url: str
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; build it with :meth:`load` or :meth:`default`."""
+
+    state_dir: Path
+    paths: Paths
+    repo: RepoSettings = field(default_factory=RepoSettings)
+    limits: Limits = field(default_factory=Limits)
+    queue: QueueSettings = field(default_factory=QueueSettings)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    intake: IntakeSettings = field(default_factory=IntakeSettings)
+    policy: Policy = field(default_factory=Policy)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    mirrors: tuple[Mirror, ...] = ()
+    source_file: Path | None = None
+
+    # Derived locations, so no caller joins path segments by hand.
+    @property
+    def spool_tmp(self) -> Path:
+        """Writers create files here first."""
+        return self.paths.spool / "tmp"
+
+    @property
+    def spool_inbox(self) -> Path:
+        """Files are renamed in here; the daemon watches it."""
+        return self.paths.spool / "inbox"
+
+    @property
+    def spool_rejected(self) -> Path:
+        """Rejected submissions are archived here, one folder per uuid."""
+        return self.paths.spool / "rejected"
+
+    @classmethod
+    def default(cls, state_dir: str | Path) -> "Config":
+        """The built-in defaults for ``state_dir`` (no file read)."""
+        return cls.from_dict({}, state_dir)
+
+    @classmethod
+    def load(cls, state_dir: str | Path, config_file: str | Path | None = None) -> "Config":
+        """Read ``config_file`` (default ``state_dir/kz.yaml``; missing file = defaults).
+
+        Raises ZooError(CONFIG_INVALID) naming the offending key on any bad value.
+        """
+        state_dir = Path(state_dir).resolve()
+        path = Path(config_file) if config_file else state_dir / "kz.yaml"
+        data: Any = {}
+        if path.exists():
+            try:
+                data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            except yaml.YAMLError as exc:
+                raise _invalid(f"{path} is not valid YAML: {exc}", path=str(path)) from None
+        config = cls.from_dict(data, state_dir, source=str(path))
+        return dataclasses.replace(config, source_file=path if path.exists() else None)
+
+    @classmethod
+    def from_dict(cls, data: Any, state_dir: str | Path, source: str = "kz.yaml") -> "Config":
+        """Build a Config from a parsed YAML mapping; unknown keys and bad types raise CONFIG_INVALID."""
+        state_dir = Path(state_dir).resolve()
+        if not isinstance(data, dict):
+            raise _invalid(f"{source}: the top level must be a mapping of sections", path=source)
+        sections = {
+            "paths": None, "repo": RepoSettings, "limits": Limits, "queue": QueueSettings,
+            "timeouts": Timeouts, "intake": IntakeSettings, "policy": Policy,
+            "http": HttpSettings, "mirrors": None,
+        }
+        _reject_unknown(data, sections, source, "")
+        raw_paths = data.get("paths") or {}
+        if not isinstance(raw_paths, dict):
+            raise _invalid(f"{source}: 'paths' must be a mapping", path=source, key="paths")
+        default_paths = {"repo": "repo", "spool": "spool", "pending": "pending", "runs": "runs",
+                         "events": "events", "index": "index.json"}
+        _reject_unknown(raw_paths, default_paths, source, "paths.")
+        resolved = {}
+        for key, default in default_paths.items():
+            value = raw_paths.get(key, default)
+            if not isinstance(value, str) or not value:
+                raise _invalid(f"{source}: paths.{key} must be a non-empty string", path=source,
+                               key=f"paths.{key}")
+            resolved[key] = (state_dir / value).resolve()
+        built: dict[str, Any] = {}
+        for name, klass in sections.items():
+            if klass is None:
+                continue
+            built[name] = _section(klass, data.get(name), source, name)
+        mirrors = _mirrors(data.get("mirrors"), source)
+        config = cls(state_dir=state_dir, paths=Paths(**resolved), mirrors=mirrors, **built)
+        _check_ranges(config, source)
+        return config
+
+    def with_paths(self, **overrides: str | Path) -> "Config":
+        """A copy with some paths replaced (e.g. ``repo=`` from ``kz daemon --repo``)."""
+        new = dataclasses.replace(self.paths, **{k: Path(v).resolve() for k, v in overrides.items()})
+        return dataclasses.replace(self, paths=new)
+
+    def ensure_dirs(self) -> None:
+        """Create every directory the daemon writes to (not the repo: gitstore does that)."""
+        for directory in (self.spool_tmp, self.spool_inbox, self.spool_rejected,
+                          self.paths.pending, self.paths.runs, self.paths.events,
+                          self.paths.index.parent):
+            directory.mkdir(parents=True, exist_ok=True)
+
+
+def write_default(path: str | Path) -> bool:
+    """Write the documented default ``kz.yaml`` at ``path`` unless a file is there; True if written."""
+    path = Path(path)
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(DEFAULT_YAML, encoding="utf-8")
+    tmp.replace(path)
+    return True
+
+
+def _invalid(message: str, **details: Any) -> ZooError:
+    return ZooError("CONFIG_INVALID", message, details)
+
+
+def _reject_unknown(data: dict, allowed: dict, source: str, prefix: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise _invalid(
+            f"{source}: unknown key {prefix}{unknown[0]} (allowed here: {', '.join(sorted(allowed))})",
+            path=source, key=f"{prefix}{unknown[0]}", allowed=sorted(allowed))
+
+
+def _section(klass: type, raw: Any, source: str, name: str) -> Any:
+    if raw is None:
+        return klass()
+    if not isinstance(raw, dict):
+        raise _invalid(f"{source}: '{name}' must be a mapping", path=source, key=name)
+    fields = {f.name: f for f in dataclasses.fields(klass)}
+    _reject_unknown(raw, fields, source, f"{name}.")
+    values = {}
+    for key, value in raw.items():
+        default = fields[key].default
+        values[key] = _coerce(value, default, source, f"{name}.{key}")
+    return klass(**values)
+
+
+def _coerce(value: Any, default: Any, source: str, key: str) -> Any:
+    """Check ``value`` has the default's type (ints allowed where floats are)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, str) and value != ""
+    if not ok:
+        raise _invalid(f"{source}: {key} must be a {type(default).__name__} like {default!r}, "
+                       f"got {value!r}", path=source, key=key)
+    return value
+
+
+def _mirrors(raw: Any, source: str) -> tuple[Mirror, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _invalid(f"{source}: 'mirrors' must be a list of {{name, url}}", path=source, key="mirrors")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise _invalid(f"{source}: mirrors[{i}] must be a mapping {{name, url}}", path=source,
+                           key=f"mirrors[{i}]")
+        _reject_unknown(item, {"name": 1, "url": 1}, source, f"mirrors[{i}].")
+        name, url = item.get("name"), item.get("url")
+        if not isinstance(url, str) or not url:
+            raise _invalid(f"{source}: mirrors[{i}].url must be a non-empty string", path=source,
+                           key=f"mirrors[{i}].url")
+        out.append(Mirror(name=str(name or f"mirror{i}"), url=url))
+    return tuple(out)
+
+
+def _check_ranges(config: Config, source: str) -> None:
+    positive = {
+        "limits.max_compressed_bytes": config.limits.max_compressed_bytes,
+        "limits.max_members": config.limits.max_members,
+        "limits.max_member_bytes": config.limits.max_member_bytes,
+        "limits.max_total_bytes": config.limits.max_total_bytes,
+        "limits.max_ratio": config.limits.max_ratio,
+        "queue.lease_seconds": config.queue.lease_seconds,
+        "queue.max_attempts": config.queue.max_attempts,
+        "queue.reaper_interval_s": config.queue.reaper_interval_s,
+        "timeouts.build_s": config.timeouts.build_s,
+        "timeouts.benchmark_s": config.timeouts.benchmark_s,
+        "intake.rescan_interval_s": config.intake.rescan_interval_s,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise _invalid(f"{source}: {key} must be > 0, got {value!r}", path=source, key=key)
+    if not 0 < config.http.port < 65536:
+        raise _invalid(f"{source}: http.port must be 1..65535", path=source, key="http.port")
+    if "/" in config.repo.branch or not config.repo.branch.strip():
+        raise _invalid(f"{source}: repo.branch must be a simple branch name", path=source,
+                       key="repo.branch")

@@ -1,0 +1,447 @@
+"""A thin porcelain over dulwich's object model: the daemon's only way to write git.
+
+Why not ``dulwich.porcelain.add/commit``: they stat and re-read the whole index, so
+a two-commit accept on a repo of 10,000 packages takes over a minute (DESIGN.md §6).
+Here a commit is built from the object store: only the trees on the changed paths
+are rewritten (bottom-up), new objects are written durably (each loose object file
+fsynced, then its directory), and the branch moves only by compare-and-swap
+(``refs.set_if_equals``). The daemon never runs the ``git`` binary; the repo stays
+a normal repository the ``git`` CLI reads (tests check ``git fsck``).
+
+The checked-out worktree (and git's index file) is a *view* for people who browse
+the repo. Rewriting the 50,000-entry index costs about a second, so it is not on
+the accept path: :meth:`GitStore.sync_worktree` brings the files and index entries
+of the paths that changed since the last sync to HEAD, from a background thread
+after each accept and at start-up. HEAD is the truth; the worktree may lag it by
+one sync.
+
+Commit messages carry trailers (``Kz-Submission``, ``Kz-Submitter``, ``Kz-Runner``,
+``Kz-Step``) so history explains itself and recovery can see what reached git.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping, Union
+
+from dulwich.objects import Blob, Commit, Tree
+from dulwich.repo import Repo
+
+from kz_daemon.errors import ZooError
+
+TREE_MODE = 0o040000
+FILE_MODE = 0o100644
+EXEC_MODE = 0o100755
+WORKTREE_MARK = "kz-worktree"  # file under .git holding the tree SHA the worktree shows
+
+# A change's value: file bytes, (bytes, mode), or None to delete the file or folder.
+Change = Union[bytes, "tuple[bytes, int]", None]
+
+
+class CommitConflict(ZooError):
+    """The branch moved under us (compare-and-swap failed): nothing was changed."""
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """A commit as recovery and audit see it."""
+
+    sha: str
+    parents: tuple[str, ...]
+    subject: str
+    trailers: dict[str, str]
+    commit_time: int
+
+
+class _Node:
+    """A folder in the change plan; ``clear`` means its old content is dropped first."""
+
+    __slots__ = ("clear", "children")
+
+    def __init__(self, clear: bool = False) -> None:
+        self.clear = clear
+        self.children: dict[bytes, object] = {}
+
+
+_DELETE = object()
+
+
+def format_message(subject: str, trailers: Mapping[str, str], body: str = "") -> str:
+    """A commit message: subject, optional body, then ``Key: value`` trailer lines."""
+    parts = [subject.strip()]
+    if body.strip():
+        parts.append(body.strip())
+    if trailers:
+        parts.append("\n".join(f"{k}: {v}" for k, v in trailers.items()))
+    return "\n\n".join(parts) + "\n"
+
+
+def parse_trailers(message: str) -> dict[str, str]:
+    """The ``Key: value`` lines of the message's last paragraph (keys with a dash or ``Kz``)."""
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if len(paragraphs) < 2:
+        return {}
+    out: dict[str, str] = {}
+    for line in paragraphs[-1].splitlines():
+        key, sep, value = line.partition(": ")
+        if not sep or " " in key or not key:
+            return {}
+        out[key] = value.strip()
+    return out
+
+
+class GitStore:
+    """One non-bare repository and one branch; build with :meth:`open` or :meth:`init`."""
+
+    def __init__(self, repo: Repo, branch: str = "main", fsync: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.repo = repo
+        self.root = Path(repo.path)
+        self.git_dir = Path(repo.controldir())
+        self.branch = branch
+        self.ref = f"refs/heads/{branch}".encode()
+        self.fsync = fsync
+        self.clock = clock
+        # Objects are fsynced by us (file and directory) in _write_objects.
+        self.store = repo.object_store
+
+    # -- opening -------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, branch: str = "main", fsync: bool = True,
+             clock: Callable[[], float] = time.time) -> "GitStore":
+        """Open an existing repository at ``path`` (its worktree root)."""
+        return cls(Repo(str(path)), branch, fsync, clock)
+
+    @classmethod
+    def init(cls, path: str | Path, branch: str = "main", fsync: bool = True,
+             clock: Callable[[], float] = time.time) -> "GitStore":
+        """Create a non-bare repository at ``path`` whose HEAD names ``branch`` (no commit yet)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        repo = Repo.init(str(path))
+        repo.refs.set_symbolic_ref(b"HEAD", f"refs/heads/{branch}".encode())
+        return cls(repo, branch, fsync, clock)
+
+    @classmethod
+    def open_or_init(cls, path: str | Path, branch: str = "main", fsync: bool = True,
+                     clock: Callable[[], float] = time.time) -> "GitStore":
+        """Open the repository at ``path``, creating it (empty) if there is none."""
+        if (Path(path) / ".git").exists():
+            return cls.open(path, branch, fsync, clock)
+        return cls.init(path, branch, fsync, clock)
+
+    def close(self) -> None:
+        """Release the repository's file handles (pack files)."""
+        self.repo.close()
+
+    # -- reading -------------------------------------------------------------------
+    def head(self) -> str | None:
+        """The branch's commit SHA (hex), or None before the first commit."""
+        try:
+            return self.repo.refs[self.ref].decode()
+        except KeyError:
+            return None
+
+    def tree_of(self, commit_sha: str | None) -> bytes | None:
+        """The root tree id of ``commit_sha`` (None for None)."""
+        if commit_sha is None:
+            return None
+        return self.store[commit_sha.encode()].tree
+
+    def _lookup(self, path: str, commit_sha: str | None) -> tuple[int, bytes] | None:
+        tree_id = self.tree_of(commit_sha if commit_sha is not None else self.head())
+        if tree_id is None:
+            return None
+        mode, sha = TREE_MODE, tree_id
+        for part in [p for p in path.strip("/").split("/") if p]:
+            if mode != TREE_MODE:
+                return None
+            tree = self.store[sha]
+            try:
+                mode, sha = tree[part.encode()]
+            except KeyError:
+                return None
+        return mode, sha
+
+    def read_file(self, path: str, commit_sha: str | None = None) -> bytes | None:
+        """The bytes of ``path`` at ``commit_sha`` (default HEAD), or None if absent or a folder."""
+        found = self._lookup(path, commit_sha)
+        if found is None or found[0] == TREE_MODE:
+            return None
+        return self.store[found[1]].as_raw_string()
+
+    def is_dir(self, path: str, commit_sha: str | None = None) -> bool:
+        """Whether ``path`` is a folder at ``commit_sha`` (default HEAD)."""
+        found = self._lookup(path, commit_sha)
+        return found is not None and found[0] == TREE_MODE
+
+    def exists(self, path: str, commit_sha: str | None = None) -> bool:
+        """Whether ``path`` (file or folder) exists at ``commit_sha`` (default HEAD)."""
+        return self._lookup(path, commit_sha) is not None
+
+    def list_files(self, prefix: str = "", commit_sha: str | None = None) -> list[str]:
+        """Every file path under ``prefix`` (repo-relative, sorted), at ``commit_sha`` or HEAD."""
+        return sorted(p for p, _mode, _sha in self.walk_files(prefix, commit_sha))
+
+    def walk_files(self, prefix: str = "",
+                   commit_sha: str | None = None) -> Iterator[tuple[str, int, bytes]]:
+        """Yield (path, mode, blob id) for every file under ``prefix`` in tree order."""
+        prefix = prefix.strip("/")
+        found = self._lookup(prefix, commit_sha)
+        if found is None:
+            return
+        if found[0] != TREE_MODE:
+            yield prefix, found[0], found[1]
+            return
+        stack = [(prefix, found[1])]
+        while stack:
+            base, tree_id = stack.pop()
+            for entry in sorted(self.store[tree_id].iteritems(), key=lambda e: e.path, reverse=True):
+                name = entry.path.decode()
+                full = f"{base}/{name}" if base else name
+                if entry.mode == TREE_MODE:
+                    stack.append((full, entry.sha))
+                else:
+                    yield full, entry.mode, entry.sha
+
+    def commit_info(self, sha: str) -> CommitInfo:
+        """Subject, parents and trailers of one commit."""
+        commit = self.store[sha.encode()]
+        message = commit.message.decode("utf-8", "replace")
+        return CommitInfo(sha=sha, parents=tuple(p.decode() for p in commit.parents),
+                          subject=message.split("\n", 1)[0], trailers=parse_trailers(message),
+                          commit_time=commit.commit_time)
+
+    def log(self, start: str | None = None, stop: str | None = None,
+            limit: int | None = None) -> Iterator[CommitInfo]:
+        """First-parent history from ``start`` (default HEAD), newest first, until ``stop`` (excluded)."""
+        sha = start if start is not None else self.head()
+        count = 0
+        while sha is not None and sha != stop and (limit is None or count < limit):
+            info = self.commit_info(sha)
+            yield info
+            count += 1
+            sha = info.parents[0] if info.parents else None
+
+    def find_commits(self, key: str, value: str, since: str | None = None) -> list[CommitInfo]:
+        """Commits after ``since`` (exclusive; None = all history) whose trailer ``key`` is ``value``, oldest first."""
+        found = [c for c in self.log(stop=since) if c.trailers.get(key) == value]
+        found.reverse()
+        return found
+
+    # -- writing -------------------------------------------------------------------
+    def commit_changes(self, changes: Mapping[str, Change], message: str, author: str,
+                       parent_expected: str | None) -> str:
+        """Commit ``changes`` on top of ``parent_expected`` and move the branch; returns the SHA.
+
+        ``changes`` maps repo-relative paths to new content (bytes or (bytes, mode)) or
+        None (delete that file or whole folder). Deletions apply before writes, so
+        ``{"k": None, "k/a": b"..."}`` replaces folder ``k`` wholesale. Only the trees
+        on the changed paths are rebuilt. Raises :class:`CommitConflict` when the
+        branch is not at ``parent_expected`` (the compare-and-swap failed).
+        """
+        current = self.head()
+        if current != parent_expected:
+            raise CommitConflict("CONFLICT", f"branch {self.branch} is at {current}, expected "
+                                 f"{parent_expected}", {"head": current, "expected": parent_expected})
+        new_objects: list = []
+        plan = _plan(changes)
+        base_tree = self.tree_of(parent_expected)
+        tree_id = self._apply(base_tree, plan, new_objects)
+        if tree_id is None:
+            empty = Tree()
+            new_objects.append(empty)
+            tree_id = empty.id
+        commit = Commit()
+        commit.tree = tree_id
+        commit.parents = [parent_expected.encode()] if parent_expected else []
+        ident = author.encode()
+        commit.author = commit.committer = ident
+        now = int(self.clock())
+        commit.author_time = commit.commit_time = now
+        commit.author_timezone = commit.commit_timezone = 0
+        commit.encoding = b"UTF-8"
+        commit.message = message.encode()
+        new_objects.append(commit)
+        self._write_objects(new_objects)
+        if parent_expected is None:
+            moved = self.repo.refs.add_if_new(self.ref, commit.id)
+        else:
+            moved = self.repo.refs.set_if_equals(self.ref, parent_expected.encode(), commit.id)
+        if not moved:
+            raise CommitConflict("CONFLICT", f"branch {self.branch} moved during the commit",
+                                 {"expected": parent_expected})
+        return commit.id.decode()
+
+    def _apply(self, tree_id: bytes | None, node: _Node, out: list) -> bytes | None:
+        """Rebuild one folder: returns the new tree id, or None when it ends up empty."""
+        entries: dict[bytes, tuple[int, bytes]] = {}
+        if tree_id is not None and not node.clear:
+            for entry in self.store[tree_id].iteritems():
+                entries[entry.path] = (entry.mode, entry.sha)
+        for name, child in node.children.items():
+            if child is _DELETE:
+                entries.pop(name, None)
+            elif isinstance(child, _Node):
+                old = entries.get(name)
+                old_tree = old[1] if old is not None and old[0] == TREE_MODE else None
+                sub = self._apply(old_tree, child, out)
+                if sub is None:
+                    entries.pop(name, None)
+                else:
+                    entries[name] = (TREE_MODE, sub)
+            else:
+                data, mode = child  # type: ignore[misc]
+                blob = Blob.from_string(data)
+                out.append(blob)
+                entries[name] = (mode, blob.id)
+        if not entries:
+            return None
+        tree = Tree()
+        for name, (mode, sha) in entries.items():
+            tree.add(name, mode, sha)
+        if tree_id is not None and tree.id == tree_id:
+            return tree_id
+        out.append(tree)
+        return tree.id
+
+    def _write_objects(self, objects: Iterable) -> None:
+        """Write loose objects; with fsync on, each new file and then its folder is fsynced."""
+        dirs: set[str] = set()
+        objects_dir = Path(self.store.path)
+        for obj in objects:
+            hexsha = obj.id.decode()
+            path = objects_dir / hexsha[:2] / hexsha[2:]
+            if path.exists():
+                continue
+            self.store.add_object(obj)
+            if self.fsync:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                dirs.add(str(path.parent))
+        if self.fsync:
+            dirs.add(str(objects_dir))
+            for directory in dirs:
+                _fsync_dir(directory)
+
+    # -- maintenance ---------------------------------------------------------------
+    def clear_stale_locks(self) -> list[str]:
+        """Remove ``*.lock`` files a killed writer left under .git (call only while no writer runs)."""
+        removed = []
+        for base, _dirs, files in os.walk(self.git_dir):
+            for name in files:
+                if name.endswith(".lock"):
+                    path = os.path.join(base, name)
+                    os.unlink(path)
+                    removed.append(os.path.relpath(path, self.git_dir))
+        return sorted(removed)
+
+    def sync_worktree(self) -> int:
+        """Bring the checked-out files and git's index to HEAD for the paths changed since the last sync.
+
+        Returns the number of paths written or removed. Untouched paths are not
+        read, so the cost is the index file rewrite plus the changed files.
+        """
+        from dulwich.diff_tree import tree_changes
+        from dulwich.index import Index, index_entry_from_stat
+
+        head = self.head()
+        if head is None:
+            return 0
+        target = self.tree_of(head)
+        mark = self.git_dir / WORKTREE_MARK
+        synced = mark.read_text().strip().encode() if mark.exists() else None
+        if synced == target:
+            return 0
+        index = self.repo.open_index()
+        count = 0
+        for change in tree_changes(self.store, synced, target):
+            old, new = change.old, change.new
+            if old is not None and old.path is not None and (new is None or new.path != old.path):
+                self._remove_worktree_file(old.path, index)
+                count += 1
+            if new is not None and new.path is not None and new.sha is not None:
+                full = self.root / new.path.decode()
+                if full.is_dir() and not full.is_symlink():
+                    _rmtree(full)
+                full.parent.mkdir(parents=True, exist_ok=True)
+                tmp = full.with_name(full.name + ".kz-tmp")
+                tmp.write_bytes(self.store[new.sha].as_raw_string())
+                os.chmod(tmp, 0o755 if new.mode == EXEC_MODE else 0o644)
+                tmp.replace(full)
+                index[new.path] = index_entry_from_stat(os.lstat(full), new.sha, new.mode)
+                count += 1
+        index.write()
+        tmp_mark = mark.with_name(WORKTREE_MARK + ".tmp")
+        tmp_mark.write_text(target.decode() + "\n")
+        tmp_mark.replace(mark)
+        return count
+
+    def _remove_worktree_file(self, path: bytes, index) -> None:
+        full = self.root / path.decode()
+        try:
+            full.unlink()
+        except FileNotFoundError:
+            pass
+        try:
+            del index[path]
+        except KeyError:
+            pass
+        parent = full.parent
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def _plan(changes: Mapping[str, Change]) -> _Node:
+    """Turn ``{path: content|None}`` into a tree of folders; deletions first, then writes."""
+    root = _Node()
+    ordered = sorted(changes.items(), key=lambda kv: (kv[1] is not None, kv[0]))
+    for path, value in ordered:
+        parts = [p.encode() for p in path.strip("/").split("/") if p]
+        if not parts or any(p in (b".", b"..", b".git") for p in parts):
+            raise ValueError(f"bad path in commit: {path!r}")
+        node = root
+        for part in parts[:-1]:
+            child = node.children.get(part)
+            if not isinstance(child, _Node):
+                # Missing, or deleted/replaced by a file earlier in the plan: start afresh
+                # when something was removed there, otherwise merge with the old folder.
+                child = _Node(clear=child is not None)
+                node.children[part] = child
+            node = child
+        leaf = parts[-1]
+        if value is None:
+            node.children[leaf] = _DELETE
+        else:
+            data, mode = (value, FILE_MODE) if isinstance(value, (bytes, bytearray)) else value
+            node.children[leaf] = (bytes(data), mode)
+    return root
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def file_mode(st_mode: int) -> int:
+    """The git mode for a file with POSIX mode ``st_mode`` (executable or not)."""
+    return EXEC_MODE if st_mode & stat.S_IXUSR else FILE_MODE

@@ -1,0 +1,108 @@
+"""kernel_id: a package's POSIX path relative to the kernel repo root.
+
+Every segment matches ``^[A-Za-z0-9._-]+$``; ``.`` and ``..`` segments, empty
+segments and a leading or trailing ``/`` are refused. The first four segments
+are, by convention, ``<arch>/<op_class>/<sub_class>/<quant>`` and should mirror
+``desc.yaml``'s ``category``.
+
+>>> check_kernel_id("gfx928/Attention/MHA/fp16/reference_impl")
+[]
+>>> category_segments("gfx928/Attention/MHA/fp16/reference_impl")
+('gfx928', 'Attention', 'MHA', 'fp16')
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: A file or directory whose presence marks a kernel repo root (nearest wins).
+REPO_MARKERS = (".kernel_zoo_root", ".git")
+CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
+
+
+def kernel_id_errors(kernel_id: object) -> list[str]:
+    """Reasons (plain sentences) why ``kernel_id`` is not a valid kernel_id; empty when valid."""
+    if not isinstance(kernel_id, str):
+        return [f"kernel_id must be a string, got {type(kernel_id).__name__}"]
+    if not kernel_id:
+        return ["kernel_id is empty"]
+    reasons: list[str] = []
+    if kernel_id.startswith("/"):
+        reasons.append("kernel_id must not start with '/'")
+    if kernel_id.endswith("/"):
+        reasons.append("kernel_id must not end with '/'")
+    for index, segment in enumerate(kernel_id.strip("/").split("/")):
+        if segment == "":
+            reasons.append(f"segment {index + 1} is empty ('//')")
+        elif segment in (".", ".."):
+            reasons.append(f"segment {index + 1} is {segment!r}")
+        elif not SEGMENT_RE.match(segment):
+            reasons.append(f"segment {segment!r} does not match ^[A-Za-z0-9._-]+$")
+    return reasons
+
+
+def is_valid_kernel_id(kernel_id: object) -> bool:
+    """True when ``kernel_id`` is a well-formed kernel_id."""
+    return not kernel_id_errors(kernel_id)
+
+
+def check_kernel_id(kernel_id: object, file: str | None = None, field: str | None = None):
+    """``KERNEL_ID_INVALID`` problems for ``kernel_id`` (an empty list when it is valid)."""
+    from .codes import problem
+
+    return [problem("KERNEL_ID_INVALID", f"{kernel_id!r}: {reason}", file=file, field=field)
+            for reason in kernel_id_errors(kernel_id)]
+
+
+def segments(kernel_id: str) -> list[str]:
+    """The path segments of a (valid) kernel_id."""
+    return kernel_id.split("/")
+
+
+def category_segments(kernel_id: str) -> tuple[str, ...] | None:
+    """The first four segments ``(arch, op_class, sub_class, quant)``, or None when fewer exist."""
+    parts = kernel_id.split("/")
+    return tuple(parts[:4]) if len(parts) >= 4 else None
+
+
+def category_mismatches(kernel_id: str, category: dict) -> list[tuple[str, str | None, object]]:
+    """``(field, segment, category value)`` for every category field that differs from the path."""
+    parts = kernel_id.split("/")
+    out = []
+    for index, name in enumerate(CATEGORY_FIELDS):
+        segment = parts[index] if index < len(parts) else None
+        value = category.get(name) if isinstance(category, dict) else None
+        if segment != value:
+            out.append((name, segment, value))
+    return out
+
+
+def find_repo_root(start: str | os.PathLike, markers: tuple[str, ...] = REPO_MARKERS) -> Path | None:
+    """The nearest directory at or above ``start`` holding one of ``markers``, else None."""
+    path = Path(start).resolve()
+    for candidate in (path, *path.parents):
+        if any((candidate / marker).exists() for marker in markers):
+            return candidate
+    return None
+
+
+def kernel_id_from_path(package_dir: str | os.PathLike, repo_root: str | os.PathLike) -> str:
+    """The kernel_id of ``package_dir`` under ``repo_root``; ValueError when it is not under it."""
+    package = Path(package_dir).resolve()
+    root = Path(repo_root).resolve()
+    try:
+        rel = package.relative_to(root)
+    except ValueError:
+        raise ValueError(f"{package} is not under the repo root {root}") from None
+    if not rel.parts:
+        raise ValueError(f"{package} is the repo root itself, not a package under it")
+    return rel.as_posix()
+
+
+def path_ends_with(package_dir: str | os.PathLike, kernel_id: str) -> bool:
+    """True when the last segments of ``package_dir`` spell ``kernel_id``."""
+    parts = Path(package_dir).resolve().parts
+    wanted = tuple(kernel_id.split("/"))
+    return len(parts) > len(wanted) and parts[-len(wanted):] == wanted

@@ -1,0 +1,129 @@
+"""Schema validation as problem values, with validators compiled once per schema.
+
+``validator(name)`` returns a cached jsonschema validator for ``schemas/<name>.json``
+with a strict RFC 3339 ``date-time`` format check (jsonschema alone does not
+enforce formats). ``schema_problems`` turns its errors into :class:`Problem`
+values with a JSON-path ``field`` and a hint for the common YAML traps.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from functools import lru_cache
+from typing import Any, Iterator
+
+from .codes import problem
+from .problems import Problem
+
+MAX_ERRORS_PER_DOCUMENT = 20
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def is_rfc3339(value: object) -> bool:
+    """True for an RFC 3339 date-time string with a time zone, e.g. ``2026-08-02T00:00:00Z``."""
+    if not isinstance(value, str):
+        return True  # formats constrain strings only; the type keyword handles the rest
+    if not _RFC3339.match(value):
+        return False
+    try:
+        _dt.datetime.fromisoformat(value[:-1] + "+00:00" if value[-1] in "Zz" else value)
+    except ValueError:
+        return False
+    return True
+
+
+@lru_cache(maxsize=None)
+def _format_checker():
+    import jsonschema
+
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checks("date-time")(is_rfc3339)
+    return checker
+
+
+@lru_cache(maxsize=None)
+def validator(name: str):
+    """The compiled jsonschema validator for ``schemas/<name>.json`` (cached)."""
+    import jsonschema
+    import kz_schemas
+
+    schema = kz_schemas.load(name)
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=_format_checker())
+
+
+def json_path(parts) -> str:
+    """``cases[0].metrics_best.tflops`` from a jsonschema path deque."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hint_for(error) -> str | None:
+    instance = error.instance
+    if error.validator == "type" and isinstance(instance, (_dt.date, _dt.datetime)):
+        return ("YAML read an unquoted timestamp as a date; quote it, "
+                "e.g. recorded_at: \"2026-08-02T00:00:00Z\"")
+    if error.validator in ("type", "pattern") and error.path and error.path[-1] == "commit_sha":
+        return "Quote the SHA: commit_sha: \"0000000\" (unquoted, YAML reads digits as a number)."
+    if error.validator == "additionalProperties":
+        return ("Remove the unknown field(s); retired fields such as acceptance.* are rejected, "
+                "and the acceptance policy lives in benchmark.py.")
+    if error.validator == "maxLength" and error.path and error.path[-1] == "summary":
+        return "Shorten summary to at most 300 characters; put detail in description."
+    return None
+
+
+def _message(error) -> str:
+    if error.validator == "type":
+        return f"{_short(error.instance)} is not of type {error.validator_value!r}"
+    if error.validator in ("pattern", "enum", "format", "maxLength", "minLength", "minItems",
+                           "minimum", "uniqueItems", "oneOf"):
+        return f"{_short(error.instance)} violates {error.validator}: {_short(error.validator_value, 80)}"
+    text = error.message
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def schema_problems(document: Any, schema_name: str, code: str, file: str | None,
+                    field_prefix: str = "") -> list[Problem]:
+    """Problems (``code``) for every way ``document`` violates ``schemas/<schema_name>.json``."""
+    check = validator(schema_name)
+    if check.is_valid(document):
+        return []
+    errors = sorted(check.iter_errors(document),
+                    key=lambda e: (json_path(e.absolute_path), e.validator, e.message))
+    out: list[Problem] = []
+    for error in errors[:MAX_ERRORS_PER_DOCUMENT]:
+        path = json_path(error.absolute_path)
+        if field_prefix:
+            path = field_prefix + ("." + path if path and not path.startswith("[") else path)
+        out.append(problem(code, _message(error), file=file, field=path or None,
+                           hint=_hint_for(error)))
+    if len(errors) > MAX_ERRORS_PER_DOCUMENT:
+        out.append(problem(code, f"... and {len(errors) - MAX_ERRORS_PER_DOCUMENT} more schema errors",
+                           file=file, field=field_prefix or None))
+    return out
+
+
+def nonfinite_paths(value: Any, path: str = "") -> Iterator[str]:
+    """JSON paths of every NaN or infinite float inside ``value``."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield path or "$"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from nonfinite_paths(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from nonfinite_paths(item, f"{path}[{index}]")

@@ -1,0 +1,134 @@
+"""The scorecard (``.kernel_package/bench_result.yaml``) rewrite on accept: pure functions.
+
+Rules (guide §3.2, DESIGN.md §2):
+
+- cases follow the METAS order; cases no longer in the METAS are dropped;
+- ``metrics_current`` ← every metric of this run (declared ones in METAS order,
+  then any extra the run reported), ``commit_sha`` = ``__PENDING_COMMIT__``;
+- ``metrics_best`` ← this run, per declared metric, where it strictly beats the
+  best in the metric's declared ``direction`` or where the best is the seed
+  sentinel ``0000000`` (or missing); otherwise the old record stays. Sentinel
+  records the run did not replace are dropped (the sentinel never survives an
+  accept); real records of metrics no longer declared are kept;
+- ``correctness_current`` ← the case's correctness (``skipped`` → ``unknown``);
+- :func:`stamp` then replaces ``__PENDING_COMMIT__`` with SHA_src (commit 2).
+
+Example::
+
+    >>> metas = [{"test_case_id": "s", "primary_metric": "ms",
+    ...           "metrics": [{"name": "ms", "unit": "ms", "direction": "lower_better"}]}]
+    >>> seed = seed_scorecard("cpu/a/b/c/k", metas)
+    >>> run = {"cases": [{"test_case_id": "s", "correctness": "passed",
+    ...                   "metrics": [{"name": "ms", "value": 1.5}]}]}
+    >>> card = update_scorecard(seed, "cpu/a/b/c/k", metas, run, "alice", "2026-01-01T00:00:00Z")
+    >>> card["cases"][0]["metrics_best"]["ms"]["commit_sha"]
+    '__PENDING_COMMIT__'
+    >>> stamp(card, "abc1234")["cases"][0]["metrics_best"]["ms"]["commit_sha"]
+    'abc1234'
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable
+
+import yaml
+
+SENTINEL = "0000000"
+PENDING = "__PENDING_COMMIT__"
+SCHEMA_VERSION = "1.0.0"
+SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
+
+
+def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str) -> dict[str, Any]:
+    return {"value": value, "submitter": submitter, "commit_sha": commit_sha,
+            "recorded_at": recorded_at}
+
+
+def seed_scorecard(kernel_id: str, metas: Iterable[dict],
+                   recorded_at: str = SEED_RECORDED_AT) -> dict[str, Any]:
+    """The placeholder scorecard for a brand-new kernel_id: sentinel records (value 0) for every declared metric."""
+    cases = []
+    for meta in metas:
+        records = {m["name"]: _record(0, "seed", SENTINEL, recorded_at) for m in meta.get("metrics", [])}
+        cases.append({"test_case_id": meta["test_case_id"], "metrics_best": copy.deepcopy(records),
+                      "metrics_current": records, "correctness_current": "unknown"})
+    return {"schema_version": SCHEMA_VERSION, "kernel_id": kernel_id, "cases": cases}
+
+
+def beats(new: float, old: float, direction: str) -> bool:
+    """Whether ``new`` is strictly better than ``old`` in ``direction`` (lower_better/higher_better)."""
+    if direction == "lower_better":
+        return new < old
+    if direction == "higher_better":
+        return new > old
+    raise ValueError(f"unknown metric direction {direction!r}")
+
+
+def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], result: dict,
+                     submitter: str, recorded_at: str) -> dict[str, Any]:
+    """The new scorecard after accepting ``result`` (commit_sha = ``__PENDING_COMMIT__``); inputs are not modified."""
+    old_cases = {c.get("test_case_id"): c for c in (current or {}).get("cases", []) or []}
+    run_cases = {c["test_case_id"]: c for c in result.get("cases", [])}
+    cases = []
+    for meta in metas:
+        case_id = meta["test_case_id"]
+        old = old_cases.get(case_id) or {}
+        old_best: dict = old.get("metrics_best") or {}
+        run = run_cases.get(case_id, {})
+        values = {m["name"]: m["value"] for m in run.get("metrics", [])}
+        declared = [m["name"] for m in meta.get("metrics", [])]
+        direction = {m["name"]: m.get("direction", "lower_better") for m in meta.get("metrics", [])}
+        order = declared + [name for name in values if name not in declared]
+
+        current_records = {name: _record(values[name], submitter, PENDING, recorded_at)
+                           for name in order if name in values}
+        best: dict[str, Any] = {}
+        for name in declared:
+            prev = old_best.get(name)
+            if name in values and (prev is None or prev.get("commit_sha") == SENTINEL
+                                   or beats(values[name], prev["value"], direction[name])):
+                best[name] = _record(values[name], submitter, PENDING, recorded_at)
+            elif prev is not None and prev.get("commit_sha") != SENTINEL:
+                best[name] = copy.deepcopy(prev)
+        for name, prev in old_best.items():
+            if name not in best and name not in declared and prev.get("commit_sha") != SENTINEL:
+                best[name] = copy.deepcopy(prev)
+        correctness = run.get("correctness", "unknown")
+        cases.append({
+            "test_case_id": case_id,
+            "metrics_best": best,
+            "metrics_current": current_records,
+            "correctness_current": correctness if correctness in ("passed", "failed") else "unknown",
+        })
+    return {"schema_version": SCHEMA_VERSION, "kernel_id": kernel_id, "cases": cases}
+
+
+def stamp(scorecard: dict, sha_src: str) -> dict[str, Any]:
+    """A copy with every ``__PENDING_COMMIT__`` commit_sha replaced by ``sha_src``."""
+    out = copy.deepcopy(scorecard)
+    for case in out.get("cases", []):
+        for key in ("metrics_best", "metrics_current"):
+            for record in (case.get(key) or {}).values():
+                if record.get("commit_sha") == PENDING:
+                    record["commit_sha"] = sha_src
+    return out
+
+
+def dump(scorecard: dict) -> bytes:
+    """The YAML bytes written to the repo (stable key order, so equal cards give equal blobs)."""
+    return yaml.safe_dump(scorecard, sort_keys=False, default_flow_style=False,
+                          allow_unicode=True).encode("utf-8")
+
+
+def load(data: bytes | str | None) -> dict | None:
+    """Parse a bench_result.yaml (None for None or anything that is not a mapping)."""
+    if data is None:
+        return None
+    doc = yaml.safe_load(data)
+    return doc if isinstance(doc, dict) else None
+
+
+def pending_in(scorecard: dict) -> bool:
+    """Whether any record still carries ``__PENDING_COMMIT__``."""
+    return any(r.get("commit_sha") == PENDING for c in scorecard.get("cases", [])
+               for k in ("metrics_best", "metrics_current") for r in (c.get(k) or {}).values())

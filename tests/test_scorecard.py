@@ -1,0 +1,125 @@
+"""Scorecard rewrite rules: one test per rule."""
+from __future__ import annotations
+
+import doctest
+
+import jsonschema
+import pytest
+
+import kz_daemon.scorecard as sc
+from kz_daemon.scorecard import PENDING, SENTINEL, dump, load, seed_scorecard, stamp, update_scorecard
+
+KID = "cpu/Elementwise/add/fp32/ref"
+T0, T1 = "2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z"
+METAS = [
+    {"test_case_id": "small", "primary_metric": "ms",
+     "metrics": [{"name": "ms", "unit": "ms", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}]},
+    {"test_case_id": "large", "primary_metric": "ms",
+     "metrics": [{"name": "ms", "unit": "ms", "direction": "lower_better"}]},
+]
+
+
+def run(small_ms, small_gbps, large_ms, correctness="passed", extra=None):
+    small = [{"name": "ms", "value": small_ms}, {"name": "gbps", "value": small_gbps}]
+    if extra:
+        small.append(extra)
+    return {"cases": [
+        {"test_case_id": "large", "correctness": correctness, "metrics": [{"name": "ms", "value": large_ms}]},
+        {"test_case_id": "small", "correctness": correctness, "metrics": small},
+    ]}
+
+
+def schema():
+    import kz_schemas
+
+    return kz_schemas.load("bench_result")
+
+
+def test_doctest():
+    assert doctest.testmod(sc).failed == 0
+
+
+def test_seed_has_sentinels_and_is_schema_valid():
+    seed = seed_scorecard(KID, METAS)
+    jsonschema.validate(seed, schema())
+    assert [c["test_case_id"] for c in seed["cases"]] == ["small", "large"]
+    assert seed["cases"][0]["metrics_best"]["gbps"]["commit_sha"] == SENTINEL
+
+
+def test_first_accept_overwrites_sentinel_even_if_worse():
+    card = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, run(5.0, 1.0, 9.0), "alice", T0)
+    best = card["cases"][0]["metrics_best"]
+    assert best["ms"] == {"value": 5.0, "submitter": "alice", "commit_sha": PENDING, "recorded_at": T0}
+    assert best["gbps"]["value"] == 1.0  # sentinel records never compete
+
+
+def test_cases_follow_metas_order():
+    card = update_scorecard(None, KID, METAS, run(1, 1, 1), "a", T0)
+    assert [c["test_case_id"] for c in card["cases"]] == ["small", "large"]
+
+
+def test_best_only_where_beaten_in_declared_direction():
+    first = stamp(update_scorecard(None, KID, METAS, run(2.0, 10.0, 5.0), "alice", T0), "a" * 40)
+    second = update_scorecard(first, KID, METAS, run(3.0, 20.0, 4.0), "bob", T1)
+    small, large = second["cases"]
+    assert small["metrics_best"]["ms"]["submitter"] == "alice"   # 3.0 is worse (lower_better)
+    assert small["metrics_best"]["ms"]["commit_sha"] == "a" * 40
+    assert small["metrics_best"]["gbps"]["submitter"] == "bob"   # 20 beats 10 (higher_better)
+    assert large["metrics_best"]["ms"]["value"] == 4.0           # 4 beats 5
+    assert small["metrics_current"]["ms"] == {"value": 3.0, "submitter": "bob",
+                                              "commit_sha": PENDING, "recorded_at": T1}
+
+
+def test_tie_keeps_the_old_best():
+    first = stamp(update_scorecard(None, KID, METAS, run(2.0, 10.0, 5.0), "alice", T0), "a" * 40)
+    second = update_scorecard(first, KID, METAS, run(2.0, 10.0, 5.0), "bob", T1)
+    assert second["cases"][0]["metrics_best"]["ms"]["submitter"] == "alice"
+
+
+def test_correctness_current_maps_skipped_to_unknown():
+    assert update_scorecard(None, KID, METAS, run(1, 1, 1, "skipped"), "a", T0)["cases"][0][
+        "correctness_current"] == "unknown"
+    assert update_scorecard(None, KID, METAS, run(1, 1, 1, "failed"), "a", T0)["cases"][1][
+        "correctness_current"] == "failed"
+
+
+def test_cases_dropped_from_metas_disappear_and_new_ones_appear():
+    old = {"schema_version": "1.0.0", "kernel_id": KID, "cases": [
+        {"test_case_id": "gone", "metrics_best": {}, "metrics_current": {}, "correctness_current": "passed"}]}
+    card = update_scorecard(old, KID, METAS, run(1, 1, 1), "a", T0)
+    assert [c["test_case_id"] for c in card["cases"]] == ["small", "large"]
+
+
+def test_extra_metrics_in_current_not_best_and_undeclared_real_best_kept():
+    old = stamp(update_scorecard(None, KID, METAS, run(2, 2, 2), "a", T0), "b" * 40)
+    old["cases"][0]["metrics_best"]["retired"] = {"value": 1, "submitter": "x", "commit_sha": "c" * 40,
+                                                  "recorded_at": T0}
+    old["cases"][0]["metrics_best"]["retired_seed"] = {"value": 0, "submitter": "seed",
+                                                       "commit_sha": SENTINEL, "recorded_at": T0}
+    card = update_scorecard(old, KID, METAS, run(1, 1, 1, extra={"name": "extra", "value": 7}), "b", T1)
+    small = card["cases"][0]
+    assert list(small["metrics_current"]) == ["ms", "gbps", "extra"]
+    assert "extra" not in small["metrics_best"]
+    assert small["metrics_best"]["retired"]["value"] == 1
+    assert "retired_seed" not in small["metrics_best"]
+
+
+def test_stamp_replaces_all_pending_and_validates():
+    card = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, run(1, 2, 3), "a", T0)
+    assert sc.pending_in(card)
+    stamped = stamp(card, "0123456789abcdef0123456789abcdef01234567")
+    assert not sc.pending_in(stamped)
+    assert sc.pending_in(card)  # input untouched
+    jsonschema.validate(stamped, schema())
+
+
+def test_dump_load_round_trip_is_stable():
+    card = stamp(update_scorecard(None, KID, METAS, run(1.25, 2, 3), "a", T0), "d" * 40)
+    assert load(dump(card)) == card
+    assert dump(card) == dump(load(dump(card)))
+
+
+def test_unknown_direction_is_a_bug():
+    with pytest.raises(ValueError):
+        sc.beats(1, 2, "sideways")

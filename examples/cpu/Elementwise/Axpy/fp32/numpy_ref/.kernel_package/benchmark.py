@@ -1,0 +1,56 @@
+"""Benchmark AXPY on the CPU: correctness against expected/, median latency, GB/s, verdict.
+
+Accept policy: every case passes correctness (|out-exp| <= atol + rtol*|exp|
+element-wise) and its latency is at most (1 + REGRESSION_TOLERANCE) times the
+scorecard's best. The CPU lane runs on shared, loaded CI machines, so the tolerance
+is 9.0: a run is rejected only when it is more than 10x slower than the best.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kz_runner import bench
+
+
+KERNEL_ZOO_TEST_CASE_METAS = [
+    {"test_case_id": "n4k", "params": {"n": 4096, "dtype": "fp32"}, "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-6}},
+    {"test_case_id": "n64k", "params": {"n": 65536, "dtype": "fp32"}, "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-6}},
+    {"test_case_id": "n1m", "params": {"n": 1048576, "dtype": "fp32"}, "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-6}},
+]
+REGRESSION_TOLERANCE = 9.0  # CPU lane: reject only a >10x slowdown against the best
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from axpy import axpy  # noqa: E402
+
+
+def run_case(c: bench.CaseRun) -> None:
+    a = float(c.input("a"))
+    x, y = c.input("x"), c.input("y")
+    c.check(axpy(a, x, y), c.expected("out"))
+    sets = [(a, xs, ys, np.empty_like(xs)) for xs, ys in bench.copies([x, y], 4)]
+    t = c.time(axpy, sets)
+    c.metric("latency_us", t.median_us)
+    c.metric("gbps", 12 * x.size / t.median_s / 1e9)
+
+
+def main(argv: list[str]) -> int:
+    h = bench.Harness.from_argv(argv, __file__, KERNEL_ZOO_TEST_CASE_METAS,
+                                regression_tolerance=REGRESSION_TOLERANCE, device="cpu",
+                                target_rse=0.01, min_reps=20, budget_s=0.15)
+    return h.run(run_case)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

@@ -1,0 +1,297 @@
+"""``Harness``: the loop every benchmark.py runs, so a package's benchmark stays short.
+
+Typical use (see examples/*/.kernel_package/benchmark.py)::
+
+    def main(argv):
+        h = bench.Harness.from_argv(argv, __file__, KERNEL_ZOO_TEST_CASE_METAS,
+                                    regression_tolerance=0.05, device="gpu")
+        for meta in h.metas:
+            with h.case(meta) as c:
+                x = h.xp.asarray(c.input("x"))
+                c.check(my_op(x), c.expected("out"))
+                t = c.time(my_op, bench.copies([x], 4))
+                c.metric("latency_us", t.median_us)
+        return h.finish()
+
+Each ``with h.case(meta)`` block records one case; an exception inside it becomes
+that case's ``error`` (accept false) instead of crashing the run, so stdout still
+carries one valid document. ``finish`` judges every case (correctness passed and
+the primary metric within the regression tolerance of the scorecard's best),
+writes the document to the real stdout and returns the exit code.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import IO, Any, Callable, Sequence
+
+from kz_runner.bench import device as _device
+from kz_runner.bench.check import Check, check as _check
+from kz_runner.bench.output import case_result, emit
+from kz_runner.bench.scorecard import Scorecard, regression_check
+from kz_runner.bench.timing import Timing, time_fn
+
+USAGE = "usage: benchmark.py <workdir>"
+
+
+class StdoutGuard:
+    """Send everything written to fd 1 to stderr; keep the real stdout for the result.
+
+    Native code or a stray ``print`` in the implementation then cannot corrupt the
+    one JSON document the runner parses. ``stream`` writes to the saved stdout.
+    """
+
+    def __init__(self) -> None:
+        self.stream: IO[str] | None = None
+        self._saved_fd: int | None = None
+        self._saved_sys_stdout = None
+
+    def __enter__(self) -> "StdoutGuard":
+        sys.stdout.flush()
+        self._saved_fd = os.dup(1)
+        os.dup2(2, 1)
+        self._saved_sys_stdout = sys.stdout
+        sys.stdout = sys.stderr
+        self.stream = io.TextIOWrapper(os.fdopen(os.dup(self._saved_fd), "wb"), encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is not None:
+            self.stream.flush()
+            self.stream.close()
+        sys.stdout.flush()
+        if self._saved_fd is not None:
+            os.dup2(self._saved_fd, 1)
+            os.close(self._saved_fd)
+        if self._saved_sys_stdout is not None:
+            sys.stdout = self._saved_sys_stdout
+
+
+class CaseRun:
+    """One case being measured: inputs, the correctness check, timings and metrics."""
+
+    def __init__(self, harness: "Harness", meta: dict[str, Any]) -> None:
+        self.harness = harness
+        self.meta = meta
+        self.id: str = meta["test_case_id"]
+        self.params: dict[str, Any] = dict(meta.get("params") or {})
+        self.checked: Check | None = None
+        self.timings: list[Timing] = []
+        self.metrics: dict[str, float] = {}
+        self.error: str | None = None
+
+    def input(self, name: str) -> Any:
+        """``WORKDIR/inputs/<case>_<name>.npy`` as a NumPy array."""
+        return self.harness.load("inputs", f"{self.id}_{name}.npy")
+
+    def expected(self, name: str) -> Any:
+        """``WORKDIR/expected/<case>_<name>.npy`` as a NumPy array."""
+        return self.harness.load("expected", f"{self.id}_{name}.npy")
+
+    def check(self, out: Any, expected: Any) -> Check:
+        """Compare with the meta's ``tolerance`` (atol + rtol*|exp| element-wise); recorded."""
+        tol = self.meta["tolerance"]
+        result = _check(out, expected, tol["correctness_atol"], tol["correctness_rtol"])
+        self.checked = result
+        self.harness.log(
+            f"case {self.id}: correctness {'passed' if result.passed else 'FAILED'} "
+            f"max_abs_err={result.max_abs_err:.3g} max_rel_err={result.max_rel_err:.3g} "
+            f"mismatches={result.mismatch_count}/{result.checked}"
+            + (f" ({result.error})" if result.error else "")
+        )
+        return result
+
+    def time(self, fn: Callable, arg_sets: Sequence[Any] | None = None, **overrides: Any) -> Timing:
+        """:func:`time_fn` with the harness's settings (``overrides`` win); logged to stderr."""
+        settings = dict(self.harness.timing_settings)
+        settings.update(overrides)
+        timing = time_fn(fn, arg_sets, **settings)
+        self.timings.append(timing)
+        self.harness.log(f"case {self.id}: {timing.describe()}")
+        self.harness.log("timing " + json.dumps({"test_case_id": self.id, **timing.to_json()}))
+        return timing
+
+    def metric(self, name: str, value: float) -> None:
+        """Record a metric value (declared in the meta's ``metrics``)."""
+        self.metrics[name] = float(value)
+
+    def __enter__(self) -> "CaseRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and issubclass(exc_type, Exception):
+            self.error = f"{exc_type.__name__}: {exc}"
+            self.harness.log(f"case {self.id}: error\n" + "".join(traceback.format_exception(exc_type, exc, tb)))
+        self.harness._record(self)
+        return exc_type is not None and issubclass(exc_type, Exception)
+
+
+class Harness:
+    """Runs a package's cases and emits the verdict; see the module docstring."""
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        package_file: str | Path,
+        metas: Sequence[dict[str, Any]],
+        *,
+        regression_tolerance: float | dict[str, float],
+        against: str = "best",
+        device: str = "auto",
+        kernel_id: str | None = None,
+        scorecard: Scorecard | None = None,
+        log_stream: IO[str] | None = None,
+        out_stream: IO[str] | None = None,
+        **timing: Any,
+    ) -> None:
+        if against not in ("best", "current"):
+            raise ValueError("against must be 'best' or 'current'")
+        self.workdir = Path(workdir)
+        self.package_root = Path(package_file).resolve().parent.parent
+        self.metas = list(metas)
+        self.regression_tolerance = regression_tolerance
+        self.against = against
+        self.device = device
+        card_path = self.package_root / ".kernel_package" / "bench_result.yaml"
+        self.scorecard = scorecard if scorecard is not None else Scorecard.load(card_path)
+        self.kernel_id = kernel_id or self.scorecard.kernel_id
+        if not self.kernel_id:
+            raise ValueError(f"no kernel_id: pass kernel_id= or provide {card_path}")
+        self._log = log_stream
+        self._out = out_stream
+        self.timing_settings: dict[str, Any] = {"device": "cpu" if device == "cpu" else device}
+        self.timing_settings.update(timing)
+        self.results: list[dict[str, Any]] = []
+        self._guard: StdoutGuard | None = None
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str], package_file: str | Path, metas: Sequence[dict[str, Any]],
+                  *, guard_stdout: bool = True, **kwargs: Any) -> "Harness":
+        """``python benchmark.py <workdir>``: exits 2 with usage on bad arguments.
+
+        With ``guard_stdout`` (default) fd 1 is redirected to stderr until ``finish``.
+        """
+        if len(argv) != 2 or not Path(argv[1]).is_dir():
+            print(USAGE + (f" ({argv[1]} is not a directory)" if len(argv) == 2 else ""), file=sys.stderr)
+            raise SystemExit(2)
+        harness = cls(argv[1], package_file, metas, **kwargs)
+        if guard_stdout:
+            harness._guard = StdoutGuard().__enter__()
+            harness._out = harness._guard.stream
+        return harness
+
+    # -- helpers for the case bodies -------------------------------------------------
+
+    @property
+    def xp(self) -> Any:
+        """The array module: CuPy on a GPU, NumPy for ``device="cpu"``; raises without a GPU when one is needed."""
+        if self.device == "cpu":
+            import numpy
+
+            return numpy
+        cp = _device.cupy_or_none()
+        if cp is None:
+            if self.device == "gpu":
+                raise RuntimeError(f"this benchmark needs a GPU: {_device.gpu_unavailable_reason()}")
+            import numpy
+
+            return numpy
+        return cp
+
+    def load(self, folder: str, name: str) -> Any:
+        """``WORKDIR/<folder>/<name>`` loaded with numpy.load (no pickles)."""
+        import numpy as np
+
+        return np.load(self.workdir / folder / name, allow_pickle=False)
+
+    def log(self, message: str) -> None:
+        """One line on stderr (never stdout)."""
+        stream = self._log if self._log is not None else sys.stderr
+        print(f"[kz-bench] {message}", file=stream, flush=True)
+
+    def case(self, meta: dict[str, Any]) -> CaseRun:
+        """A context manager recording one case (exceptions become the case's error)."""
+        return CaseRun(self, meta)
+
+    def run(self, body: Callable[[CaseRun], None]) -> int:
+        """Run ``body(case)`` for every meta, then :meth:`finish`."""
+        for meta in self.metas:
+            with self.case(meta) as c:
+                body(c)
+        return self.finish()
+
+    # -- judging ---------------------------------------------------------------------
+
+    def _tolerance_for(self, case_id: str) -> float:
+        tol = self.regression_tolerance
+        return float(tol.get(case_id, tol.get("*", 0.05))) if isinstance(tol, dict) else float(tol)
+
+    def _record(self, run: CaseRun) -> None:
+        meta = run.meta
+        primary = meta["primary_metric"]
+        units = {m["name"]: m.get("unit", "") for m in meta.get("metrics", [])}
+        directions = {m["name"]: m["direction"] for m in meta.get("metrics", [])}
+        metrics = {}
+        errors = [run.error] if run.error else []
+        for name, value in run.metrics.items():
+            if math.isfinite(value):
+                metrics[name] = value
+            else:
+                errors.append(f"metric {name} is not finite ({value})")
+        if run.checked is None:
+            correctness = "failed"
+            if not run.error:
+                errors.append("benchmark.py did not run the correctness check")
+        else:
+            correctness = "passed" if run.checked.passed else "failed"
+            if run.checked.error:
+                errors.append(run.checked.error)
+        accept = correctness == "passed" and not errors
+        if correctness != "passed":
+            reason = "correctness failed"
+        elif errors:
+            reason = "error: " + errors[0]
+        elif primary not in metrics:
+            accept, reason = False, f"primary metric {primary} was not measured"
+        else:
+            reference = (self.scorecard.best if self.against == "best" else self.scorecard.current)(run.id, primary)
+            verdict = regression_check(
+                metrics[primary], reference, directions.get(primary, "lower_better"),
+                self._tolerance_for(run.id), metric=primary, unit=units.get(primary, ""), against=self.against,
+            )
+            accept, reason = verdict.ok, verdict.reason
+        self.results.append(
+            case_result(
+                run.id,
+                correctness=correctness,
+                accept=accept,
+                metrics=metrics,
+                correctness_detail=run.checked.to_detail() if run.checked else None,
+                accept_reason=reason,
+                error="; ".join(errors) if errors else None,
+            )
+        )
+        self.log(f"case {run.id}: {'accept' if accept else 'REJECT'} ({reason})")
+
+    def finish(self) -> int:
+        """Emit the document (one JSON on the real stdout); returns 0 (the verdict is in the JSON)."""
+        recorded = {r["test_case_id"] for r in self.results}
+        for meta in self.metas:  # a case the body never entered still appears, as failed
+            if meta["test_case_id"] not in recorded:
+                run = CaseRun(self, meta)
+                run.error = "case was not run"
+                self._record(run)
+        arch = "cpu" if self.device == "cpu" else _device.detect_arch(self.device)
+        try:
+            doc = emit(self.kernel_id, self.results, arch=arch, stream=self._out)
+        finally:
+            if self._guard is not None:
+                self._guard.__exit__(None, None, None)
+                self._guard = None
+        self.document = doc
+        return 0

@@ -1,0 +1,424 @@
+"""The package validator: every §6 checklist item that can be checked without running code.
+
+One library for ``kz validate``, ``kz pack``, ``kz index``, the dry-run and the
+daemon's intake, so all of them give the same verdict:
+
+- :func:`validate_package_dir` checks a package directory (with its seed or
+  current ``bench_result.yaml``);
+- :func:`validate_tarball` checks a submission ``.tar.gz`` without unpacking it
+  (member safety and limits, the top-level directory, no ``bench_result.yaml``,
+  then the package contents);
+- :func:`analyze_contents` is the shared core over the contract files' bytes.
+
+Package code is never imported: Python files are read with ``ast``.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .codes import problem
+from .kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id,
+                        kernel_id_from_path, path_ends_with)
+from .problems import Problem, Report
+from .pysource import check_benchmark_source, check_build_env_source, read_metas  # noqa: F401
+from .schema_check import nonfinite_paths, schema_problems
+from .tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
+from .yamlio import YAMLError, load_yaml, yaml_error_text
+
+DESC = "desc.yaml"
+BENCH_RESULT = "bench_result.yaml"
+BUILD_ENV = "build_test_env.py"
+BENCHMARK = "benchmark.py"
+CONTRACT_FILES = (DESC, BENCH_RESULT, BUILD_ENV, BENCHMARK)
+MAX_CONTRACT_FILE_BYTES = MiB
+#: Names ``kz pack`` leaves out and the validator ignores inside a package.
+IGNORED_NAMES = frozenset({"__pycache__", ".git"})
+IGNORED_SUFFIXES = (".pyc",)
+
+
+def contract_path(name: str) -> str:
+    """``.kernel_package/<name>``: the file field used in problems."""
+    return f"{KERNEL_PACKAGE_DIR}/{name}"
+
+
+def is_ignored(name: str) -> bool:
+    """True for a file or directory name that packing leaves out (caches, VCS data)."""
+    return name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES)
+
+
+@dataclass
+class Analysis:
+    """What the validator learned about one package (parsed documents are None when unusable)."""
+
+    kernel_id: str | None
+    problems: list[Problem] = field(default_factory=list)
+    desc: dict | None = None           # desc.yaml, when it parsed to a mapping
+    desc_valid: bool = False           # desc.yaml matched its schema
+    bench: dict | None = None          # bench_result.yaml, when schema-valid
+    metas: list | None = None          # KERNEL_ZOO_TEST_CASE_METAS, when it was a readable literal
+
+    def facts(self) -> dict[str, Any]:
+        """JSON-able facts for a :class:`Report` (kernel_id, name, category, status, case ids)."""
+        facts: dict[str, Any] = {"kernel_id": self.kernel_id}
+        if self.desc_valid and self.desc is not None:
+            facts.update(name=self.desc["name"], category=dict(self.desc["category"]),
+                         arch=self.desc["category"]["arch"], status=self.desc["status"])
+        if self.metas is not None:
+            facts["test_case_ids"] = [m.get("test_case_id") for m in self.metas if isinstance(m, dict)]
+        return facts
+
+    def report(self, subject: str, extra: dict | None = None) -> Report:
+        """The :class:`Report` of this analysis, errors first then warnings, each in finding order."""
+        ordered = [p for p in self.problems if p.severity == "error"] + \
+                  [p for p in self.problems if p.severity != "error"]
+        facts = self.facts()
+        facts.update(extra or {})
+        return Report(subject, tuple(ordered), facts)
+
+
+def _load_yaml_file(data: bytes, file: str, out: list[Problem]) -> tuple[bool, Any]:
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        out.append(problem("FILE_ENCODING", f"not UTF-8 at byte {exc.start}", file=file))
+        return False, None
+    try:
+        return True, load_yaml(text)
+    except YAMLError as exc:
+        out.append(problem("YAML_INVALID", yaml_error_text(exc), file=file))
+        return False, None
+    except (ValueError, RecursionError) as exc:  # e.g. a timestamp libyaml cannot convert
+        out.append(problem("YAML_INVALID", str(exc)[:200], file=file))
+        return False, None
+
+
+def _check_desc(an: Analysis, data: bytes, exists: Callable[[str], bool] | None) -> None:
+    file = contract_path(DESC)
+    ok, desc = _load_yaml_file(data, file, an.problems)
+    if not ok:
+        return
+    if not isinstance(desc, dict):
+        an.problems.append(problem("DESC_SCHEMA", f"the document is a {type(desc).__name__}, "
+                                   "expected a mapping of fields", file=file))
+        return
+    an.desc = desc
+    errors = schema_problems(desc, "desc", "DESC_SCHEMA", file)
+    an.problems.extend(errors)
+    an.desc_valid = not errors
+    category = desc.get("category")
+    if an.kernel_id and is_valid_kernel_id(an.kernel_id) and isinstance(category, dict):
+        for name, segment, value in category_mismatches(an.kernel_id, category):
+            where = f"path segment {segment!r}" if segment is not None else "no path segment"
+            an.problems.append(problem("CATEGORY_MISMATCH", f"category.{name} is {value!r} but the "
+                                       f"kernel_id has {where}", file=file, field=f"category.{name}"))
+    status = desc.get("status")
+    if status == "frozen":
+        an.problems.append(problem("STATUS_FROZEN", "status is frozen", file=file, field="status"))
+    elif status == "deprecated":
+        an.problems.append(problem("STATUS_DEPRECATED", "status is deprecated", file=file, field="status"))
+    refs = desc.get("reference_sources")
+    if exists is not None and isinstance(refs, list):
+        for index, ref in enumerate(refs):
+            if not isinstance(ref, str) or not ref:
+                continue
+            norm = posixpath.normpath(ref)
+            fld = f"reference_sources[{index}]"
+            if (ref.startswith("/") or norm == ".." or norm.startswith("../") or norm == "."
+                    or norm.split("/")[0] == KERNEL_PACKAGE_DIR):
+                an.problems.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} is not in the source area",
+                                           file=file, field=fld))
+            elif not exists(norm):
+                an.problems.append(problem("REFERENCE_SOURCE_MISSING", f"{ref!r} does not exist",
+                                           file=file, field=fld))
+
+
+def _check_bench(an: Analysis, data: bytes) -> None:
+    file = contract_path(BENCH_RESULT)
+    ok, bench = _load_yaml_file(data, file, an.problems)
+    if not ok:
+        return
+    if not isinstance(bench, dict):
+        an.problems.append(problem("BENCH_RESULT_SCHEMA", f"the document is a {type(bench).__name__}, "
+                                   "expected a mapping", file=file))
+        return
+    errors = schema_problems(bench, "bench_result", "BENCH_RESULT_SCHEMA", file)
+    an.problems.extend(errors)
+    bad_numbers = list(nonfinite_paths(bench))
+    for path in bad_numbers:
+        an.problems.append(problem("NONFINITE_VALUE", f"{path} is NaN or infinite", file=file, field=path))
+    recorded = bench.get("kernel_id")
+    if an.kernel_id is not None and isinstance(recorded, str) and recorded != an.kernel_id:
+        an.problems.append(problem("BENCH_KERNEL_ID_MISMATCH", f"kernel_id is {recorded!r} but the "
+                                   f"package is {an.kernel_id!r}", file=file, field="kernel_id"))
+    cases = bench.get("cases")
+    if isinstance(cases, list):
+        seen: set[str] = set()
+        for index, case in enumerate(cases):
+            case_id = case.get("test_case_id") if isinstance(case, dict) else None
+            if isinstance(case_id, str):
+                if case_id in seen:
+                    an.problems.append(problem("BENCH_DUPLICATE_CASE", f"test_case_id {case_id!r} repeats",
+                                               file=file, field=f"cases[{index}].test_case_id"))
+                seen.add(case_id)
+    if not errors and not bad_numbers:
+        an.bench = bench
+
+
+def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
+    if an.metas is None or bench_cases is None:
+        return
+    meta_ids = {m.get("test_case_id") for m in an.metas if isinstance(m, dict)}
+    bench_ids = {c.get("test_case_id") for c in bench_cases if isinstance(c, dict)}
+    meta_ids = {i for i in meta_ids if isinstance(i, str)}
+    bench_ids = {i for i in bench_ids if isinstance(i, str)}
+    if meta_ids != bench_ids:
+        parts = []
+        if meta_ids - bench_ids:
+            parts.append(f"only in METAS: {sorted(meta_ids - bench_ids)}")
+        if bench_ids - meta_ids:
+            parts.append(f"only in bench_result.yaml: {sorted(bench_ids - meta_ids)}")
+        an.problems.append(problem("CASES_MISMATCH", "; ".join(parts), file=contract_path(BENCH_RESULT),
+                                   field="cases"))
+
+
+def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
+                     exists: Callable[[str], bool] | None, expect_bench_result: bool = True) -> Analysis:
+    """Check the contract files' bytes (``files`` maps a basename to bytes; None = absent).
+
+    ``exists(relpath)`` answers whether a normalised path exists in the source area
+    (for ``reference_sources``; None skips that check). Missing files are reported
+    as ``FILE_MISSING``; ``bench_result.yaml`` is checked only when expected.
+    """
+    an = Analysis(kernel_id)
+    if kernel_id is not None:
+        an.problems.extend(check_kernel_id(kernel_id, field="kernel_id"))
+    wanted = CONTRACT_FILES if expect_bench_result else (DESC, BUILD_ENV, BENCHMARK)
+    for name in wanted:
+        if files.get(name) is None:
+            hint = ("A new package needs a seed bench_result.yaml (the guide's §3.2, commit_sha \"0000000\")."
+                    if name == BENCH_RESULT else None)
+            an.problems.append(problem("FILE_MISSING", f"{contract_path(name)} is missing",
+                                       file=contract_path(name), hint=hint))
+    if files.get(DESC) is not None:
+        _check_desc(an, files[DESC], exists)  # type: ignore[arg-type]
+    raw_bench_cases = None
+    if expect_bench_result and files.get(BENCH_RESULT) is not None:
+        _check_bench(an, files[BENCH_RESULT])  # type: ignore[arg-type]
+        if an.bench is not None:
+            raw_bench_cases = an.bench["cases"]
+    if files.get(BUILD_ENV) is not None:
+        an.problems.extend(check_build_env_source(files[BUILD_ENV], contract_path(BUILD_ENV)))  # type: ignore
+    if files.get(BENCHMARK) is not None:
+        metas, problems = check_benchmark_source(files[BENCHMARK], contract_path(BENCHMARK))  # type: ignore
+        an.metas = metas
+        an.problems.extend(problems)
+    _check_cases_match(an, raw_bench_cases)
+    return an
+
+
+# ---------------------------------------------------------------- directories
+
+
+def resolve_kernel_id(package_dir: Path, bench_kernel_id: object = None) -> str | None:
+    """The kernel_id of a package directory when none is given.
+
+    The ``kernel_id`` in bench_result.yaml when the directory path ends with it;
+    else the path under the nearest repo root (``.kernel_zoo_root`` or ``.git``);
+    else None.
+    """
+    if isinstance(bench_kernel_id, str) and is_valid_kernel_id(bench_kernel_id) \
+            and path_ends_with(package_dir, bench_kernel_id):
+        return bench_kernel_id
+    root = find_repo_root(package_dir.parent)
+    if root is not None:
+        try:
+            return kernel_id_from_path(package_dir, root)
+        except ValueError:
+            return None
+    return None
+
+
+def _read_contract_file(path: Path, name: str, out: list[Problem]) -> bytes | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        out.append(problem("FILE_MISSING", f"{contract_path(name)} is {what}", file=contract_path(name)))
+        return None
+    if st.st_size > MAX_CONTRACT_FILE_BYTES:
+        out.append(problem("FILE_TOO_LARGE", f"{st.st_size} bytes", file=contract_path(name)))
+        return None
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def walk_package(package_dir: Path) -> list[Problem]:
+    """Links, special files and nested packages inside a package directory (caches ignored)."""
+    out: list[Problem] = []
+    stack = [(package_dir, "")]
+    while stack:
+        directory, rel = stack.pop()
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as exc:
+            out.append(problem("NOT_A_PACKAGE", f"cannot list {rel or '.'}: {exc.strerror}", file=rel or None))
+            continue
+        for entry in entries:
+            if is_ignored(entry.name):
+                continue
+            sub = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_symlink():
+                out.append(problem("PACKAGE_SYMLINK", f"symbolic link to {os.readlink(entry.path)!r}", file=sub))
+            elif entry.is_dir(follow_symlinks=False):
+                if entry.name == KERNEL_PACKAGE_DIR and rel:
+                    out.append(problem("NESTED_PACKAGE", f"another package lives at {rel!r}",
+                                       file=sub))
+                stack.append((Path(entry.path), sub))
+            elif not entry.is_file(follow_symlinks=False):
+                out.append(problem("PACKAGE_SYMLINK", "special file (device, FIFO or socket)", file=sub))
+    return out
+
+
+def _extra_files(kp_dir: Path) -> list[Problem]:
+    out = []
+    try:
+        names = sorted(os.listdir(kp_dir))
+    except OSError:
+        return out
+    for name in names:
+        if name not in CONTRACT_FILES and not is_ignored(name):
+            out.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {name!r}",
+                               file=f"{KERNEL_PACKAGE_DIR}/{name}"))
+    return out
+
+
+def _exists_in(package_dir: Path) -> Callable[[str], bool]:
+    root = os.path.realpath(package_dir)
+
+    def exists(rel: str) -> bool:
+        full = os.path.join(root, rel)
+        if not os.path.exists(full):
+            return False
+        real = os.path.realpath(full)
+        return real.startswith(root + os.sep)
+    return exists
+
+
+def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = None,
+                        walk: bool = True) -> Analysis:
+    """The :class:`Analysis` of a package directory (``walk=False`` skips the link scan)."""
+    path = Path(package_dir)
+    if not path.is_dir():
+        an = Analysis(kernel_id)
+        an.problems.append(problem("NOT_A_PACKAGE", f"{path} is not a directory"))
+        return an
+    kp_dir = path / KERNEL_PACKAGE_DIR
+    pre: list[Problem] = []
+    files: dict[str, bytes | None] = {}
+    if kp_dir.is_symlink() or not kp_dir.is_dir():
+        pre.append(problem("KERNEL_PACKAGE_MISSING", f"no {KERNEL_PACKAGE_DIR}/ directory in {path}",
+                           file=KERNEL_PACKAGE_DIR))
+    else:
+        for name in CONTRACT_FILES:
+            files[name] = _read_contract_file(kp_dir / name, name, pre)
+        pre.extend(_extra_files(kp_dir))
+    unknown_id = False
+    if kernel_id is None:
+        bench_id = None
+        if files.get(BENCH_RESULT) is not None:
+            try:
+                doc = load_yaml(files[BENCH_RESULT])  # type: ignore[arg-type]
+                bench_id = doc.get("kernel_id") if isinstance(doc, dict) else None
+            except (YAMLError, ValueError, RecursionError):
+                pass
+        kernel_id = resolve_kernel_id(path.resolve(), bench_id)
+        unknown_id = kernel_id is None
+    an = analyze_contents(kernel_id, files, _exists_in(path), expect_bench_result=True)
+    reported = {p.file for p in pre}
+    # no .kernel_package/ at all, or a file already reported as a link or too large:
+    # a FILE_MISSING on top would say the same thing twice
+    an.problems = [p for p in an.problems
+                   if not (p.code == "FILE_MISSING" and (not files or p.file in reported))]
+    an.problems[:0] = pre
+    if unknown_id:
+        an.problems.append(problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {path}"))
+    if walk:
+        an.problems.extend(walk_package(path))
+    return an
+
+
+def validate_package_dir(path: str | os.PathLike, kernel_id: str | None = None) -> Report:
+    """Validate a package directory; ``kernel_id`` defaults to what :func:`resolve_kernel_id` finds."""
+    return analyze_package_dir(path, kernel_id).report(str(path))
+
+
+# ---------------------------------------------------------------- tarballs
+
+
+def _is_contract_member(name: str) -> bool:
+    parts = name.rsplit("/", 2)
+    return len(parts) >= 2 and parts[-2] == KERNEL_PACKAGE_DIR and parts[-1] in CONTRACT_FILES
+
+
+def _implied_paths(names: Iterable[str]) -> set[str]:
+    out: set[str] = set()
+    for name in names:
+        parts = name.split("/")
+        for i in range(1, len(parts) + 1):
+            out.add("/".join(parts[:i]))
+    return out
+
+
+def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: str | None = None) -> Report:
+    """Validate a submission tarball (a path or a binary file object) without unpacking it.
+
+    ``name`` is the file name as submitted (it must end in ``.tar.gz``); ``kernel_id``,
+    when given (the daemon knows it from the upload), must equal the archive's
+    top-level package directory. A ``.kernel_package/bench_result.yaml`` inside is a
+    ``BENCH_RESULT_IN_TARBALL`` error (the daemon answers VALIDATION_ERROR).
+    """
+    problems: list[Problem] = []
+    if not name.endswith(".tar.gz"):
+        problems.append(problem("TARBALL_NAME", f"{name!r} does not end in .tar.gz", file=name))
+    scan = scan_tarball(source, limits, capture=_is_contract_member, capture_bytes=MAX_CONTRACT_FILE_BYTES)
+    problems.extend(scan.problems)
+    extra = {"compressed_bytes": scan.compressed_bytes, "unpacked_bytes": scan.unpacked_bytes,
+             "members": len(scan.members)}
+    if not scan.complete:
+        return Analysis(kernel_id, problems).report(name, extra)
+    root, root_problems = find_package_root(scan.names(), kernel_id)
+    problems.extend(root_problems)
+    if root is None:
+        return Analysis(kernel_id, problems).report(name, extra)
+    prefix = root + "/"
+    rel_names = [n[len(prefix):] for n in scan.names() if n.startswith(prefix)]
+    kinds = {m.name[len(prefix):]: m.kind for m in scan.members if m.name.startswith(prefix)}
+    if f"{KERNEL_PACKAGE_DIR}/{BENCH_RESULT}" in kinds:
+        problems.append(problem("BENCH_RESULT_IN_TARBALL", "the scorecard must not be submitted",
+                                file=f"{root}/{contract_path(BENCH_RESULT)}"))
+    files: dict[str, bytes | None] = {}
+    for contract in (DESC, BUILD_ENV, BENCHMARK):
+        rel = contract_path(contract)
+        if rel in kinds and kinds[rel] != "file":
+            problems.append(problem("FILE_MISSING", f"{rel} is not a regular file", file=rel))
+        files[contract] = scan.captured.get(prefix + rel)
+    for rel in sorted(kinds):
+        parts = rel.split("/")
+        if len(parts) == 2 and parts[0] == KERNEL_PACKAGE_DIR and parts[1] not in CONTRACT_FILES \
+                and not is_ignored(parts[1]):
+            problems.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {parts[1]!r}", file=rel))
+    present = _implied_paths(rel_names)
+    an = analyze_contents(root, files, present.__contains__, expect_bench_result=False)
+    reported = {p.file for p in problems} | {f"{prefix}{p.file}" for p in problems}
+    an.problems = [p for p in an.problems
+                   if not (p.code == "FILE_MISSING" and (f"{prefix}{p.file}" in reported or p.file in reported))]
+    an.problems[:0] = problems
+    extra["kernel_id"] = root
+    return an.report(name, extra)

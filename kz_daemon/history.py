@@ -1,0 +1,164 @@
+"""A kernel's accepted history, read from git with dulwich (read-only).
+
+Every accept ends with a commit that changes only the kernel's
+``.kernel_package/bench_result.yaml`` (commit 2 of the two-commit model), so
+walking the commits that touch that file and reading ``metrics_current`` at each
+gives the primary metric over time. The seed scorecard (``commit_sha: "0000000"``)
+is not an accept and is left out. Results are cached per branch head.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dulwich.object_store import tree_lookup_path
+from dulwich.repo import Repo
+
+SEED_SHA = "0000000"
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One accepted run: when, by whom, which source commit, and each case's current metrics."""
+
+    commit: str  # the bench_result commit (SHA_br)
+    commit_sha: str  # the source commit the scorecard names (SHA_src)
+    time: int  # commit time, epoch seconds
+    recorded_at: str
+    submitter: str
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # case -> metric -> value
+
+
+class KernelHistory:
+    """Reads package files at the branch head and the accepted history of a kernel."""
+
+    def __init__(self, repo_path: str | Path, branch: str = "main", max_points: int = 500,
+                 cache_size: int = 256) -> None:
+        self.repo_path = Path(repo_path)
+        self.branch = branch.encode()
+        self.max_points = max_points
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[bytes, str], list[HistoryPoint]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _repo(self) -> Repo | None:
+        try:
+            return Repo(str(self.repo_path))
+        except Exception:
+            return None
+
+    def _head(self, repo: Repo) -> bytes | None:
+        for ref in (b"refs/heads/" + self.branch, b"HEAD"):
+            try:
+                return repo.refs[ref]
+            except KeyError:
+                continue
+        return None
+
+    def head(self) -> str | None:
+        """The branch head's SHA, or None for an empty or missing repo."""
+        repo = self._repo()
+        if repo is None:
+            return None
+        with repo:
+            head = self._head(repo)
+        return head.decode() if head else None
+
+    @staticmethod
+    def _read(repo: Repo, commit_id: bytes, path: str) -> bytes | None:
+        try:
+            tree = repo[commit_id].tree
+            _mode, sha = tree_lookup_path(repo.object_store.__getitem__, tree, path.encode())
+            return repo[sha].data
+        except KeyError:
+            return None
+
+    def read_head(self, path: str) -> bytes | None:
+        """A file's bytes at the branch head, or None."""
+        repo = self._repo()
+        if repo is None:
+            return None
+        with repo:
+            head = self._head(repo)
+            return self._read(repo, head, path) if head else None
+
+    def package_docs(self, kernel_id: str) -> tuple[Any, Any]:
+        """``(desc.yaml, bench_result.yaml)`` of a kernel at the head, parsed (None where absent)."""
+        out = []
+        for name in ("desc.yaml", "bench_result.yaml"):
+            raw = self.read_head(f"{kernel_id}/.kernel_package/{name}")
+            try:
+                out.append(yaml.safe_load(raw) if raw is not None else None)
+            except yaml.YAMLError:
+                out.append(None)
+        return out[0], out[1]
+
+    def accepted(self, kernel_id: str) -> list[HistoryPoint]:
+        """The kernel's accepted runs, oldest first (at most ``max_points``, the newest ones)."""
+        repo = self._repo()
+        if repo is None:
+            return []
+        with repo:
+            head = self._head(repo)
+            if head is None:
+                return []
+            key = (head, kernel_id)
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            path = f"{kernel_id}/.kernel_package/bench_result.yaml"
+            points: list[HistoryPoint] = []
+            walker = repo.get_walker(include=[head], paths=[path.encode()], max_entries=self.max_points)
+            for entry in walker:
+                commit = entry.commit
+                point = _point(commit.id.decode(), commit.commit_time, self._read(repo, commit.id, path))
+                if point is not None:
+                    points.append(point)
+        points.reverse()
+        with self._lock:
+            self._cache[key] = points
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return points
+
+
+def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
+    """A history point from one scorecard version, or None for the seed or an unreadable file."""
+    if raw is None:
+        return None
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    metrics: dict[str, dict[str, float]] = {}
+    source, submitter, recorded = "", "", ""
+    for case in doc.get("cases") or []:
+        if not isinstance(case, dict):
+            continue
+        current = case.get("metrics_current") or {}
+        values: dict[str, float] = {}
+        for name, record in current.items():
+            if not isinstance(record, dict):
+                continue
+            sha = str(record.get("commit_sha", ""))
+            if sha == SEED_SHA or sha == "":
+                continue
+            value = record.get("value")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[str(name)] = float(value)
+                source = source or sha
+                submitter = submitter or str(record.get("submitter", ""))
+                recorded = recorded or str(record.get("recorded_at", ""))
+        if values:
+            metrics[str(case.get("test_case_id"))] = values
+    if not metrics:
+        return None
+    return HistoryPoint(commit=commit, commit_sha=source, time=int(when), recorded_at=recorded,
+                        submitter=submitter, metrics=metrics)

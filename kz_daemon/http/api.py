@@ -1,0 +1,289 @@
+"""The public API: kernels, submissions and their status, index, health, metrics.
+
+Handlers translate HTTP into calls on the ``Zoo`` service (``request.app.state.zoo``)
+and back; blocking service calls run in worker threads; long polls wait in short
+slices so a draining server answers them promptly.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+from starlette.concurrency import run_in_threadpool
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from kz_daemon.errors import ZooError
+from kz_daemon.http import authz, limits, views
+from kz_daemon.http.apispec import Op, Param
+from kz_daemon.http.metrics import render_metrics
+
+MAX_PER_PAGE = 1000
+#: A long poll re-checks the drain flag at least this often (seconds).
+POLL_SLICE_S = 1.0
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ZooError("BAD_REQUEST", f"query parameter {name} must be an integer, got {raw!r}",
+                       {"parameter": name}) from None
+    if not low <= value <= high:
+        raise ZooError("BAD_REQUEST", f"query parameter {name} must be between {low} and {high}",
+                       {"parameter": name, "min": low, "max": high})
+    return value
+
+
+def _float_param(request: Request, name: str, default: float, high: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ZooError("BAD_REQUEST", f"query parameter {name} must be a number of seconds, got {raw!r}",
+                       {"parameter": name}) from None
+    if not 0 <= value <= high or value != value:
+        raise ZooError("BAD_REQUEST", f"query parameter {name} must be between 0 and {high}",
+                       {"parameter": name, "max": high})
+    return value
+
+
+def catalog(request: Request) -> views.Catalog:
+    """The app's kernel catalogue, refreshed from the current index document."""
+    cat: views.Catalog = request.app.state.catalog
+    cat.refresh(request.app.state.zoo.index())
+    return cat
+
+
+async def list_kernels(request: Request) -> Response:
+    """GET /api/kernels: filtered, paginated kernel list with the total count."""
+    q = request.query_params
+    filters = {k: q.get(k, "") for k in ("arch", "op_class", "sub_class", "quant", "status")}
+    text = q.get("q", "").strip()
+    page = _int_param(request, "page", 1, 1, 1_000_000)
+    per_page = _int_param(request, "per_page", 100, 1, MAX_PER_PAGE)
+    body = catalog(request).page_bytes(filters, text, page, per_page)
+    return Response(body, media_type="application/json")
+
+
+async def get_kernel(request: Request) -> Response:
+    """GET /api/kernels/{kernel_id}: the index entry plus desc.yaml and bench_result.yaml at HEAD."""
+    kernel_id = request.path_params["kernel_id"]
+    entry = catalog(request).get(kernel_id)
+    if entry is None:
+        raise ZooError("NOT_FOUND", f"no kernel {kernel_id!r}; GET /api/kernels lists them",
+                       {"kernel_id": kernel_id})
+    history = request.app.state.history
+    doc = dict(entry)
+    if history is not None:
+        desc, scorecard = await run_in_threadpool(history.package_docs, kernel_id)
+        doc["desc"] = desc
+        doc["bench_result"] = scorecard
+    return JSONResponse(views.plain(doc))
+
+
+def _status_url(request: Request, uuid: str) -> str:
+    return f"/api/submissions/{uuid}/status"
+
+
+async def create_submission(request: Request) -> Response:
+    """POST /api/submissions: stream the multipart upload into the spool, answer after intake."""
+    state = request.app.state
+    settings = state.settings
+    principal, early_id = authz.header_submitter(request)
+    client = request.client.host if request.client else "unknown"
+    state.rate_limiter.check(early_id or (principal.id if principal else f"ip:{client}"))
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith("multipart/form-data"):
+        raise ZooError("BAD_REQUEST",
+                       "send multipart/form-data with fields kernel_id, submitter_id and the file package "
+                       "(curl -F)", {"content_type": ctype})
+    cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
+    stream = limits.capped_stream(request, cap, "the upload")
+    parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=8, max_part_size=64 * 1024)
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise ZooError("BAD_REQUEST", f"the multipart body could not be read: {exc.message}") from None
+    try:
+        kernel_id = form.get("kernel_id")
+        package = form.get("package")
+        if not isinstance(kernel_id, str) or not kernel_id:
+            raise ZooError("VALIDATION_ERROR", "the form field kernel_id is missing",
+                           {"field": "kernel_id"})
+        if package is None or isinstance(package, str):
+            raise ZooError("VALIDATION_ERROR",
+                           "the file field package is missing: add -F 'package=@package.tar.gz'",
+                           {"field": "package"})
+        field_id = form.get("submitter_id")
+        submitter = authz.final_submitter(principal, early_id,
+                                          field_id if isinstance(field_id, str) else None)
+        from kz_runner.contract.kernel_id import kernel_id_errors
+
+        problems = kernel_id_errors(kernel_id)
+        if problems:
+            raise ZooError("VALIDATION_ERROR", f"kernel_id {kernel_id!r} is invalid: {problems[0]}",
+                           {"field": "kernel_id", "problems": problems})
+        size = package.size
+        if size is not None and size > settings.max_upload_bytes:
+            raise ZooError("PAYLOAD_TOO_LARGE",
+                           f"the package is larger than the server's limit of {settings.max_upload_bytes} bytes",
+                           {"limit_bytes": settings.max_upload_bytes})
+        meta = {
+            "submitter_id": submitter,
+            "kernel_id": kernel_id,
+            "source": "http",
+            "filename": package.filename or "package.tar.gz",
+        }
+        await package.seek(0)
+        uuid = await run_in_threadpool(state.zoo.drop_upload, package.file, meta)
+    finally:
+        await form.close()
+    view = await run_in_threadpool(state.zoo.wait_intake, uuid, settings.intake_wait_s)
+    doc = views.submission_doc(view, _status_url(request, uuid))
+    if doc.get("status") == "rejected":
+        reasons = doc.get("reasons") or []
+        first = reasons[0] if reasons else {}
+        message = first.get("message") if isinstance(first, dict) else str(first)
+        raise ZooError("VALIDATION_ERROR", f"the package was rejected at intake: {message or 'see details'}",
+                       {"uuid": uuid, "status": "rejected", "reasons": reasons,
+                        "status_url": _status_url(request, uuid)})
+    body = {"uuid": uuid, "status": doc.get("status", "received"), "kernel_id": kernel_id,
+            "submitter_id": submitter, "status_url": _status_url(request, uuid)}
+    return JSONResponse(body, status_code=202, headers={"Location": body["status_url"]})
+
+
+async def _wait_slices(request: Request, deadline: float, step) -> Any:
+    """Call ``step(slice_s)`` in a thread until it returns non-None, the deadline, or a drain."""
+    state = request.app.state
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or state.draining.is_set():
+            return None
+        result = await anyio.to_thread.run_sync(step, min(remaining, POLL_SLICE_S),
+                                                limiter=state.poll_limiter)
+        if result is not None:
+            return result
+
+
+async def submission_status(request: Request) -> Response:
+    """GET /api/submissions/{uuid}/status?wait=S: current status, or the first change within S seconds."""
+    zoo = request.app.state.zoo
+    uuid = request.path_params["uuid"]
+    wait = _float_param(request, "wait", 0.0, request.app.state.settings.status_max_wait_s)
+    view = await run_in_threadpool(zoo.submission, uuid)
+    doc = views.submission_doc(view, _status_url(request, uuid))
+    if wait > 0 and not doc["terminal"]:
+        seq = doc.get("seq", 0)
+
+        def step(slice_s: float):
+            fresh = views.submission_doc(zoo.wait_submission(uuid, seq, slice_s),
+                                         _status_url(request, uuid))
+            return fresh if views.changed(doc, fresh) else None
+
+        fresh = await _wait_slices(request, time.monotonic() + wait, step)
+        if fresh is not None:
+            doc = fresh
+    return JSONResponse(doc)
+
+
+async def cancel_submission(request: Request) -> Response:
+    """POST /api/submissions/{uuid}/cancel: the submitter (or an admin) withdraws a job."""
+    state = request.app.state
+    uuid = request.path_params["uuid"]
+    await limits.read_json_object(request, state.settings.max_json_bytes)
+    principal, header = authz.header_submitter(request)
+    view = views.submission_doc(await run_in_threadpool(state.zoo.submission, uuid))
+    who = principal.id if principal is not None else header
+    is_admin = principal is not None and principal.kind == "admin"
+    if not is_admin and (who is None or who != view.get("submitter_id")):
+        raise ZooError("FORBIDDEN", "only the submitter (or an admin token) can cancel this submission",
+                       {"uuid": uuid})
+    await run_in_threadpool(state.zoo.cancel, uuid, who or "admin")
+    view = await run_in_threadpool(state.zoo.submission, uuid)
+    return JSONResponse(views.submission_doc(view, _status_url(request, uuid)))
+
+
+async def queue(request: Request) -> Response:
+    """GET /api/queue: pending jobs, jobs in flight, runners seen."""
+    view = await run_in_threadpool(request.app.state.zoo.queue_view)
+    return JSONResponse(views.plain(view))
+
+
+async def index_json(request: Request) -> Response:
+    """GET /index.json: the leaderboard index document as the daemon keeps it."""
+    doc = request.app.state.zoo.index()
+    return Response(json.dumps(views.plain(doc), ensure_ascii=False, separators=(",", ":")),
+                    media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    """GET /healthz: the process answers."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """GET /readyz: 200 once the daemon serves, 503 while starting or draining."""
+    state = request.app.state
+    ready = bool(getattr(state.zoo, "ready", True)) and not state.draining.is_set()
+    if not ready:
+        raise ZooError("UNAVAILABLE", "the daemon is starting or shutting down; retry shortly")
+    return JSONResponse({"status": "ready"})
+
+
+async def metrics(request: Request) -> Response:
+    """GET /metrics: Prometheus text exposition."""
+    data = await run_in_threadpool(request.app.state.zoo.metrics)
+    text = render_metrics(data, request.app.state.http_counters)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+_FILTERS = tuple(
+    Param(name, {"type": "string"}, f"only kernels whose category {name} equals this")
+    for name in ("arch", "op_class", "sub_class", "quant")
+)
+
+OPS: list[Op] = [
+    Op("GET", "/api/kernels", list_kernels, "listKernels", "List kernels (filtered, paginated)", "kernels",
+       params=_FILTERS + (
+           Param("status", {"type": "string"}, "normal, frozen, deprecated, valid or invalid"),
+           Param("q", {"type": "string"}, "case-insensitive text in kernel_id, name, summary, tags"),
+           Param("page", {"type": "integer", "minimum": 1, "maximum": 1000000}, "1-based page number"),
+           Param("per_page", {"type": "integer", "minimum": 1, "maximum": MAX_PER_PAGE},
+                 "page size, default 100"),
+       ),
+       responses={200: "api_kernel_list", 400: "api_error"}),
+    Op("GET", "/api/kernels/{kernel_id:path}", get_kernel, "getKernel",
+       "One kernel: index entry, desc.yaml and bench_result.yaml", "kernels",
+       responses={200: "api_kernel", 404: "api_error"}),
+    Op("POST", "/api/submissions", create_submission, "createSubmission",
+       "Submit a package (multipart: kernel_id, submitter_id, package)", "submissions",
+       auth="submitter", request="multipart",
+       responses={202: "api_submission_created", 400: "api_error", 401: "api_error", 403: "api_error",
+                  413: "api_error", 429: "api_error"}),
+    Op("GET", "/api/submissions/{uuid}/status", submission_status, "getSubmissionStatus",
+       "Submission status (long poll with ?wait=S)", "submissions",
+       params=(Param("wait", {"type": "number", "minimum": 0, "maximum": 60},
+                     "seconds to wait for a change (0 = answer now)"),),
+       responses={200: "api_submission_status", 400: "api_error", 404: "api_error"}),
+    Op("POST", "/api/submissions/{uuid}/cancel", cancel_submission, "cancelSubmission",
+       "Cancel a submission (its submitter or an admin)", "submissions", auth="submitter",
+       request="api_empty",
+       responses={200: "api_submission_status", 403: "api_error", 404: "api_error", 409: "api_error"}),
+    Op("GET", "/api/queue", queue, "getQueue", "Pending jobs, jobs in flight, runners seen", "ops",
+       responses={200: "api_queue"}),
+    Op("GET", "/index.json", index_json, "getIndex", "The leaderboard index document", "ops",
+       responses={200: None}),
+    Op("GET", "/healthz", healthz, "healthz", "Liveness", "ops", responses={200: "api_health"}),
+    Op("GET", "/readyz", readyz, "readyz", "Readiness", "ops", responses={200: "api_health", 503: "api_error"}),
+    Op("GET", "/metrics", metrics, "metrics", "Prometheus metrics", "ops", responses={200: None},
+       content_type="text/plain"),
+]

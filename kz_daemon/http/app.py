@@ -1,0 +1,136 @@
+"""The Starlette application: routes, shared objects on ``app.state``, one error mapping.
+
+:func:`create_app` takes the running ``Zoo`` (kz_daemon/service.py) and the token
+store; nothing is held in module globals. :func:`make_server` wraps the app in a
+uvicorn server whose shutdown first flags the app as draining, so long polls are
+answered at once instead of holding the shutdown up.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kz_daemon.auth import TokenStore
+from kz_daemon.http import api, openapi, pages, runner_api
+from kz_daemon.http.apispec import Op, routes
+from kz_daemon.http.errors import EXCEPTION_HANDLERS
+from kz_daemon.http.limits import TokenBucket
+from kz_daemon.http.metrics import HttpCounters
+from kz_daemon.http.settings import ShimSettings
+from kz_daemon.http.views import Catalog
+from kz_daemon.sdnotify import Notifier
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+def api_ops() -> list[Op]:
+    """Every documented API operation, in documentation order."""
+    return [*api.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
+                                          "This OpenAPI document", "ops", responses={200: None})]
+
+
+async def openapi_json(request: Request) -> Response:
+    """GET /openapi.json."""
+    return JSONResponse(request.app.state.openapi)
+
+
+class _CountRequests:
+    """ASGI middleware counting answered requests by route name and status class."""
+
+    def __init__(self, app: ASGIApp, counters: HttpCounters) -> None:
+        self.app = app
+        self.counters = counters
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status_holder = [500]
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status_holder[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "name", None) or ("static" if scope["path"].startswith("/static") else "other")
+            self.counters.add(name, status_holder[0])
+
+
+def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = None, *,
+               history: Any = None, notifier: Notifier | None = None, version: str = "0") -> Starlette:
+    """The HTTP shim for ``zoo``: public API, runner API, web pages, /openapi.json."""
+    settings = settings or ShimSettings()
+    notifier = notifier or Notifier({})
+    ops = api_ops()
+    counters = HttpCounters()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        watchdog = asyncio.create_task(notifier.watchdog_loop())
+        try:
+            yield
+        finally:
+            app.state.draining.set()
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+
+    all_routes = [
+        *routes(ops),
+        *pages.ROUTES,
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    app = Starlette(routes=all_routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    app.state.zoo = zoo
+    app.state.tokens = tokens
+    app.state.settings = settings
+    app.state.history = history
+    app.state.notifier = notifier
+    app.state.catalog = Catalog()
+    app.state.rate_limiter = TokenBucket(settings.submit_rate_per_s, settings.submit_burst)
+    app.state.draining = threading.Event()
+    app.state.poll_limiter = anyio.CapacityLimiter(512)
+    app.state.http_counters = counters
+    app.state.openapi = openapi.build(ops, version)
+    app.state.ops = ops
+    app.add_middleware(_CountRequests, counters=counters)
+    return app
+
+
+def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warning",
+                graceful_s: float = 5.0, sock_fd: int | None = None):
+    """A ``uvicorn.Server`` for ``app`` whose exit handling first marks the app as draining."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # noqa: D401 - uvicorn hook
+            app.state.draining.set()
+            super().handle_exit(sig, frame)
+
+        def request_stop(self) -> None:
+            """Stop from another thread: drain long polls, then exit the serve loop."""
+            app.state.draining.set()
+            self.should_exit = True
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=graceful_s, access_log=False,
+                            fd=sock_fd)
+    return _Server(config)
+
+

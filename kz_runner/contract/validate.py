@@ -97,7 +97,7 @@ def _load_yaml_file(data: bytes, file: str, out: list[Problem]) -> tuple[bool, A
         return False, None
 
 
-def _check_desc(an: Analysis, data: bytes, exists: Callable[[str], bool] | None) -> None:
+def _check_desc(an: Analysis, data: bytes, exists: Callable[[str], bool | None] | None) -> None:
     file = contract_path(DESC)
     ok, desc = _load_yaml_file(data, file, an.problems)
     if not ok:
@@ -132,9 +132,14 @@ def _check_desc(an: Analysis, data: bytes, exists: Callable[[str], bool] | None)
                     or norm.split("/")[0] == KERNEL_PACKAGE_DIR):
                 an.problems.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} is not in the source area",
                                            file=file, field=fld))
-            elif not exists(norm):
-                an.problems.append(problem("REFERENCE_SOURCE_MISSING", f"{ref!r} does not exist",
-                                           file=file, field=fld))
+            else:
+                found = exists(norm)
+                if found is None:
+                    an.problems.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} resolves outside the "
+                                               "package (through a link)", file=file, field=fld))
+                elif not found:
+                    an.problems.append(problem("REFERENCE_SOURCE_MISSING", f"{ref!r} does not exist",
+                                               file=file, field=fld))
 
 
 def _check_bench(an: Analysis, data: bytes) -> None:
@@ -187,11 +192,12 @@ def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
 
 
 def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
-                     exists: Callable[[str], bool] | None, expect_bench_result: bool = True) -> Analysis:
+                     exists: Callable[[str], bool | None] | None, expect_bench_result: bool = True) -> Analysis:
     """Check the contract files' bytes (``files`` maps a basename to bytes; None = absent).
 
     ``exists(relpath)`` answers whether a normalised path exists in the source area
-    (for ``reference_sources``; None skips that check). Missing files are reported
+    (True), is absent (False) or resolves outside it (None); it serves the
+    ``reference_sources`` check, skipped when ``exists`` is None. Missing files are reported
     as ``FILE_MISSING``; ``bench_result.yaml`` is checked only when expected.
     """
     an = Analysis(kernel_id)
@@ -299,15 +305,17 @@ def _extra_files(kp_dir: Path) -> list[Problem]:
     return out
 
 
-def _exists_in(package_dir: Path) -> Callable[[str], bool]:
+def _exists_in(package_dir: Path) -> Callable[[str], bool | None]:
     root = os.path.realpath(package_dir)
 
-    def exists(rel: str) -> bool:
+    def exists(rel: str) -> bool | None:
         full = os.path.join(root, rel)
         if not os.path.exists(full):
             return False
         real = os.path.realpath(full)
-        return real.startswith(root + os.sep)
+        inside = real.startswith(root + os.sep) and not real.startswith(
+            os.path.join(root, KERNEL_PACKAGE_DIR) + os.sep)
+        return True if inside else None
     return exists
 
 
@@ -330,8 +338,8 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
             files[name] = _read_contract_file(kp_dir / name, name, pre)
         pre.extend(_extra_files(kp_dir))
     unknown_id = False
+    bench_id = None
     if kernel_id is None:
-        bench_id = None
         if files.get(BENCH_RESULT) is not None:
             try:
                 doc = load_yaml(files[BENCH_RESULT])  # type: ignore[arg-type]
@@ -347,7 +355,11 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
     an.problems = [p for p in an.problems
                    if not (p.code == "FILE_MISSING" and (not files or p.file in reported))]
     an.problems[:0] = pre
-    if unknown_id:
+    if unknown_id and isinstance(bench_id, str):
+        an.problems.append(problem("BENCH_KERNEL_ID_MISMATCH", f"kernel_id is {bench_id!r} but the directory "
+                                   f"{path} does not end with it (and is not under a repo root)",
+                                   file=contract_path(BENCH_RESULT), field="kernel_id"))
+    elif unknown_id:
         an.problems.append(problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {path}"))
     if walk:
         an.problems.extend(walk_package(path))

@@ -231,6 +231,12 @@ class Harness:
         tol = self.regression_tolerance
         return float(tol.get(case_id, tol.get("*", 0.05))) if isinstance(tol, dict) else float(tol)
 
+    def _describe_tolerance(self) -> str:
+        tol = self.regression_tolerance
+        if isinstance(tol, dict):
+            return ", ".join(f"{k} {v * 100:g}%" for k, v in sorted(tol.items()))
+        return f"{tol * 100:g}%"
+
     def _record(self, run: CaseRun) -> None:
         meta = run.meta
         primary = meta["primary_metric"]
@@ -252,8 +258,11 @@ class Harness:
             if run.checked.error:
                 errors.append(run.checked.error)
         accept = correctness == "passed" and not errors
-        if correctness != "passed":
-            reason = "correctness failed"
+        if errors and (run.checked is None or correctness == "passed"):
+            reason = "error: " + errors[0]
+        elif correctness != "passed":
+            reason = f"correctness failed ({run.checked.mismatch_count} of {run.checked.checked} elements " \
+                     f"outside tolerance, max_abs_err {run.checked.max_abs_err:.3g})"
         elif errors:
             reason = "error: " + errors[0]
         elif primary not in metrics:
@@ -287,8 +296,16 @@ class Harness:
                 run.error = "case was not run"
                 self._record(run)
         arch = "cpu" if self.device == "cpu" else _device.detect_arch(self.device)
+        rejected = [r for r in self.results if not r["accept"]]
+        if rejected:
+            reason = f"rejected {len(rejected)} of {len(self.results)} cases: " + "; ".join(
+                f"{r['test_case_id']}: {r.get('accept_reason', '')}" for r in rejected)
+        else:
+            reason = f"all {len(self.results)} cases accepted (regression tolerance " \
+                     f"{self._describe_tolerance()} against the {self.against})"
         try:
-            doc = emit(self.kernel_id, self.results, arch=arch, stream=self._out)
+            doc = emit(self.kernel_id, self.results, arch=arch, stream=self._out,
+                       accept_reason=reason[:2000])
         finally:
             if self._guard is not None:
                 self._guard.__exit__(None, None, None)

@@ -1,0 +1,54 @@
+"""Benchmark row-wise softmax on the CPU: correctness, median latency, GB/s, verdict.
+
+Accept policy: every case passes correctness (|out-exp| <= atol + rtol*|exp|
+element-wise) and its latency is at most (1 + REGRESSION_TOLERANCE) times the
+scorecard's best. The CPU lane runs on shared, loaded CI machines, so the tolerance
+is 9.0: a run is rejected only when it is more than 10x slower than the best.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kz_runner import bench
+
+KERNEL_ZOO_TEST_CASE_METAS = [
+    {"test_case_id": "r64_c128", "params": {"rows": 64, "cols": 128, "dtype": "fp32"},
+     "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-5}},
+    {"test_case_id": "r512_c1024", "params": {"rows": 512, "cols": 1024, "dtype": "fp32"},
+     "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-5}},
+    {"test_case_id": "r2048_c512", "params": {"rows": 2048, "cols": 512, "dtype": "fp32"},
+     "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                 {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-5}},
+]
+REGRESSION_TOLERANCE = 9.0  # CPU lane: reject only a >10x slowdown against the best
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from softmax import softmax_rows  # noqa: E402
+
+
+def run_case(c: bench.CaseRun) -> None:
+    x = c.input("x")
+    c.check(softmax_rows(x), c.expected("out"))
+    t = c.time(softmax_rows, bench.copies([x], 4))
+    c.metric("latency_us", t.median_us)
+    c.metric("gbps", 8 * x.size / t.median_s / 1e9)
+
+
+def main(argv: list[str]) -> int:
+    h = bench.Harness.from_argv(argv, __file__, KERNEL_ZOO_TEST_CASE_METAS,
+                                regression_tolerance=REGRESSION_TOLERANCE, device="cpu",
+                                target_rse=0.01, min_reps=20, budget_s=0.15)
+    return h.run(run_case)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))

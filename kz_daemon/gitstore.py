@@ -9,11 +9,12 @@ fsynced, then its directory), and the branch moves only by compare-and-swap
 a normal repository the ``git`` CLI reads (tests check ``git fsck``).
 
 The checked-out worktree (and git's index file) is a *view* for people who browse
-the repo. Rewriting the 50,000-entry index costs about a second, so it is not on
-the accept path: :meth:`GitStore.sync_worktree` brings the files and index entries
-of the paths that changed since the last sync to HEAD, from a background thread
-after each accept and at start-up. HEAD is the truth; the worktree may lag it by
-one sync.
+the repo and for the indexer, which reads package files from disk. HEAD is the
+truth. :meth:`GitStore.sync_files` brings the files of the paths that changed
+since the last sync to HEAD (cheap: only differing subtrees are read) and runs on
+the accept path; rewriting git's 50,000-entry index file costs about a second, so
+:meth:`GitStore.sync_index` runs from a background thread after accepts and at
+start-up. ``git status`` is clean once both have run.
 
 Commit messages carry trailers (``Kz-Submission``, ``Kz-Submitter``, ``Kz-Runner``,
 ``Kz-Step``) so history explains itself and recovery can see what reached git.
@@ -35,7 +36,8 @@ from kz_daemon.errors import ZooError
 TREE_MODE = 0o040000
 FILE_MODE = 0o100644
 EXEC_MODE = 0o100755
-WORKTREE_MARK = "kz-worktree"  # file under .git holding the tree SHA the worktree shows
+WORKTREE_MARK = "kz-worktree"  # file under .git: the tree SHA the checked-out files show
+INDEX_MARK = "kz-index"        # file under .git: the tree SHA git's index file matches
 
 # A change's value: file bytes, (bytes, mode), or None to delete the file or folder.
 Change = Union[bytes, "tuple[bytes, int]", None]
@@ -107,6 +109,8 @@ class GitStore:
         self.clock = clock
         # Objects are fsynced by us (file and directory) in _write_objects.
         self.store = repo.object_store
+        # Called after the objects are durable and before the branch moves (crash tests).
+        self.before_ref_update: Callable[[], None] | None = None
 
     # -- opening -------------------------------------------------------------------
     @classmethod
@@ -267,6 +271,8 @@ class GitStore:
         commit.message = message.encode()
         new_objects.append(commit)
         self._write_objects(new_objects)
+        if self.before_ref_update is not None:
+            self.before_ref_update()
         if parent_expected is None:
             moved = self.repo.refs.add_if_new(self.ref, commit.id)
         else:
@@ -342,29 +348,35 @@ class GitStore:
                     removed.append(os.path.relpath(path, self.git_dir))
         return sorted(removed)
 
-    def sync_worktree(self) -> int:
-        """Bring the checked-out files and git's index to HEAD for the paths changed since the last sync.
+    def _mark(self, name: str) -> bytes | None:
+        path = self.git_dir / name
+        return path.read_text().strip().encode() if path.exists() else None
 
-        Returns the number of paths written or removed. Untouched paths are not
-        read, so the cost is the index file rewrite plus the changed files.
+    def _set_mark(self, name: str, tree_id: bytes) -> None:
+        tmp = self.git_dir / (name + ".tmp")
+        tmp.write_text(tree_id.decode() + "\n")
+        tmp.replace(self.git_dir / name)
+
+    def sync_files(self) -> int:
+        """Bring the checked-out files to HEAD for the paths changed since the last sync; returns how many.
+
+        Fast (only the differing subtrees are read); git's index file is left to
+        :meth:`sync_index`. Files are replaced by rename, so readers never see half a file.
         """
         from dulwich.diff_tree import tree_changes
-        from dulwich.index import Index, index_entry_from_stat
 
         head = self.head()
         if head is None:
             return 0
         target = self.tree_of(head)
-        mark = self.git_dir / WORKTREE_MARK
-        synced = mark.read_text().strip().encode() if mark.exists() else None
+        synced = self._mark(WORKTREE_MARK)
         if synced == target:
             return 0
-        index = self.repo.open_index()
         count = 0
         for change in tree_changes(self.store, synced, target):
             old, new = change.old, change.new
             if old is not None and old.path is not None and (new is None or new.path != old.path):
-                self._remove_worktree_file(old.path, index)
+                self._remove_worktree_file(old.path)
                 count += 1
             if new is not None and new.path is not None and new.sha is not None:
                 full = self.root / new.path.decode()
@@ -375,23 +387,57 @@ class GitStore:
                 tmp.write_bytes(self.store[new.sha].as_raw_string())
                 os.chmod(tmp, 0o755 if new.mode == EXEC_MODE else 0o644)
                 tmp.replace(full)
-                index[new.path] = index_entry_from_stat(os.lstat(full), new.sha, new.mode)
                 count += 1
-        index.write()
-        tmp_mark = mark.with_name(WORKTREE_MARK + ".tmp")
-        tmp_mark.write_text(target.decode() + "\n")
-        tmp_mark.replace(mark)
+        self._set_mark(WORKTREE_MARK, target)
         return count
 
-    def _remove_worktree_file(self, path: bytes, index) -> None:
+    def sync_index(self) -> int:
+        """Bring git's index file to the synced files (entries of changed paths only); returns how many.
+
+        Rewriting the index costs about a second at 50,000 entries, so the daemon
+        calls this from a background thread, never on the accept path.
+        """
+        from dulwich.diff_tree import tree_changes
+        from dulwich.index import index_entry_from_stat
+
+        target = self._mark(WORKTREE_MARK)
+        if target is None:
+            return 0
+        synced = self._mark(INDEX_MARK)
+        if synced == target:
+            return 0
+        index = self.repo.open_index()
+        count = 0
+        for change in tree_changes(self.store, synced, target):
+            old, new = change.old, change.new
+            if old is not None and old.path is not None and (new is None or new.path != old.path):
+                try:
+                    del index[old.path]
+                except KeyError:
+                    pass
+                count += 1
+            if new is not None and new.path is not None and new.sha is not None:
+                try:
+                    st = os.lstat(self.root / new.path.decode())
+                except FileNotFoundError:
+                    continue
+                index[new.path] = index_entry_from_stat(st, new.sha, new.mode)
+                count += 1
+        index.write()
+        self._set_mark(INDEX_MARK, target)
+        return count
+
+    def sync_worktree(self) -> int:
+        """:meth:`sync_files` then :meth:`sync_index`; returns the number of files written or removed."""
+        count = self.sync_files()
+        self.sync_index()
+        return count
+
+    def _remove_worktree_file(self, path: bytes) -> None:
         full = self.root / path.decode()
         try:
             full.unlink()
         except FileNotFoundError:
-            pass
-        try:
-            del index[path]
-        except KeyError:
             pass
         parent = full.parent
         while parent != self.root:

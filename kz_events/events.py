@@ -1,0 +1,475 @@
+"""The event catalogue: every event kernel_zoo records, as small frozen dataclasses.
+
+This module is the one place where event types are documented. Each class has a
+``TYPE`` (the ``type`` word in the log), a ``VERSION`` (the ``v`` in the log) and
+one dataclass field per payload key, each with a description in its metadata.
+``schemas/event.json`` is generated from these classes (``json_schema()``), and a
+test fails when the committed schema is stale.
+
+The subject of an envelope (``{"submission": uuid, "kernel_id": ...}``) is derived
+from the payload: ``uuid`` names the submission, ``kernel_id`` the kernel (the
+store fills in the kernel from its state when the payload lacks it).
+
+Adding a type: write the class, decorate it with ``@register``, teach the reducer
+(``kz_events.reducer``) what it does, regenerate the schema (``python -m
+kz_events.events > schemas/event.json``). Changing a payload: bump ``VERSION``,
+keep the old shape readable with an upcaster (``kz_events.codec.upcaster``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
+__all__ = [
+    "Event", "EVENT_TYPES", "register", "event_class", "json_schema", "doc",
+    "SubmissionReceived", "SubmissionValidated", "SubmissionRejected",
+    "JobQueued", "JobClaimed", "JobLeaseRenewed", "JobLeaseExpired", "JobReleased",
+    "JobRequeued", "JobCancelled", "JobFailed", "ResultReported",
+    "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
+    "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
+    "DaemonStarted", "LogRepaired",
+]
+
+#: type word -> the class of the current version of that event.
+EVENT_TYPES: dict[str, type["Event"]] = {}
+
+
+def doc(text: str, **schema: Any) -> Any:
+    """A dataclass field carrying its description (and extra JSON Schema keywords)."""
+    return field(metadata={"doc": text, "schema": schema})
+
+
+class Event:
+    """Base of every event: a frozen dataclass with ``TYPE`` and ``VERSION``.
+
+    Construction checks the type of every field (``int`` fields refuse ``bool``;
+    ``float`` fields accept an ``int`` and store it as ``float``), so a wrong
+    payload fails where it is built, not when the log is read back.
+    """
+
+    TYPE: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+    #: names of the payload fields, in declaration order (set by ``register``).
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    #: field name -> (allowed python types, nullable) (set by ``register``).
+    _CHECKS: ClassVar[dict[str, tuple[tuple[type, ...], bool]]] = {}
+
+    def __post_init__(self) -> None:
+        for name, (allowed, nullable) in self._CHECKS.items():
+            value = getattr(self, name)
+            if value is None:
+                if nullable:
+                    continue
+                raise TypeError(f"{self.TYPE}: field {name!r} must not be None")
+            if float in allowed and type(value) is int:
+                object.__setattr__(self, name, float(value))
+                continue
+            if type(value) is bool and bool not in allowed:
+                raise TypeError(f"{self.TYPE}: field {name!r} must be {_type_words(allowed)}, got bool")
+            if not isinstance(value, allowed):
+                raise TypeError(
+                    f"{self.TYPE}: field {name!r} must be {_type_words(allowed)}, "
+                    f"got {type(value).__name__}"
+                )
+
+    def payload(self) -> dict[str, Any]:
+        """The payload dict of this event (field name -> value), as the codec writes it."""
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def _type_words(allowed: tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in allowed)
+
+
+def _checks_for(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
+    hints = typing.get_type_hints(cls)
+    checks: dict[str, tuple[tuple[type, ...], bool]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        nullable = False
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            nullable = type(None) in args
+            inner = [a for a in args if a is not type(None)]
+            hint = inner[0]
+        origin = typing.get_origin(hint) or hint
+        checks[f.name] = ((origin,), nullable)
+    return checks
+
+
+def register(cls: type["Event"]) -> type["Event"]:
+    """Class decorator: make ``cls`` a frozen dataclass and add it to the catalogue."""
+    if not cls.TYPE:
+        raise ValueError(f"{cls.__name__} has no TYPE")
+    if cls.TYPE in EVENT_TYPES:
+        raise ValueError(f"event type {cls.TYPE!r} registered twice")
+    cls = dataclass(frozen=True, slots=True)(cls)
+    cls.FIELDS = tuple(f.name for f in dataclasses.fields(cls))
+    cls._CHECKS = _checks_for(cls)
+    EVENT_TYPES[cls.TYPE] = cls
+    return cls
+
+
+def event_class(type_word: str) -> type["Event"]:
+    """The class of event type ``type_word``; raises KeyError naming the known types."""
+    try:
+        return EVENT_TYPES[type_word]
+    except KeyError:
+        raise KeyError(
+            f"unknown event type {type_word!r}; known: {', '.join(sorted(EVENT_TYPES))}"
+        ) from None
+
+
+_UUID = "Submission uuid (the subject of the event)."
+_KID = "kernel_id: the package path relative to the kernel repo root."
+_RUNNER = "Id of the runner (from its token, never from a request body)."
+_LEASE = "Id of the lease this runner holds on the job."
+_EXPIRES = "Lease expiry, epoch seconds (float)."
+_SHA = dict(pattern="^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+# --- submissions --------------------------------------------------------------
+
+
+@register
+class SubmissionReceived(Event):
+    """A package arrived in the inbox (HTTP upload or a file dropped in the spool).
+
+    First event of every submission; status becomes ``received``.
+    """
+
+    TYPE = "submission.received"
+    uuid: str = doc(_UUID)
+    kernel_id: str = doc(_KID)
+    submitter_id: str = doc("Who submitted it (X-Submitter-Id, sidecar, or 'spool').")
+    source: str = doc("How it arrived.", enum=["http", "spool"])
+    filename: str = doc("Name of the tarball in the inbox.")
+    size: int = doc("Size of the tarball in bytes.", minimum=0)
+    sha256: str = doc("sha256 hex of the tarball as received.", pattern="^[0-9a-f]{64}$")
+
+
+@register
+class SubmissionValidated(Event):
+    """The package passed validation; its arch is known. Status stays ``received``."""
+
+    TYPE = "submission.validated"
+    uuid: str = doc(_UUID)
+    kernel_id: str = doc(_KID)
+    arch: str = doc("Target arch of the package (e.g. gfx928, sm_90).")
+    new_kernel: bool = doc("True when no package with this kernel_id exists in the repo yet.")
+    warnings: list = doc("Codes of the validation warnings.", items={"type": "string"})
+
+
+@register
+class SubmissionRejected(Event):
+    """The submission is refused for good (terminal status ``rejected``).
+
+    ``stage`` says where: ``intake`` (validation), ``result`` (a failed hard check
+    or the package's own verdict accept=false), ``accept`` (the accept saga found
+    the package unacceptable, e.g. a missing reference source).
+    """
+
+    TYPE = "submission.rejected"
+    uuid: str = doc(_UUID)
+    stage: str = doc("Where it was rejected.", enum=["intake", "result", "accept"])
+    code: str = doc("Stable machine-readable reason code, e.g. VALIDATION_ERROR.")
+    message: str = doc("Human message: what is wrong and what to fix.")
+    details: dict = doc("Machine-readable details (e.g. the problems found).")
+
+
+# --- jobs ---------------------------------------------------------------------
+
+
+@register
+class JobQueued(Event):
+    """The validated submission waits for a runner of ``arch``; status ``queued``."""
+
+    TYPE = "job.queued"
+    uuid: str = doc(_UUID)
+    kernel_id: str = doc(_KID)
+    arch: str = doc("Arch a runner must have to claim the job.")
+
+
+@register
+class JobClaimed(Event):
+    """A runner took the job under a lease; status ``running``.
+
+    At most one job per kernel_id is in flight; ``attempt`` counts claims (1 first).
+    """
+
+    TYPE = "job.claimed"
+    uuid: str = doc(_UUID)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    lease_expires_at: float = doc(_EXPIRES)
+    attempt: int = doc("Attempt number of this claim: previous attempts + 1.", minimum=1)
+
+
+@register
+class JobLeaseRenewed(Event):
+    """The lease holder extended its lease."""
+
+    TYPE = "job.lease_renewed"
+    uuid: str = doc(_UUID)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    lease_expires_at: float = doc("The new lease expiry, epoch seconds (float).")
+
+
+@register
+class JobLeaseExpired(Event):
+    """The lease ran out without a result; the job goes back to ``queued`` (attempt counted)."""
+
+    TYPE = "job.lease_expired"
+    uuid: str = doc(_UUID)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    attempt: int = doc("The attempt that expired.", minimum=1)
+
+
+@register
+class JobReleased(Event):
+    """The runner gave the job back; it goes back to ``queued`` (attempt counted)."""
+
+    TYPE = "job.released"
+    uuid: str = doc(_UUID)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    reason: str = doc("Why the runner released it.")
+
+
+@register
+class JobRequeued(Event):
+    """A job that is ``running`` (lease dropped) or ``accepting`` goes back to ``queued``.
+
+    For recovery paths that do not end a lease through expiry or release (a lease
+    that ends that way already puts the job back to ``queued``).
+    """
+
+    TYPE = "job.requeued"
+    uuid: str = doc(_UUID)
+    reason: str = doc("Why it was requeued.")
+
+
+@register
+class JobCancelled(Event):
+    """Someone cancelled the submission before its accept saga started; terminal ``cancelled``."""
+
+    TYPE = "job.cancelled"
+    uuid: str = doc(_UUID)
+    by: str = doc("Who cancelled it (submitter id, 'operator').")
+    reason: str = doc("Why.")
+
+
+@register
+class JobFailed(Event):
+    """Infrastructure failure, terminal ``failed`` (e.g. ATTEMPTS_EXHAUSTED)."""
+
+    TYPE = "job.failed"
+    uuid: str = doc(_UUID)
+    code: str = doc("Stable reason code, e.g. ATTEMPTS_EXHAUSTED.")
+    message: str = doc("Human message.")
+
+
+# --- results and the accept saga ---------------------------------------------------
+
+
+@register
+class ResultReported(Event):
+    """The lease holder reported the benchmark result; the lease ends, the job stays ``running``.
+
+    Next comes ``accept.started`` (the result said accept) or
+    ``submission.rejected`` (stage ``result``).
+    """
+
+    TYPE = "result.reported"
+    uuid: str = doc(_UUID)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    result_sha256: str = doc("sha256 hex of the stored result.json.", pattern="^[0-9a-f]{64}$")
+    overall_accept: bool = doc("The package's own verdict (overall.accept).")
+    build_ok: bool = doc("overall.build_ok.")
+    cases: list = doc(
+        "Per test case: {test_case_id, correctness, accept, primary_metric, value}.",
+        items={"type": "object"},
+    )
+    env: dict = doc("Runner environment facts (gpu, driver, versions).")
+
+
+@register
+class AcceptStarted(Event):
+    """The accept saga began for a reported result; status ``accepting``."""
+
+    TYPE = "accept.started"
+    uuid: str = doc(_UUID)
+    kernel_id: str = doc(_KID)
+    base_head: Optional[str] = doc("Branch SHA before the saga (null for an empty repo).", **_SHA)
+
+
+@register
+class AcceptSourceCommitted(Event):
+    """Saga step 1: the source commit (everything but bench_result.yaml) is written."""
+
+    TYPE = "accept.source_committed"
+    uuid: str = doc(_UUID)
+    sha_src: str = doc("SHA of the source commit (the SHA the API reports).", **_SHA)
+    parent: Optional[str] = doc("Its parent commit (null for the first commit).", **_SHA)
+
+
+@register
+class AcceptScorecardCommitted(Event):
+    """Saga step 2: the bench_result.yaml commit on top of the source commit is written."""
+
+    TYPE = "accept.scorecard_committed"
+    uuid: str = doc(_UUID)
+    sha_src: str = doc("SHA of the source commit.", **_SHA)
+    sha_br: str = doc("SHA of the scorecard commit (the new branch head).", **_SHA)
+
+
+@register
+class AcceptCompleted(Event):
+    """The branch moved to the scorecard commit; terminal ``accepted``."""
+
+    TYPE = "accept.completed"
+    uuid: str = doc(_UUID)
+    sha_src: str = doc("SHA of the source commit.", **_SHA)
+    sha_br: str = doc("SHA of the scorecard commit.", **_SHA)
+
+
+@register
+class AcceptRolledBack(Event):
+    """The saga was undone (branch left at base_head); terminal ``failed``."""
+
+    TYPE = "accept.rolled_back"
+    uuid: str = doc(_UUID)
+    reason: str = doc("Why the saga was rolled back.")
+
+
+# --- the rest of the system -------------------------------------------------------
+
+
+@register
+class IndexUpdated(Event):
+    """index.json was rewritten."""
+
+    TYPE = "index.updated"
+    version: int = doc("Index version; increases by one or more with each rewrite.", minimum=1)
+    head: Optional[str] = doc("Branch head the index was computed from.", **_SHA)
+    kernels: int = doc("Number of kernels in the index.", minimum=0)
+
+
+@register
+class MirrorPushed(Event):
+    """A push of the kernel repo to a mirror remote was attempted."""
+
+    TYPE = "mirror.pushed"
+    remote: str = doc("Name or URL of the remote.")
+    sha: str = doc("The SHA pushed.")
+    ok: bool = doc("Whether the push succeeded.")
+    error: Optional[str] = doc("The error when it failed, else null.")
+
+
+@register
+class DaemonStarted(Event):
+    """The daemon started (after recovery)."""
+
+    TYPE = "daemon.started"
+    version: str = doc("kernel_zoo version.")
+    pid: int = doc("Process id of the daemon.", minimum=1)
+
+
+@register
+class LogRepaired(Event):
+    """Opening the log found a torn final line, truncated it and kept the bytes in quarantine."""
+
+    TYPE = "log.repaired"
+    dropped_bytes: int = doc("How many bytes were cut off the last segment.", minimum=1)
+    quarantine_file: str = doc("Path of the quarantine file, relative to the events dir.")
+
+
+# --- the schema ------------------------------------------------------------------
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean",
+               list: "array", dict: "object"}
+SUBJECT_FIELDS = ("submission", "kernel_id")
+
+
+def _payload_schema(cls: type[Event]) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        (allowed,), nullable = cls._CHECKS[f.name]
+        json_type: Any = _JSON_TYPES[allowed]
+        if nullable:
+            json_type = [json_type, "null"]
+        prop = {"type": json_type, "description": f.metadata["doc"]}
+        prop.update(f.metadata["schema"])
+        props[f.name] = prop
+    return {
+        "type": "object",
+        "description": " ".join((cls.__doc__ or "").split()),
+        "additionalProperties": False,
+        "required": list(cls.FIELDS),
+        "properties": props,
+    }
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one event line, generated from the catalogue."""
+    defs = {cls.TYPE: _payload_schema(cls) for cls in EVENT_TYPES.values()}
+    branches = [
+        {
+            "if": {"properties": {"type": {"const": t}}, "required": ["type"]},
+            "then": {"properties": {"v": {"const": EVENT_TYPES[t].VERSION},
+                                    "payload": {"$ref": f"#/$defs/{t}"}}},
+        }
+        for t in sorted(EVENT_TYPES)
+    ]
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://kernel-zoo.dev/schemas/event.json",
+        "title": "kernel_zoo event (one line of the event log)",
+        "description": (
+            "One line of DIR/events/*.jsonl: canonical JSON (sorted keys, no spaces, "
+            "UTF-8) of this envelope, then a newline. The log is append-only; each "
+            "line carries the sha256 of the previous line's bytes, so an edit, an "
+            "insertion or a deletion breaks the chain. Payloads per type are in $defs."
+        ),
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["seq", "ts", "type", "v", "subject", "payload", "prev"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1,
+                    "description": "Position in the log: 1 for the first event, gapless."},
+            "ts": {"type": "string",
+                   "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$",
+                   "description": "When the event was appended: UTC RFC 3339 with microseconds."},
+            "type": {"type": "string", "enum": sorted(EVENT_TYPES),
+                     "description": "The event type (see $defs for each payload)."},
+            "v": {"type": "integer", "minimum": 1,
+                  "description": "Version of the event type's payload shape."},
+            "subject": {
+                "type": "object",
+                "additionalProperties": False,
+                "description": "Ids the event is about, for filtering.",
+                "properties": {
+                    "submission": {"type": "string", "description": "Submission uuid."},
+                    "kernel_id": {"type": "string", "description": "kernel_id of the package."},
+                },
+            },
+            "payload": {"type": "object",
+                        "description": "The event's data; its shape depends on type and v."},
+            "prev": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                     "description": "sha256 hex of the previous line's bytes (without the "
+                                    "newline); 64 zeros for seq 1."},
+        },
+        "allOf": branches,
+        "$defs": defs,
+    }
+
+
+if __name__ == "__main__":  # regenerate schemas/event.json
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))

@@ -1,0 +1,470 @@
+"""The reducer: folds one event into the State. Pure: no I/O, no clock, no randomness.
+
+``apply(state, envelope)`` folds in place and returns ``state`` (folding into a
+fresh copy per event would cost O(state) per event; see ``kz_events.state``).
+Every handler checks all its preconditions before it changes anything, so an
+event that is refused (``InvalidTransition``, ``SequenceGap``) leaves the state
+exactly as it was. Callers folding several events atomically use
+``checkpoint``/``restore``.
+
+The lifecycle (status words as in the docs)::
+
+    received --job.queued--> queued --job.claimed--> running --accept.started--> accepting
+    running --job.lease_expired / job.released / job.requeued--> queued
+    accepting --accept.completed--> accepted        accepting --accept.rolled_back--> failed
+    any non-terminal --submission.rejected--> rejected
+    any non-terminal --job.failed--> failed
+    received/queued/running --job.cancelled--> cancelled
+
+``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable
+
+from kz_events.codec import Envelope
+from kz_events.state import TERMINAL, Kernel, Lease, State, Submission
+
+__all__ = [
+    "REDUCER_VERSION", "ReducerError", "InvalidTransition", "SequenceGap",
+    "apply", "apply_record", "fold", "next_claimable", "checkpoint", "restore",
+]
+
+#: bump whenever the fold changes meaning or the State layout; older snapshots are ignored.
+REDUCER_VERSION = 1
+
+
+class ReducerError(ValueError):
+    """An event the reducer refuses; the state is unchanged."""
+
+    def __init__(self, seq: int, type_word: str, message: str, uuid: str | None = None):
+        self.seq, self.type, self.uuid = seq, type_word, uuid
+        where = f" (submission {uuid})" if uuid else ""
+        super().__init__(f"seq {seq} {type_word}{where}: {message}")
+
+
+class InvalidTransition(ReducerError):
+    """The event is impossible in the current state (e.g. a result for a job not in flight)."""
+
+
+class SequenceGap(ReducerError):
+    """The event's seq is not state.seq + 1."""
+
+
+def apply(state: State, envelope: Envelope) -> State:
+    """Fold one envelope into ``state`` (in place) and return it; refuses leave it unchanged."""
+    return apply_record(state, envelope.seq, envelope.ts, envelope.type, envelope.payload)
+
+
+def fold(envelopes: Iterable[Envelope], state: State | None = None) -> State:
+    """Fold envelopes in order into ``state`` (a new State when None)."""
+    state = State() if state is None else state
+    for env in envelopes:
+        apply_record(state, env.seq, env.ts, env.type, env.payload)
+    return state
+
+
+def apply_record(state: State, seq: int, ts: str, type_word: str, payload: dict) -> State:
+    """The fast path of ``apply`` for already-validated parts of an envelope."""
+    if seq != state.seq + 1:
+        raise SequenceGap(seq, type_word, f"expected seq {state.seq + 1}")
+    handler = _HANDLERS.get(type_word)
+    if handler is None:
+        raise InvalidTransition(seq, type_word, "the reducer does not know this event type")
+    handler(state, seq, ts, payload)
+    state.seq = seq
+    return state
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _sub(state: State, seq: int, type_word: str, p: dict, allowed: Iterable[str]) -> Submission:
+    uuid = p["uuid"]
+    sub = state.submissions.get(uuid)
+    if sub is None:
+        raise InvalidTransition(seq, type_word, "unknown submission", uuid)
+    if sub.status not in allowed:
+        raise InvalidTransition(
+            seq, type_word, f"not allowed while the submission is {sub.status}", uuid)
+    return sub
+
+
+def _set_status(state: State, sub: Submission, status: str, seq: int, ts: str) -> None:
+    counts = state.status_counts
+    counts[sub.status] -= 1
+    counts[status] = counts.get(status, 0) + 1
+    sub.status = status
+    sub.history.append([seq, status, ts])
+
+
+def _kernel(state: State, kernel_id: str) -> Kernel:
+    kernel = state.kernels.get(kernel_id)
+    if kernel is None:
+        kernel = state.kernels[kernel_id] = Kernel(kernel_id)
+    return kernel
+
+
+def _enqueue(state: State, sub: Submission) -> None:
+    """Put ``sub`` in line at the place of its first queueing."""
+    kernel = _kernel(state, sub.kernel_id)
+    if kernel.arch is None:
+        kernel.arch = sub.arch
+    state.queue.pending[sub.uuid] = sub.queued_seq
+    pending = kernel.pending
+    if not pending or state.submissions[pending[-1]].queued_seq < sub.queued_seq:
+        pending.append(sub.uuid)
+    else:
+        subs = state.submissions
+        i = 0
+        while subs[pending[i]].queued_seq < sub.queued_seq:
+            i += 1
+        pending.insert(i, sub.uuid)
+    state.queue.waiting_kernels.add(kernel.kernel_id)
+
+
+def _dequeue(state: State, sub: Submission) -> None:
+    """Take ``sub`` out of the pending line (no-op when it is not there)."""
+    if state.queue.pending.pop(sub.uuid, None) is None:
+        return
+    kernel = state.kernels[sub.kernel_id]
+    kernel.pending.remove(sub.uuid)
+    if not kernel.pending:
+        state.queue.waiting_kernels.discard(kernel.kernel_id)
+
+
+def _end_lease(state: State, sub: Submission) -> None:
+    state.queue.in_flight.pop(sub.uuid, None)
+
+
+def _free_kernel(state: State, sub: Submission) -> None:
+    kernel = state.kernels.get(sub.kernel_id)
+    if kernel is not None and kernel.in_flight == sub.uuid:
+        kernel.in_flight = None
+
+
+def _finish(state: State, sub: Submission, status: str, seq: int, ts: str) -> None:
+    """Move to a terminal status and let go of everything the job held."""
+    _dequeue(state, sub)
+    _end_lease(state, sub)
+    _free_kernel(state, sub)
+    _set_status(state, sub, status, seq, ts)
+
+
+def _check_lease(state: State, seq: int, t: str, p: dict, sub: Submission) -> Lease:
+    lease = state.queue.in_flight.get(sub.uuid)
+    if lease is None:
+        raise InvalidTransition(seq, t, "the job is not in flight", sub.uuid)
+    if lease.lease_id != p["lease_id"] or lease.runner_id != p["runner_id"]:
+        raise InvalidTransition(
+            seq, t, f"lease {p['lease_id']} of {p['runner_id']} is not the current lease "
+            f"({lease.lease_id} of {lease.runner_id})", sub.uuid)
+    return lease
+
+
+# --- handlers -------------------------------------------------------------------------
+
+_LIVE = ("received", "queued", "running", "accepting")
+
+
+def _received(state: State, seq: int, ts: str, p: dict) -> None:
+    uuid = p["uuid"]
+    if uuid in state.submissions:
+        raise InvalidTransition(seq, "submission.received", "uuid already received", uuid)
+    state.submissions[uuid] = Submission(
+        uuid, p["kernel_id"], p["submitter_id"], p["source"], ts, "received",
+        [[seq, "received", ts]])
+    counts = state.status_counts
+    counts["received"] = counts.get("received", 0) + 1
+
+
+def _validated(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "submission.validated"
+    sub = _sub(state, seq, t, p, ("received",))
+    if sub.arch is not None:
+        raise InvalidTransition(seq, t, "already validated", sub.uuid)
+    if p["kernel_id"] != sub.kernel_id:
+        raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
+    sub.arch = p["arch"]
+    sub.new_kernel = p["new_kernel"]
+    sub.warnings = list(p["warnings"])
+
+
+def _rejected(state: State, seq: int, ts: str, p: dict) -> None:
+    sub = _sub(state, seq, "submission.rejected", p, _LIVE)
+    sub.reasons.append({"stage": p["stage"], "code": p["code"], "message": p["message"],
+                        "seq": seq})
+    _finish(state, sub, "rejected", seq, ts)
+
+
+def _queued(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "job.queued"
+    sub = _sub(state, seq, t, p, ("received",))
+    if p["kernel_id"] != sub.kernel_id:
+        raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
+    if sub.arch is not None and p["arch"] != sub.arch:
+        raise InvalidTransition(seq, t, f"arch {p['arch']} != validated {sub.arch}", sub.uuid)
+    sub.arch = p["arch"]
+    sub.queued_seq = seq
+    _enqueue(state, sub)
+    _set_status(state, sub, "queued", seq, ts)
+
+
+def _claimed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "job.claimed"
+    sub = _sub(state, seq, t, p, ("queued",))
+    kernel = state.kernels[sub.kernel_id]
+    if kernel.in_flight is not None:
+        raise InvalidTransition(
+            seq, t, f"kernel {sub.kernel_id} already has job {kernel.in_flight} in flight", sub.uuid)
+    if p["attempt"] != sub.attempts + 1:
+        raise InvalidTransition(
+            seq, t, f"attempt {p['attempt']} but {sub.attempts} attempts so far", sub.uuid)
+    _dequeue(state, sub)
+    lease = Lease(p["runner_id"], p["lease_id"], p["lease_expires_at"], p["attempt"])
+    state.queue.in_flight[sub.uuid] = lease
+    kernel.in_flight = sub.uuid
+    kernel.last_claim_seq = seq
+    sub.attempts = p["attempt"]
+    sub.runner_id, sub.lease_id, sub.lease_expires_at = lease.runner_id, lease.lease_id, lease.expires_at
+    _set_status(state, sub, "running", seq, ts)
+
+
+def _renewed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "job.lease_renewed"
+    sub = _sub(state, seq, t, p, ("running",))
+    lease = _check_lease(state, seq, t, p, sub)
+    state.queue.in_flight[sub.uuid] = Lease(
+        lease.runner_id, lease.lease_id, p["lease_expires_at"], lease.attempt)
+    sub.lease_expires_at = p["lease_expires_at"]
+
+
+def _back_in_line(state: State, sub: Submission, seq: int, ts: str) -> None:
+    _end_lease(state, sub)
+    _free_kernel(state, sub)
+    sub.lease_expires_at = None
+    _enqueue(state, sub)
+    _set_status(state, sub, "queued", seq, ts)
+
+
+def _expired(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "job.lease_expired"
+    sub = _sub(state, seq, t, p, ("running",))
+    lease = _check_lease(state, seq, t, p, sub)
+    if p["attempt"] != lease.attempt:
+        raise InvalidTransition(seq, t, f"attempt {p['attempt']} != lease's {lease.attempt}", sub.uuid)
+    _back_in_line(state, sub, seq, ts)
+
+
+def _released(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "job.released"
+    sub = _sub(state, seq, t, p, ("running",))
+    _check_lease(state, seq, t, p, sub)
+    _back_in_line(state, sub, seq, ts)
+
+
+def _requeued(state: State, seq: int, ts: str, p: dict) -> None:
+    sub = _sub(state, seq, "job.requeued", p, ("running", "accepting"))
+    sub.result = None
+    sub.base_head = sub.sha_src = sub.sha_br = None
+    _back_in_line(state, sub, seq, ts)
+
+
+def _cancelled(state: State, seq: int, ts: str, p: dict) -> None:
+    sub = _sub(state, seq, "job.cancelled", p, ("received", "queued", "running"))
+    sub.reasons.append({"stage": "cancel", "code": "CANCELLED", "message": p["reason"],
+                        "by": p["by"], "seq": seq})
+    _finish(state, sub, "cancelled", seq, ts)
+
+
+def _failed(state: State, seq: int, ts: str, p: dict) -> None:
+    sub = _sub(state, seq, "job.failed", p, _LIVE)
+    sub.reasons.append({"stage": "job", "code": p["code"], "message": p["message"], "seq": seq})
+    _finish(state, sub, "failed", seq, ts)
+
+
+def _reported(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "result.reported"
+    sub = _sub(state, seq, t, p, ("running",))
+    _check_lease(state, seq, t, p, sub)
+    cases = p["cases"]
+    sub.result = {
+        "seq": seq, "result_sha256": p["result_sha256"], "overall_accept": p["overall_accept"],
+        "build_ok": p["build_ok"], "cases": len(cases),
+        "failed_cases": sum(1 for c in cases if c.get("correctness") == "failed"),
+    }
+    _end_lease(state, sub)
+
+
+def _accept_started(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "accept.started"
+    sub = _sub(state, seq, t, p, ("running",))
+    if sub.result is None or sub.uuid in state.queue.in_flight:
+        raise InvalidTransition(seq, t, "no result reported for the current attempt", sub.uuid)
+    if not sub.result["overall_accept"]:
+        raise InvalidTransition(seq, t, "the reported result did not accept", sub.uuid)
+    if p["kernel_id"] != sub.kernel_id:
+        raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
+    sub.base_head = p["base_head"]
+    _set_status(state, sub, "accepting", seq, ts)
+
+
+def _source_committed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "accept.source_committed"
+    sub = _sub(state, seq, t, p, ("accepting",))
+    if sub.sha_src is not None and sub.sha_src != p["sha_src"]:
+        raise InvalidTransition(seq, t, f"source already committed as {sub.sha_src}", sub.uuid)
+    sub.sha_src = p["sha_src"]
+
+
+def _scorecard_committed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "accept.scorecard_committed"
+    sub = _sub(state, seq, t, p, ("accepting",))
+    if sub.sha_src != p["sha_src"]:
+        raise InvalidTransition(seq, t, f"sha_src {p['sha_src']} != committed {sub.sha_src}", sub.uuid)
+    if sub.sha_br is not None and sub.sha_br != p["sha_br"]:
+        raise InvalidTransition(seq, t, f"scorecard already committed as {sub.sha_br}", sub.uuid)
+    sub.sha_br = p["sha_br"]
+
+
+def _completed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "accept.completed"
+    sub = _sub(state, seq, t, p, ("accepting",))
+    if sub.sha_src != p["sha_src"] or sub.sha_br != p["sha_br"]:
+        raise InvalidTransition(
+            seq, t, f"commits {p['sha_src']}/{p['sha_br']} != saga's {sub.sha_src}/{sub.sha_br}",
+            sub.uuid)
+    kernel = _kernel(state, sub.kernel_id)
+    kernel.head_src, kernel.head_br = sub.sha_src, sub.sha_br
+    kernel.accepted += 1
+    _finish(state, sub, "accepted", seq, ts)
+
+
+def _rolled_back(state: State, seq: int, ts: str, p: dict) -> None:
+    sub = _sub(state, seq, "accept.rolled_back", p, ("accepting",))
+    sub.reasons.append({"stage": "accept", "code": "ROLLED_BACK", "message": p["reason"],
+                        "seq": seq})
+    sub.sha_src = sub.sha_br = None
+    _finish(state, sub, "failed", seq, ts)
+
+
+def _index_updated(state: State, seq: int, ts: str, p: dict) -> None:
+    if p["version"] <= state.index_version:
+        raise InvalidTransition(
+            seq, "index.updated", f"version {p['version']} <= current {state.index_version}")
+    state.index_version, state.index_head, state.index_kernels = p["version"], p["head"], p["kernels"]
+
+
+def _mirror_pushed(state: State, seq: int, ts: str, p: dict) -> None:
+    state.mirrors[p["remote"]] = {"sha": p["sha"], "ok": p["ok"], "error": p["error"], "seq": seq}
+
+
+def _daemon_started(state: State, seq: int, ts: str, p: dict) -> None:
+    state.daemon = {"version": p["version"], "pid": p["pid"],
+                    "starts": state.daemon.get("starts", 0) + 1, "seq": seq, "ts": ts}
+
+
+def _log_repaired(state: State, seq: int, ts: str, p: dict) -> None:
+    state.repairs.append({"seq": seq, "dropped_bytes": p["dropped_bytes"],
+                          "quarantine_file": p["quarantine_file"]})
+
+
+_HANDLERS: dict[str, Callable[[State, int, str, dict], None]] = {
+    "submission.received": _received,
+    "submission.validated": _validated,
+    "submission.rejected": _rejected,
+    "job.queued": _queued,
+    "job.claimed": _claimed,
+    "job.lease_renewed": _renewed,
+    "job.lease_expired": _expired,
+    "job.released": _released,
+    "job.requeued": _requeued,
+    "job.cancelled": _cancelled,
+    "job.failed": _failed,
+    "result.reported": _reported,
+    "accept.started": _accept_started,
+    "accept.source_committed": _source_committed,
+    "accept.scorecard_committed": _scorecard_committed,
+    "accept.completed": _completed,
+    "accept.rolled_back": _rolled_back,
+    "index.updated": _index_updated,
+    "mirror.pushed": _mirror_pushed,
+    "daemon.started": _daemon_started,
+    "log.repaired": _log_repaired,
+}
+
+
+# --- atomic folding of several events ---------------------------------------------------
+
+
+def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
+    """Remember every part of ``state`` that events with these payloads can change."""
+    uuids = {p["uuid"] for p in payloads if "uuid" in p}
+    kernel_ids = {p["kernel_id"] for p in payloads if "kernel_id" in p}
+    for u in uuids:
+        sub = state.submissions.get(u)
+        if sub is not None:
+            kernel_ids.add(sub.kernel_id)
+    return {
+        "seq": state.seq,
+        "subs": {u: copy.deepcopy(state.submissions.get(u)) for u in uuids},
+        "kernels": {k: copy.deepcopy(state.kernels.get(k)) for k in kernel_ids},
+        "pending": dict(state.queue.pending),
+        "in_flight": dict(state.queue.in_flight),
+        "waiting": set(state.queue.waiting_kernels),
+        "scalars": (state.index_version, state.index_head, state.index_kernels),
+        "counts": dict(state.status_counts),
+        "daemon": state.daemon,
+        "mirrors": copy.deepcopy(state.mirrors),
+        "repairs": list(state.repairs),
+    }
+
+
+def restore(state: State, memo: dict[str, Any]) -> None:
+    """Undo everything since ``checkpoint`` returned ``memo``."""
+    state.seq = memo["seq"]
+    for table, saved in ((state.submissions, memo["subs"]), (state.kernels, memo["kernels"])):
+        for key, value in saved.items():
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+    state.queue.pending = memo["pending"]
+    state.queue.in_flight = memo["in_flight"]
+    state.queue.waiting_kernels = memo["waiting"]
+    state.index_version, state.index_head, state.index_kernels = memo["scalars"]
+    state.status_counts = memo["counts"]
+    state.daemon = memo["daemon"]
+    state.mirrors = memo["mirrors"]
+    state.repairs = memo["repairs"]
+
+
+# --- the fair pick ------------------------------------------------------------------------
+
+
+def next_claimable(state: State, arch: str | None = None, *,
+                   exclude: Iterable[str] = ()) -> str | None:
+    """The uuid a runner of ``arch`` should claim next, or None.
+
+    Among kernels that have pending jobs of ``arch`` (any arch when None) and no
+    job in flight, take the kernel served least recently (never-served first, then
+    the one whose oldest pending job is oldest) and return its oldest pending job.
+    So one kernel's burst cannot starve another kernel. ``exclude`` skips uuids.
+    """
+    excluded = set(exclude)
+    best_key: tuple[int, int] | None = None
+    best: str | None = None
+    subs = state.submissions
+    for kid in state.queue.waiting_kernels:
+        kernel = state.kernels[kid]
+        if kernel.in_flight is not None:
+            continue
+        for uuid in kernel.pending:
+            if uuid in excluded or (arch is not None and subs[uuid].arch != arch):
+                continue
+            key = (kernel.last_claim_seq, subs[uuid].queued_seq)
+            if best_key is None or key < best_key:
+                best_key, best = key, uuid
+            break
+    return best

@@ -1,0 +1,133 @@
+"""Snapshots: the State at a seq, with where that seq's line lies, written atomically.
+
+A snapshot file ``snapshots/<seq:020d>.snap`` is two parts: one header line (JSON:
+format, reducer version, the ``Position`` of the last folded event, sha256 and
+length of the body) and the body (the JSON of ``State.to_json()``). It is written
+to a temporary name, fsync-ed, renamed into place, and the directory fsync-ed.
+
+At open the newest snapshot that is intact, written by this reducer version,
+and whose position still matches the log (same line bytes, same hash) is used;
+anything else is skipped, falling back to an older snapshot or a full replay.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from kz_events.log import Position, fsync_dir
+from kz_events.state import State
+
+__all__ = ["SNAPSHOT_FORMAT", "encode_snapshot", "write_snapshot", "load_newest",
+           "list_snapshots", "read_snapshot", "SnapshotError"]
+
+SNAPSHOT_FORMAT = "kz-events-snapshot/1"
+_NAME_RE = re.compile(r"^(\d{20})\.snap$")
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that is damaged or of another format."""
+
+
+def encode_snapshot(state: State, pos: Position, reducer_version: int) -> bytes:
+    """The bytes of a snapshot of ``state`` whose last event lies at ``pos``."""
+    if state.seq != pos.seq:
+        raise ValueError(f"state is at seq {state.seq} but the position at {pos.seq}")
+    body = json.dumps(state.to_json(), separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+    header = {
+        "format": SNAPSHOT_FORMAT, "reducer_version": reducer_version,
+        "position": {"seq": pos.seq, "hash": pos.hash, "segment": pos.segment,
+                     "line_start": pos.line_start, "offset": pos.offset},
+        "body_sha256": hashlib.sha256(body).hexdigest(), "body_bytes": len(body),
+    }
+    return json.dumps(header, sort_keys=True).encode("utf-8") + b"\n" + body
+
+
+def snapshot_dir(events_dir: Path) -> Path:
+    """Where the snapshots of ``events_dir`` live."""
+    return Path(events_dir) / "snapshots"
+
+
+def write_snapshot(events_dir: Path, seq: int, data: bytes, *, keep: int = 2,
+                   fsync: bool = True) -> Path:
+    """Atomically write snapshot ``data`` for ``seq``; keep the ``keep`` newest, remove older."""
+    sdir = snapshot_dir(events_dir)
+    sdir.mkdir(exist_ok=True)
+    final = sdir / f"{seq:020d}.snap"
+    tmp = sdir / f".{seq:020d}.snap.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    os.replace(tmp, final)
+    for old in list_snapshots(events_dir)[:-keep] if keep > 0 else []:
+        (sdir / f"{old:020d}.snap").unlink(missing_ok=True)
+    if fsync:
+        fsync_dir(sdir)
+    return final
+
+
+def list_snapshots(events_dir: Path) -> list[int]:
+    """The seqs of the snapshot files present, ascending."""
+    sdir = snapshot_dir(events_dir)
+    if not sdir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for name in os.listdir(sdir)
+                  if (m := _NAME_RE.match(name)))
+
+
+def read_snapshot(path: Path) -> tuple[dict, Position, dict]:
+    """Read one snapshot file: (header, position, state document); raises SnapshotError."""
+    try:
+        with open(path, "rb") as f:
+            header_line = f.readline()
+            body = f.read()
+        header = json.loads(header_line)
+        if header.get("format") != SNAPSHOT_FORMAT:
+            raise SnapshotError(f"{path}: format {header.get('format')!r} is not {SNAPSHOT_FORMAT}")
+        if len(body) != header["body_bytes"] or \
+                hashlib.sha256(body).hexdigest() != header["body_sha256"]:
+            raise SnapshotError(f"{path}: body does not match its checksum")
+        p = header["position"]
+        pos = Position(p["seq"], p["hash"], p["segment"], p["line_start"], p["offset"])
+        return header, pos, json.loads(body)
+    except SnapshotError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SnapshotError(f"{path}: unreadable snapshot ({exc})") from None
+
+
+def load_newest(events_dir: Path, reducer_version: int,
+                check: Callable[[Position], bool]) -> tuple[State, Position, list[str]] | None:
+    """The newest usable snapshot as (state, position, notes on skipped ones), or None.
+
+    ``check(position)`` must confirm the log still holds that line (``EventLog.check_position``).
+    """
+    notes: list[str] = []
+    sdir = snapshot_dir(events_dir)
+    for seq in reversed(list_snapshots(events_dir)):
+        path = sdir / f"{seq:020d}.snap"
+        try:
+            with open(path, "rb") as f:
+                header = json.loads(f.readline())
+            if header.get("reducer_version") != reducer_version:
+                notes.append(f"{path.name}: written by reducer version "
+                             f"{header.get('reducer_version')}, this is {reducer_version}; ignored")
+                continue
+            header, pos, doc = read_snapshot(path)
+            if not check(pos):
+                notes.append(f"{path.name}: its seq {pos.seq} does not match the log; ignored")
+                continue
+            state = State.from_json(doc)
+            if state.seq != pos.seq:
+                notes.append(f"{path.name}: state seq {state.seq} != position seq {pos.seq}")
+                continue
+            return state, pos, notes
+        except (SnapshotError, OSError, ValueError, KeyError, TypeError) as exc:
+            notes.append(f"{path.name}: {exc}; ignored")
+    return None

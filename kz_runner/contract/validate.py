@@ -403,7 +403,7 @@ def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: st
     problems.extend(scan.problems)
     extra = {"compressed_bytes": scan.compressed_bytes, "unpacked_bytes": scan.unpacked_bytes,
              "members": len(scan.members)}
-    if not scan.complete:
+    if not scan.complete or not scan.members:
         return Analysis(kernel_id, problems).report(name, extra)
     root, root_problems = find_package_root(scan.names(), kernel_id)
     problems.extend(root_problems)

@@ -1,0 +1,170 @@
+"""Packing a package directory into a deterministic submission tarball.
+
+The archive holds ``<kernel_id>/`` and everything under it except
+``.kernel_package/bench_result.yaml`` (the scorecard is the server's) and
+caches (``__pycache__/``, ``*.pyc``, ``.git``). Members are sorted, with mtime 0,
+uid/gid 0, empty owner names and modes normalised to 0644/0755; the gzip header
+carries mtime 0 and no file name. So the same package always packs to the same
+bytes, whatever the files' timestamps or owners on disk.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .codes import problem
+from .kernel_id import find_repo_root, kernel_id_from_path
+from .problems import Problem, Report
+from .tarball import Limits, normalized_mode
+from .validate import BENCH_RESULT, analyze_package_dir, contract_path, is_ignored, validate_tarball
+from .yamlio import YAMLError, load_yaml
+
+BENCH_RESULT_REL = contract_path(BENCH_RESULT)
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """The outcome of :func:`pack_package`: ``path``/``sha256`` are None when packing was refused."""
+
+    report: Report
+    kernel_id: str | None
+    path: Path | None = None
+    sha256: str | None = None
+    size: int = 0
+    files: int = 0
+
+    def to_json(self) -> dict:
+        """JSON-able summary for ``kz pack --json``."""
+        return {"kernel_id": self.kernel_id, "path": str(self.path) if self.path else None,
+                "sha256": self.sha256, "size": self.size, "files": self.files,
+                "valid": self.report.valid, "problems": [p.to_json() for p in self.report.problems]}
+
+
+def pack_kernel_id(package_dir: str | os.PathLike, kernel_id: str | None = None) -> tuple[str | None, str]:
+    """``(kernel_id, where it came from)``: the argument, else bench_result.yaml, else the repo path."""
+    if kernel_id:
+        return kernel_id, "argument"
+    bench = Path(package_dir) / BENCH_RESULT_REL
+    if bench.is_file():
+        try:
+            doc = load_yaml(bench.read_bytes())
+        except (YAMLError, ValueError):
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("kernel_id"), str) and doc["kernel_id"]:
+            return doc["kernel_id"], BENCH_RESULT_REL
+    root = find_repo_root(Path(package_dir).resolve().parent)
+    if root is not None:
+        try:
+            return kernel_id_from_path(package_dir, root), f"path under {root}"
+        except ValueError:
+            pass
+    return None, "unknown"
+
+
+def package_entries(package_dir: str | os.PathLike, exclude: Path | None = None) -> list[tuple[str, bool]]:
+    """``(relative path, is_dir)`` of everything packed, sorted; links and specials are skipped."""
+    root = Path(package_dir)
+    out: list[tuple[str, bool]] = []
+    stack = [(root, "")]
+    skip = exclude.resolve() if exclude is not None else None
+    while stack:
+        directory, rel = stack.pop()
+        for entry in os.scandir(directory):
+            if is_ignored(entry.name):
+                continue
+            sub = f"{rel}/{entry.name}" if rel else entry.name
+            if sub == BENCH_RESULT_REL or entry.is_symlink():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                out.append((sub, True))
+                stack.append((Path(entry.path), sub))
+            elif entry.is_file(follow_symlinks=False):
+                if skip is not None and Path(entry.path).resolve() == skip:
+                    continue
+                out.append((sub, False))
+    return sorted(out)
+
+
+def _info(name: str, is_dir: bool, size: int, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE if is_dir else tarfile.REGTYPE
+    info.size = 0 if is_dir else size
+    info.mode = normalized_mode(mode, is_dir)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def build_tarball(package_dir: str | os.PathLike, kernel_id: str, exclude: Path | None = None) -> tuple[bytes, int]:
+    """The deterministic ``.tar.gz`` bytes of a package and the number of files in it."""
+    root = Path(package_dir)
+    raw = io.BytesIO()
+    files = 0
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:  # type: ignore[arg-type]
+            tf.addfile(_info(kernel_id, True, 0, 0o755))
+            for rel, is_dir in package_entries(root, exclude):
+                path = root / rel
+                st = os.lstat(path)
+                name = f"{kernel_id}/{rel}"
+                if is_dir:
+                    tf.addfile(_info(name, True, 0, st.st_mode))
+                    continue
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                tf.addfile(_info(name, False, len(data), st.st_mode), io.BytesIO(data))
+                files += 1
+    return raw.getvalue(), files
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def default_output(kernel_id: str) -> Path:
+    """``<kernel_id with '/' as '__'>.tar.gz`` in the current directory."""
+    return Path(kernel_id.replace("/", "__") + ".tar.gz")
+
+
+def pack_package(package_dir: str | os.PathLike, out: str | os.PathLike | None = None,
+                 kernel_id: str | None = None, limits: Limits = Limits()) -> PackResult:
+    """Validate and pack ``package_dir``; nothing is written when validation finds an error.
+
+    The directory is validated as a package (a missing bench_result.yaml is fine:
+    it is never packed) and the archive as a submission, so what this writes is
+    what the server's intake accepts.
+    """
+    pkg = Path(package_dir)
+    kid, _source = pack_kernel_id(pkg, kernel_id)
+    if kid is None:
+        found = problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {pkg}", severity="error")
+        return PackResult(Report(str(pkg), (found,)), None)
+    analysis = analyze_package_dir(pkg, kid)
+    analysis.problems = [p for p in analysis.problems
+                         if not (p.code == "FILE_MISSING" and p.file == BENCH_RESULT_REL)]
+    dir_report = analysis.report(str(pkg))
+    if not dir_report.valid:
+        return PackResult(dir_report, kid)
+    target = Path(out) if out is not None else default_output(kid)
+    data, files = build_tarball(pkg, kid, exclude=target)
+    tar_report = validate_tarball(io.BytesIO(data), target.name, limits, kernel_id=kid)
+    extra: list[Problem] = [p for p in tar_report.problems
+                            if p.code.startswith("TARBALL_") or p.code == "BENCH_RESULT_IN_TARBALL"]
+    report = dir_report.with_problems(extra)
+    if not report.valid:
+        return PackResult(report, kid)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(target, data)
+    return PackResult(report, kid, target, hashlib.sha256(data).hexdigest(), len(data), files)
+

@@ -1,0 +1,280 @@
+"""Result handling and the accept saga (the two-commit model).
+
+``report_result`` checks that the result comes from the lease holder of the job in
+flight, stores it under ``runs/<uuid>/``, applies the server-side hard checks
+(``kz_runner.contract.checks``) with the METAS read from the submission, and emits
+``result.reported`` together with ``accept.started`` or ``submission.rejected`` in
+one append. Nothing touches git on a rejection.
+
+The saga (:func:`run_saga`) is a sequence of idempotent steps keyed by the
+submission uuid; each step first looks at what already happened (the fold of the
+log, then the commit trailers in git) and does only what is missing:
+
+1. commit 1 (source): the kernel folder is replaced wholesale by the submission's
+   files, keeping ``.kernel_package/bench_result.yaml`` as it was; trailers
+   ``Kz-Submission/Kz-Submitter/Kz-Runner/Kz-Step: source`` → ``accept.source_committed``
+2. commit 2 (scorecard): only bench_result.yaml, rewritten by ``scorecard`` and
+   stamped with SHA_src; subject ``bench_result update (source <SHA_src[:7]>)``
+   → ``accept.scorecard_committed``
+3. index.json updated for the kernel (``index.updated``) → ``accept.completed``
+
+The scorecard is a pure function of (the scorecard in commit 1's tree, result.json,
+submitter, the ts of ``accept.started``), so a restarted saga rebuilds the same
+bytes. ``KZ_CRASH_AT=<point>`` kills the process with SIGKILL at that point (the
+crash tests' fault injection); see ``CRASH_POINTS``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kz_daemon import scorecard
+from kz_daemon.errors import ZooError
+from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
+from kz_daemon.intake import PACKAGE_FILE, contract_limits, read_submission
+from kz_daemon.queue import BENCH, KP, check_lease
+from kz_daemon.spool import write_json_atomic
+
+CRASH_POINTS = (
+    "after_result_reported", "before_source_commit", "before_source_ref", "after_source_commit",
+    "after_source_event", "before_scorecard_ref", "after_scorecard_commit", "after_scorecard_event",
+    "after_index", "after_completed",
+)
+
+
+def crash_point(name: str) -> None:
+    """Fault injection: SIGKILL this process when ``KZ_CRASH_AT`` names ``name``."""
+    if os.environ.get("KZ_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- results -------------------------------------------------------------------------
+def case_summary(result: dict, metas: list[dict]) -> list[dict]:
+    """Per case {test_case_id, correctness, accept, primary_metric, value} for result.reported."""
+    primary = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
+    out = []
+    for case in (result or {}).get("cases", []) if isinstance(result, dict) else []:
+        if not isinstance(case, dict):
+            continue
+        cid = case.get("test_case_id")
+        metric = primary.get(cid)
+        value = None
+        for m in case.get("metrics", []) if isinstance(case.get("metrics"), list) else []:
+            if isinstance(m, dict) and m.get("name") == metric:
+                value = m.get("value")
+        if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+            value = None
+        out.append({"test_case_id": str(cid), "correctness": str(case.get("correctness")),
+                    "accept": bool(case.get("accept")), "primary_metric": metric,
+                    "value": value if isinstance(value, (int, float)) and not isinstance(value, bool) else None})
+    return out
+
+
+def _store_run(zoo, sub_uuid: str, result: dict | None, logs: bytes, env: dict, failure: dict | None) -> str:
+    folder = zoo.config.paths.runs / sub_uuid
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "logs.txt").write_bytes(logs or b"")
+    write_json_atomic(folder / "env.json", env or {}, fsync=False)
+    write_json_atomic(folder / "failure.json", failure, fsync=False)
+    data = json.dumps(result, sort_keys=True, allow_nan=True).encode() + b"\n"
+    tmp = folder / ".result.json.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / "result.json")
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_result(zoo, sub_uuid: str) -> Any:
+    """The stored result.json of a submission (None when the runner sent none)."""
+    return json.loads((zoo.config.paths.runs / sub_uuid / "result.json").read_text())
+
+
+def judge(zoo, sub, result: Any, failure: dict | None):
+    """(accepted, code, message, details, invalid) for a reported result: pure apart from reading METAS."""
+    from kz_runner.contract.checks import check_result
+
+    if failure:
+        code = str(failure.get("code") or "RUNNER_FAILURE")
+        return False, code, str(failure.get("message") or code), {"failure": failure}, False
+    if result is None:
+        return False, "BAD_OUTPUT", "the runner reported no result document", {}, False
+    metas = read_submission(zoo.config.paths.pending, sub.uuid).get("metas") or []
+    case_ids = [m.get("test_case_id") for m in metas]
+    verdict = check_result(result, kernel_id=sub.kernel_id, case_ids=case_ids)
+    if verdict.accepted:
+        return True, "", verdict.reason, {}, False
+    details = {"problems": [p.to_json() for p in verdict.problems]}
+    code = verdict.problems[0].code if verdict.problems else "PACKAGE_REJECTED"
+    return False, code, verdict.reason, details, verdict.invalid
+
+
+def report_result(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
+                  logs: bytes, env: dict, failure: dict | None):
+    """Take a runner's report: hard checks, then the accept saga or a rejection; returns the view."""
+    from kz_events import events as ev
+
+    with zoo.lock:
+        sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
+        digest = _store_run(zoo, sub_uuid, result, logs, env, failure)
+        accepted, code, message, details, invalid = judge(zoo, sub, result, failure)
+        metas = read_submission(zoo.config.paths.pending, sub_uuid).get("metas") or []
+        overall = result.get("overall", {}) if isinstance(result, dict) else {}
+        overall = overall if isinstance(overall, dict) else {}
+        reported = ev.ResultReported(
+            uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=digest,
+            overall_accept=accepted, build_ok=overall.get("build_ok") is True,
+            cases=case_summary(result, metas), env=env or {})
+        if accepted:
+            with zoo.git_lock:
+                base = zoo.git.head()
+            zoo.store.emit(reported, ev.AcceptStarted(uuid=sub_uuid, kernel_id=sub.kernel_id, base_head=base))
+        else:
+            zoo.store.emit(reported, ev.SubmissionRejected(uuid=sub_uuid, stage="result", code=code,
+                                                           message=message, details=details))
+    crash_point("after_result_reported")
+    if accepted:
+        run_saga(zoo, sub_uuid)
+    view = zoo.submission(sub_uuid)
+    if invalid:
+        raise ZooError("RESULT_INVALID", message, {"uuid": sub_uuid, **details})
+    return view
+
+
+# -- the saga --------------------------------------------------------------------------
+def submission_files(zoo, sub_uuid: str, kernel_id: str) -> dict[str, tuple[bytes, int]]:
+    """The submission's files, relative to the package root: {rel: (bytes, git mode)}."""
+    from kz_runner.contract.tarball import scan_tarball
+
+    package = zoo.config.paths.pending / sub_uuid / PACKAGE_FILE
+    limits = zoo.config.limits
+    scan = scan_tarball(package, contract_limits(limits), capture=lambda n: True,
+                        capture_bytes=limits.max_member_bytes)
+    if not scan.ok:
+        raise ZooError("VALIDATION_ERROR", "the stored package no longer passes the tarball checks",
+                       {"problems": [p.to_json() for p in scan.problems]})
+    prefix = kernel_id + "/"
+    files = {}
+    for member in scan.members:
+        if member.kind == "file" and member.name.startswith(prefix):
+            mode = EXEC_MODE if member.mode & 0o111 else FILE_MODE
+            files[member.name[len(prefix):]] = (scan.captured.get(member.name, b""), mode)
+    return files
+
+
+def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
+    """The desc.yaml reference_sources absent from ``files`` (None when desc.yaml is unreadable)."""
+    raw = files.get(f"{KP}/desc.yaml")
+    try:
+        desc = yaml.safe_load(raw[0]) if raw else None
+    except yaml.YAMLError:
+        desc = None
+    if not isinstance(desc, dict):
+        return None
+    missing = []
+    for ref in desc.get("reference_sources") or []:
+        ref = str(ref).strip("/")
+        if ref not in files and not any(path.startswith(ref + "/") for path in files):
+            missing.append(ref)
+    return missing
+
+
+def _accept_ts(sub) -> str:
+    for _seq, status, ts in reversed(sub.history):
+        if status == "accepting":
+            return ts[:19] + "Z"
+    return sub.received_at[:19] + "Z"
+
+
+def _trailers(sub, step: str, **extra: str) -> dict[str, str]:
+    out = {"Kz-Submission": sub.uuid, "Kz-Submitter": sub.submitter_id,
+           "Kz-Runner": sub.runner_id or "unknown", "Kz-Step": step}
+    out.update(extra)
+    return out
+
+
+def new_scorecard(zoo, sub, sha_src: str) -> bytes:
+    """Commit 2's bench_result.yaml bytes: the rewrite of the card in commit 1's tree, stamped with SHA_src."""
+    kid = sub.kernel_id
+    metas = read_submission(zoo.config.paths.pending, sub.uuid).get("metas") or []
+    old = scorecard.load(zoo.git.read_file(f"{kid}/{KP}/{BENCH}", sha_src))
+    result = load_result(zoo, sub.uuid)
+    card = scorecard.update_scorecard(old, kid, metas, result, sub.submitter_id, _accept_ts(sub))
+    return scorecard.dump(scorecard.stamp(card, sha_src))
+
+
+def run_saga(zoo, sub_uuid: str) -> None:
+    """Drive the accept saga of ``sub_uuid`` (status ``accepting``) to a terminal status; idempotent."""
+    from kz_events import events as ev
+
+    with zoo.git_lock:
+        sub = zoo.store.state.submissions[sub_uuid]
+        if sub.status != "accepting":
+            return
+        kid = sub.kernel_id
+        author = zoo.config.repo.author
+        trail = zoo.git.find_commits("Kz-Submission", sub_uuid, since=sub.base_head)
+        steps = {c.trailers.get("Kz-Step"): c.sha for c in trail}
+
+        sha_src = sub.sha_src or steps.get("source")
+        if sha_src is None:
+            crash_point("before_source_commit")
+            files = submission_files(zoo, sub_uuid, kid)
+            missing = missing_reference_sources(files)
+            if missing:
+                zoo.store.emit(ev.SubmissionRejected(
+                    uuid=sub_uuid, stage="accept", code="REFERENCE_SOURCE_MISSING",
+                    message=f"desc.yaml reference_sources not in the package: {', '.join(missing)}",
+                    details={"missing": missing}))
+                return
+            head = zoo.git.head()
+            changes: dict[str, Any] = {kid: None}
+            for rel, content in files.items():
+                changes[f"{kid}/{rel}"] = content
+            old_card = zoo.git.read_file(f"{kid}/{KP}/{BENCH}", head) if head else None
+            if old_card is not None:
+                changes[f"{kid}/{KP}/{BENCH}"] = old_card
+            result = load_result(zoo, sub_uuid)
+            reason = str((result.get("overall") or {}).get("accept_reason") or "")
+            message = format_message(f"accept {kid} (submission {sub_uuid[:8]})", _trailers(sub, "source"),
+                                     body=reason)
+            zoo.git.before_ref_update = lambda: crash_point("before_source_ref")
+            try:
+                sha_src = zoo.git.commit_changes(changes, message, author, head)
+            finally:
+                zoo.git.before_ref_update = None
+            crash_point("after_source_commit")
+        if sub.sha_src is None:
+            parent = zoo.git.commit_info(sha_src).parents
+            zoo.store.emit(ev.AcceptSourceCommitted(uuid=sub_uuid, sha_src=sha_src,
+                                                    parent=parent[0] if parent else None))
+            crash_point("after_source_event")
+
+        sub = zoo.store.state.submissions[sub_uuid]
+        sha_br = sub.sha_br or steps.get("scorecard")
+        if sha_br is None:
+            data = new_scorecard(zoo, sub, sha_src)
+            message = format_message(f"bench_result update (source {sha_src[:7]})",
+                                     _trailers(sub, "scorecard", **{"Kz-Source": sha_src}))
+            zoo.git.before_ref_update = lambda: crash_point("before_scorecard_ref")
+            try:
+                sha_br = zoo.git.commit_changes({f"{kid}/{KP}/{BENCH}": data}, message, author, sha_src)
+            finally:
+                zoo.git.before_ref_update = None
+            crash_point("after_scorecard_commit")
+        if sub.sha_br is None:
+            zoo.store.emit(ev.AcceptScorecardCommitted(uuid=sub_uuid, sha_src=sha_src, sha_br=sha_br))
+            crash_point("after_scorecard_event")
+
+        zoo.indexer.update([kid])
+        crash_point("after_index")
+        zoo.store.emit(ev.AcceptCompleted(uuid=sub_uuid, sha_src=sha_src, sha_br=sha_br))
+        crash_point("after_completed")
+    zoo.after_accept(sha_br)

@@ -1,0 +1,41 @@
+"""``kz daemon``: run the daemon core (spool intake, queue, accept saga, index) until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "daemon"
+HELP = "run the kernel_zoo daemon core on a state directory until SIGTERM/SIGINT"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--state-dir, --repo, --config, --seed-from."""
+    parser.add_argument("--state-dir", default="./kz-data",
+                        help="state directory (kz.yaml, repo/, spool/, events/ ...); default ./kz-data")
+    parser.add_argument("--repo", default=None, help="kernel repo path (default: STATE_DIR/repo)")
+    parser.add_argument("--config", default=None, help="config file (default: STATE_DIR/kz.yaml)")
+    parser.add_argument("--seed-from", default=None,
+                        help="seed an empty repo with the packages under this folder (e.g. examples/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Initialise the state dir, then run the Zoo until a signal."""
+    from kz_daemon.errors import ZooError
+    from kz_daemon.runtime import init_state_dir, run_until_signal
+
+    try:
+        config = init_state_dir(args.state_dir, seed_from=args.seed_from, config_file=args.config,
+                                repo=args.repo)
+    except ZooError as exc:
+        print(f"kz daemon: {exc.message}", file=sys.stderr)
+        return 2
+
+    def ready(zoo) -> None:
+        print(f"kz daemon: ready on {config.state_dir} (repo {config.paths.repo}, "
+              f"inbox {config.spool_inbox}, pid {__import__('os').getpid()})", file=sys.stderr, flush=True)
+
+    try:
+        return run_until_signal(config, on_ready=ready)
+    except ZooError as exc:
+        print(f"kz daemon: {exc.message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,272 @@
+"""Intake: from a claimed spool file to ``queued`` or ``rejected``, before anything touches the repo.
+
+For each file that got its uuid (``spool.claim``), :class:`Intake` decides once:
+
+1. the safe tarball checks and the package validation (the one validator library,
+   ``kz_runner.contract``), then the daemon's policies against the repo at HEAD
+   (new packages allowed?, ``frozen`` here or at HEAD, nesting with other packages);
+2. writes the outcome durably: ``pending/<uuid>/submission.json`` + ``package.tar.gz``
+   or ``spool/rejected/<uuid>/reason.json`` + ``package.tar.gz`` (the JSON first, the
+   tarball renamed in last);
+3. emits ``submission.received`` with ``submission.validated`` + ``job.queued`` or
+   ``submission.rejected``, in one durable append.
+
+A crash between 2 and 3 leaves an outcome folder whose uuid the log lacks:
+:meth:`Intake.recover` emits its events from the JSON at start-up. Nothing is
+ever decided twice and no file is lost.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kz_daemon import spool
+from kz_daemon.spool import Claimed, SpoolDirs, write_json_atomic
+
+PACKAGE_FILE = "package.tar.gz"
+SUBMISSION_FILE = "submission.json"
+REASON_FILE = "reason.json"
+KP = ".kernel_package"
+
+
+@dataclass
+class Outcome:
+    """The intake decision for one file (a value: tests build and compare them)."""
+
+    ok: bool
+    kernel_id: str
+    arch: str = ""
+    new_kernel: bool = False
+    warnings: list[str] = field(default_factory=list)
+    code: str = ""
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def contract_limits(limits) -> Any:
+    """The contract library's tarball ``Limits`` from the daemon's config limits."""
+    from kz_runner.contract.tarball import Limits
+
+    return Limits(compressed_bytes=limits.max_compressed_bytes, members=limits.max_members,
+                  member_bytes=limits.max_member_bytes, total_bytes=limits.max_total_bytes,
+                  ratio=float(limits.max_ratio))
+
+
+def _problems_json(problems) -> list[dict]:
+    return [p.to_json() for p in problems]
+
+
+def reject(kernel_id: str, code: str, message: str, **details: Any) -> Outcome:
+    """A rejecting outcome."""
+    return Outcome(False, kernel_id, code=code, message=message, details=details)
+
+
+def validate_file(path: Path, filename: str, limits, expected_kernel_id: str | None) -> tuple[Outcome, dict]:
+    """Check one spooled file with the contract library; returns (outcome, facts).
+
+    ``facts`` are the validator's (kernel_id, arch, status, test_case_ids ...) plus ``metas``.
+    """
+    from kz_runner.contract.validate import validate_tarball
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return reject(expected_kernel_id or "", "TARBALL_CORRUPT", "the file vanished"), {}
+    if not stat.S_ISREG(st.st_mode):
+        return reject(expected_kernel_id or "", "TARBALL_CORRUPT",
+                      f"{filename} is not a regular file (links and special files are refused)"), {}
+    report = validate_tarball(path, filename, limits=contract_limits(limits), kernel_id=expected_kernel_id)
+    facts = dict(report.facts)
+    kernel_id = facts.get("kernel_id") or expected_kernel_id or ""
+    if not report.valid:
+        first = report.errors[0]
+        return reject(kernel_id, first.code, first.render(),
+                      problems=_problems_json(report.problems),
+                      codes=[p.code for p in report.errors]), facts
+    warnings = [p.code for p in report.warnings]
+    facts["metas"] = read_package_metas(path, kernel_id, limits)
+    return Outcome(True, kernel_id, arch=str(facts.get("arch") or ""), warnings=warnings,
+                   details={"problems": _problems_json(report.problems)}), facts
+
+
+def read_package_metas(path: Path, kernel_id: str, limits) -> list[dict] | None:
+    """KERNEL_ZOO_TEST_CASE_METAS of a submitted tarball, read with ast (never imported)."""
+    from kz_runner.contract.pysource import read_metas
+    from kz_runner.contract.tarball import read_member
+
+    source = read_member(path, f"{kernel_id}/{KP}/benchmark.py", contract_limits(limits))
+    if source is None:
+        return None
+    metas, _problems = read_metas(source)
+    return metas
+
+
+def policy_check(outcome: Outcome, facts: dict, git, allow_new: bool) -> Outcome:
+    """Apply the repo-dependent policies to a valid outcome (git reads at HEAD only)."""
+    kid = outcome.kernel_id
+    parts = kid.split("/")
+    for i in range(1, len(parts)):
+        outer = "/".join(parts[:i])
+        if git.is_dir(f"{outer}/{KP}"):
+            return reject(kid, "NESTED_PACKAGE", f"{kid} lies inside the source area of package {outer}; "
+                          "choose a kernel_id outside it", outer=outer)
+    head_desc_raw = git.read_file(f"{kid}/{KP}/desc.yaml")
+    exists = head_desc_raw is not None
+    if not exists and git.is_dir(kid):
+        return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
+                      "a package cannot contain packages", kernel_id=kid)
+    if exists:
+        import yaml
+
+        try:
+            head_desc = yaml.safe_load(head_desc_raw) or {}
+        except yaml.YAMLError:
+            head_desc = {}
+        if isinstance(head_desc, dict) and head_desc.get("status") == "frozen":
+            return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
+                          "no submissions", where="repo")
+    if facts.get("status") == "frozen":
+        return reject(kid, "PACKAGE_FROZEN", "the submitted desc.yaml has status: frozen; frozen "
+                      "packages are never run (use status: normal)", where="submission")
+    if not exists and not allow_new:
+        return reject(kid, "NEW_PACKAGE_NOT_ALLOWED", f"{kid} is not in the repo and this zoo takes "
+                      "no new packages (policy.allow_new_packages is false)")
+    outcome.new_kernel = not exists
+    if not outcome.arch:
+        return reject(kid, "VALIDATION_ERROR", "desc.yaml has no category.arch")
+    return outcome
+
+
+class Intake:
+    """Decides every spooled file; owns no state besides files (the log is the state)."""
+
+    def __init__(self, config, store, git, git_lock, events, clock_iso: Callable[[], str]) -> None:
+        self.config = config
+        self.store = store
+        self.git = git
+        self.git_lock = git_lock
+        self.ev = events  # the kz_events.events module
+        self.clock_iso = clock_iso
+        self.dirs = SpoolDirs(config.paths.spool)
+        self.pending_dir = config.paths.pending
+
+    # -- the scan --------------------------------------------------------------
+    def scan_once(self) -> int:
+        """Claim and decide every file in work/ and the inbox; returns how many were decided."""
+        count = 0
+        for claimed in spool.claimed_files(self.dirs):
+            self.process(claimed)
+            count += 1
+        known = self.store.state.submissions.__contains__
+        for path in spool.inbox_files(self.dirs):
+            claimed = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u),
+                                  self.clock_iso)
+            if claimed is not None:
+                self.process(claimed)
+                count += 1
+        return count
+
+    def _outcome_exists(self, sub_uuid: str) -> bool:
+        return (self.pending_dir / sub_uuid).exists() or (self.dirs.rejected / sub_uuid).exists()
+
+    def process(self, claimed: Claimed) -> None:
+        """Decide one claimed file, write its outcome folder, emit its events, clean up."""
+        sub_uuid = claimed.uuid
+        if sub_uuid in self.store.state.submissions:  # decided before a crash
+            self._cleanup(claimed)
+            return
+        meta = dict(claimed.meta)
+        meta["sha256"] = sha256_file(claimed.tarball) if claimed.tarball.is_file() else "0" * 64
+        meta["size"] = claimed.tarball.lstat().st_size if claimed.tarball.exists() else 0
+        outcome, facts = validate_file(claimed.tarball, meta.get("filename", ""),
+                                       self.config.limits, meta.get("kernel_id"))
+        if meta.get("sidecar_error") and outcome.ok:
+            outcome = reject(outcome.kernel_id, "SIDECAR_INVALID", meta["sidecar_error"])
+        if outcome.ok:
+            with self.git_lock:
+                outcome = policy_check(outcome, facts, self.git, self.config.policy.allow_new_packages)
+        self._record(sub_uuid, meta, outcome, claimed.tarball, facts)
+        self._emit(sub_uuid, meta, outcome)
+        self._cleanup(claimed)
+
+    def _record(self, sub_uuid: str, meta: dict, outcome: Outcome, tarball: Path, facts: dict) -> None:
+        doc = {"uuid": sub_uuid, "received": meta, "outcome": outcome.__dict__}
+        if outcome.ok:
+            folder = self.pending_dir / sub_uuid
+            doc["metas"] = facts.get("metas")
+            name = SUBMISSION_FILE
+        else:
+            folder = self.dirs.rejected / sub_uuid
+            doc = {"uuid": sub_uuid, "code": outcome.code, "message": outcome.message,
+                   "details": outcome.details, "received": meta, "outcome": outcome.__dict__}
+            name = REASON_FILE
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / name, doc)
+        if tarball.exists() or tarball.is_symlink():
+            os.replace(tarball, folder / PACKAGE_FILE)
+            spool.fsync_dir(folder)
+
+    def _emit(self, sub_uuid: str, meta: dict, outcome: Outcome) -> None:
+        ev = self.ev
+        received = ev.SubmissionReceived(
+            uuid=sub_uuid, kernel_id=outcome.kernel_id, submitter_id=str(meta.get("submitter_id") or "unknown"),
+            source="http" if meta.get("source") == "http" else "spool",
+            filename=str(meta.get("filename", "")), size=int(meta.get("size", 0)),
+            sha256=str(meta.get("sha256", "0" * 64)))
+        if outcome.ok:
+            self.store.emit(received,
+                            ev.SubmissionValidated(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch,
+                                                   new_kernel=outcome.new_kernel, warnings=list(outcome.warnings)),
+                            ev.JobQueued(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch))
+        else:
+            self.store.emit(received,
+                            ev.SubmissionRejected(uuid=sub_uuid, stage="intake", code=outcome.code,
+                                                  message=outcome.message, details=outcome.details))
+
+    def _cleanup(self, claimed: Claimed) -> None:
+        (self.dirs.work / f"{claimed.uuid}{spool.SIDECAR_SUFFIX}").unlink(missing_ok=True)
+        if claimed.tarball.exists() and claimed.uuid in self.store.state.submissions:
+            claimed.tarball.unlink()
+
+    # -- start-up --------------------------------------------------------------
+    def recover(self) -> int:
+        """Emit the events of outcome folders the log lacks (a crash after the write); returns how many."""
+        known = self.store.state.submissions
+        count = 0
+        for base, name in ((self.pending_dir, SUBMISSION_FILE), (self.dirs.rejected, REASON_FILE)):
+            if not base.exists():
+                continue
+            for sub_uuid in sorted(os.listdir(base)):
+                if sub_uuid in known or not spool.is_uuid(sub_uuid):
+                    continue
+                doc_path = base / sub_uuid / name
+                if not doc_path.exists() or (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
+                    continue  # no decision yet, or the work/ scan redoes it
+                import json
+
+                doc = json.loads(doc_path.read_text())
+                outcome = Outcome(**doc["outcome"])
+                self._emit(sub_uuid, doc["received"], outcome)
+                count += 1
+        spool.remove_orphan_work_meta(self.dirs)
+        return count
+
+
+def read_submission(pending_dir: Path, sub_uuid: str) -> dict:
+    """The ``submission.json`` intake wrote for a queued submission."""
+    import json
+
+    return json.loads((pending_dir / sub_uuid / SUBMISSION_FILE).read_text())

@@ -1,0 +1,226 @@
+"""The job queue: claims under leases, renewals, releases, the lease reaper, cancels.
+
+Which job a runner gets is the reducer's pure ``next_claimable`` (arch match, at
+most one job per kernel_id in flight, round-robin across kernels); this module
+only turns decisions into events, under the zoo's decision lock so that a check
+and its event are one step. Every status change is an event: there is no queue
+state here besides the fold of the log.
+
+The tarball a runner receives (:func:`runner_package`) is the submission plus the
+kernel's current ``.kernel_package/bench_result.yaml`` at HEAD, or a seed scorecard
+with the ``0000000`` sentinel for a new kernel_id, built deterministically (sorted
+members, zero mtimes and owners) and cached per scorecard blob.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kz_daemon import scorecard
+from kz_daemon.errors import ZooError
+from kz_daemon.intake import PACKAGE_FILE, read_submission
+
+KP = ".kernel_package"
+BENCH = "bench_result.yaml"
+RUNNER_TARBALL = "runner.tar.gz"
+RUNNER_TARBALL_KEY = "runner.json"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a runner gets from a successful claim."""
+
+    uuid: str
+    kernel_id: str
+    lease_id: str
+    lease_expires_at: float   # epoch seconds
+    lease_seconds: float
+    attempt: int
+    arch: str
+    timeouts: dict
+
+
+def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
+    """Give ``runner_id`` the next job of ``arch`` under a new lease, waiting up to ``wait_s``; None if none."""
+    from kz_events import events as ev
+    from kz_events.reducer import next_claimable
+
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        with zoo.lock:
+            state = zoo.store.state
+            sub_uuid = next_claimable(state, arch)
+            if sub_uuid is not None:
+                sub = state.submissions[sub_uuid]
+                lease_id = uuidlib.uuid4().hex
+                expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
+                attempt = sub.attempts + 1
+                zoo.store.emit(ev.JobClaimed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
+                                             lease_expires_at=expires, attempt=attempt))
+                zoo.note_runner(runner_id, arch)
+                t = zoo.config.timeouts
+                return Claim(sub_uuid, sub.kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
+                             attempt, sub.arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
+            seq = state.seq
+        zoo.note_runner(runner_id, arch)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or zoo.stopping:
+            return None
+        zoo.store.wait_for_change(seq, min(remaining, 1.0))
+
+
+def check_lease(zoo, sub_uuid: str, runner_id: str, lease_id: str | None):
+    """The submission if ``runner_id`` holds lease ``lease_id`` on it; else ZooError NOT_FOUND/LEASE_LOST."""
+    state = zoo.store.state
+    sub = state.submissions.get(sub_uuid)
+    if sub is None:
+        raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
+    lease = state.queue.in_flight.get(sub_uuid)
+    if lease is None or lease.runner_id != runner_id or (lease_id is not None and lease.lease_id != lease_id):
+        raise ZooError("LEASE_LOST", f"runner {runner_id} holds no lease on {sub_uuid} "
+                       f"(status {sub.status}); abandon the job", {"uuid": sub_uuid, "status": sub.status})
+    return sub, lease
+
+
+def renew(zoo, sub_uuid: str, runner_id: str, lease_id: str) -> float:
+    """Extend the lease; returns the new expiry (epoch seconds). LEASE_LOST when it is gone."""
+    from kz_events import events as ev
+
+    with zoo.lock:
+        check_lease(zoo, sub_uuid, runner_id, lease_id)
+        expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
+        zoo.store.emit(ev.JobLeaseRenewed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
+                                          lease_expires_at=expires))
+        return expires
+
+
+def _exhausted(zoo, sub) -> list:
+    from kz_events import events as ev
+
+    if sub.attempts >= zoo.config.queue.max_attempts:
+        return [ev.JobFailed(uuid=sub.uuid, code="ATTEMPTS_EXHAUSTED",
+                             message=f"{sub.attempts} attempts without a result "
+                                     f"(queue.max_attempts is {zoo.config.queue.max_attempts})")]
+    return []
+
+
+def release(zoo, sub_uuid: str, runner_id: str, lease_id: str, reason: str) -> None:
+    """The runner gives the job back: queued again (attempt counted), or failed when attempts are spent."""
+    from kz_events import events as ev
+
+    with zoo.lock:
+        sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
+        zoo.store.emit(ev.JobReleased(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
+                                      reason=reason or "released"), *_exhausted(zoo, sub))
+
+
+def reap(zoo, now: float | None = None) -> int:
+    """Expire every lease past its time (job.lease_expired, then job.failed when attempts are spent)."""
+    from kz_events import events as ev
+
+    now = float(zoo.clock()) if now is None else now
+    count = 0
+    with zoo.lock:
+        state = zoo.store.state
+        for sub_uuid, lease in list(state.queue.in_flight.items()):
+            if lease.expires_at > now:
+                continue
+            sub = state.submissions[sub_uuid]
+            zoo.store.emit(ev.JobLeaseExpired(uuid=sub_uuid, runner_id=lease.runner_id,
+                                              lease_id=lease.lease_id, attempt=lease.attempt),
+                           *_exhausted(zoo, sub))
+            count += 1
+    return count
+
+
+def cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
+    """Cancel a submission that has not reached its accept saga; CONFLICT once it has."""
+    from kz_events import events as ev
+
+    with zoo.lock:
+        sub = zoo.store.state.submissions.get(sub_uuid)
+        if sub is None:
+            raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
+        if sub.status not in ("received", "queued", "running") or (
+                sub.status == "running" and sub.result is not None):
+            raise ZooError("CONFLICT", f"submission {sub_uuid} is {sub.status}; only received, queued "
+                           "or running submissions can be cancelled", {"status": sub.status})
+        zoo.store.emit(ev.JobCancelled(uuid=sub_uuid, by=by, reason=reason))
+
+
+# -- the runner's tarball -----------------------------------------------------------
+def runner_package(zoo, sub_uuid: str, runner_id: str) -> Path:
+    """The tar.gz the lease holder runs: the submission plus the current (or seed) scorecard."""
+    with zoo.lock:
+        sub, _lease = check_lease(zoo, sub_uuid, runner_id, None)
+    folder = zoo.config.paths.pending / sub_uuid
+    kid = sub.kernel_id
+    with zoo.git_lock:
+        current = zoo.git.read_file(f"{kid}/{KP}/{BENCH}")
+    if current is None:
+        metas = read_submission(zoo.config.paths.pending, sub_uuid).get("metas") or []
+        current = scorecard.dump(scorecard.seed_scorecard(kid, metas))
+    key = hashlib.sha256(current).hexdigest()
+    target = folder / RUNNER_TARBALL
+    key_file = folder / RUNNER_TARBALL_KEY
+    try:
+        if target.exists() and json.loads(key_file.read_text()).get("scorecard_sha256") == key:
+            return target
+    except (OSError, ValueError):
+        pass
+    data = build_runner_tarball(folder / PACKAGE_FILE, kid, current, zoo.config.limits)
+    tmp = folder / f".{RUNNER_TARBALL}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+    key_file.write_text(json.dumps({"scorecard_sha256": key}) + "\n")
+    return target
+
+
+def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits) -> bytes:
+    """Deterministic tar.gz bytes: every member of ``package`` plus ``<kid>/.kernel_package/bench_result.yaml``."""
+    from kz_daemon.intake import contract_limits
+    from kz_runner.contract.tarball import scan_tarball
+
+    scan = scan_tarball(package, contract_limits(limits), capture=lambda name: True,
+                        capture_bytes=limits.max_member_bytes)
+    if not scan.ok:
+        raise ZooError("CONFLICT", f"the stored package of {kernel_id} no longer passes the tarball checks",
+                       {"problems": [p.to_json() for p in scan.problems]})
+    entries: dict[str, tuple[str, int, bytes]] = {}
+    for member in scan.members:
+        entries[member.name] = (member.kind, member.mode, scan.captured.get(member.name, b""))
+    bench_path = f"{kernel_id}/{KP}/{BENCH}"
+    entries[bench_path] = ("file", 0o644, bench_result)
+    return deterministic_tar(entries)
+
+
+def deterministic_tar(entries: dict[str, tuple[str, int, bytes]]) -> bytes:
+    """tar.gz bytes of ``{name: (kind, mode, data)}`` in sorted order with fixed metadata."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(entries):
+            kind, mode, data = entries[name]
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mode = mode
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()

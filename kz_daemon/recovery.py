@@ -1,0 +1,100 @@
+"""Start-up recovery: bring the log, the repo and the spool back to agreement after a crash.
+
+Run by ``Zoo.start()`` before any thread starts (the Store's OS lock guarantees no
+other daemon writes this state directory):
+
+1. the Store has already repaired a torn log tail on open (``log.repaired``);
+2. stale git lock files a killed writer left are removed;
+3. intake outcomes written but not logged get their events (``Intake.recover``);
+4. a result that was logged without its verdict (a torn append) is judged again
+   from ``runs/<uuid>/``;
+5. every saga in progress is finished: :func:`kz_daemon.accept.run_saga` looks at
+   the commit trailers to see what already reached git (commit 1 without commit 2
+   → commit 2 is made; both commits without events → the events are emitted;
+   nothing in git → the saga runs from the start); a saga that cannot finish
+   (its stored package is gone) is rolled back when nothing reached git;
+6. leases that expired while the daemon was down are expired (requeued or failed);
+7. index.json is rebuilt when it is missing or was computed at another head.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RecoveryReport:
+    """What start-up recovery did (printed by ``kz daemon``, asserted by tests)."""
+
+    git_locks_removed: list = field(default_factory=list)
+    intake_recovered: int = 0
+    results_rejudged: list = field(default_factory=list)
+    sagas_finished: list = field(default_factory=list)
+    sagas_rolled_back: list = field(default_factory=list)
+    leases_expired: int = 0
+    index_rebuilt: bool = False
+
+
+def recover(zoo) -> RecoveryReport:
+    """Run every recovery step on ``zoo`` (not started yet); returns what was done."""
+    from kz_daemon import accept, queue
+
+    report = RecoveryReport()
+    with zoo.git_lock:
+        report.git_locks_removed = zoo.git.clear_stale_locks()
+    report.intake_recovered = zoo.intake.recover()
+
+    state = zoo.store.state
+    for sub in list(state.submissions.values()):
+        if sub.status == "running" and sub.result is not None and sub.uuid not in state.queue.in_flight:
+            _rejudge(zoo, sub)
+            report.results_rejudged.append(sub.uuid)
+    for sub in list(zoo.store.state.submissions.values()):
+        if sub.status != "accepting":
+            continue
+        try:
+            accept.run_saga(zoo, sub.uuid)
+            report.sagas_finished.append(sub.uuid)
+        except Exception as exc:  # the saga cannot finish: roll back if git has nothing of it
+            with zoo.git_lock:
+                current = zoo.store.state.submissions[sub.uuid]
+                in_git = zoo.git.find_commits("Kz-Submission", sub.uuid, since=current.base_head)
+                if not in_git and current.sha_src is None:
+                    zoo.store.emit(zoo.ev.AcceptRolledBack(
+                        uuid=sub.uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
+                    report.sagas_rolled_back.append(sub.uuid)
+                else:
+                    raise
+    report.leases_expired = queue.reap(zoo)
+
+    with zoo.git_lock:
+        head = zoo.git.head()
+        state = zoo.store.state
+        if head is not None and (not zoo.indexer.path.exists() or state.index_head != head):
+            zoo.indexer.rebuild()
+            report.index_rebuilt = True
+    return report
+
+
+def _rejudge(zoo, sub) -> None:
+    """Emit the verdict of a result that was logged without one."""
+    from kz_daemon import accept
+
+    folder = zoo.config.paths.runs / sub.uuid
+    try:
+        result = json.loads((folder / "result.json").read_text())
+    except (FileNotFoundError, ValueError):
+        result = None
+    try:
+        failure = json.loads((folder / "failure.json").read_text())
+    except (FileNotFoundError, ValueError):
+        failure = None
+    accepted, code, message, details, _invalid = accept.judge(zoo, sub, result, failure)
+    with zoo.lock:
+        if accepted and sub.result and sub.result.get("overall_accept"):
+            with zoo.git_lock:
+                base = zoo.git.head()
+            zoo.store.emit(zoo.ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base))
+        else:
+            zoo.store.emit(zoo.ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
+                                                     message=message, details=details))

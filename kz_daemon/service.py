@@ -1,0 +1,311 @@
+"""The Zoo: the daemon's one service facade (used by the HTTP shim, ``kz daemon``, ``kz up``, tests).
+
+``Zoo(config)`` opens the event store, the kernel repo and the spool; ``start()``
+runs recovery, then the threads: the intake (woken by the watchdog observer and
+a periodic rescan), the lease reaper, the worktree/index syncer and the mirror
+pusher. Every public method is thread-safe: decisions that read the state and
+emit an event hold ``zoo.lock``; every git access holds ``zoo.git_lock`` (the
+accept saga holds it for its commits).
+
+Status comes only from the fold of the event log (``store.state``); this class
+keeps no workflow fields of its own (runners seen is a counter for the queue view).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from kz_daemon import accept, queue, spool
+from kz_daemon.config import Config
+from kz_daemon.errors import ZooError
+from kz_daemon.gitstore import GitStore
+from kz_daemon.intake import Intake
+from kz_daemon.queue import Claim
+
+TERMINAL = ("accepted", "rejected", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class SubmissionView:
+    """What the API shows about one submission (built from the fold of the log)."""
+
+    uuid: str
+    kernel_id: str
+    submitter_id: str
+    status: str                      # received|queued|running|accepting|accepted|rejected|failed|cancelled
+    source: str = "spool"
+    received_at: str = ""
+    arch: str | None = None
+    new_kernel: bool | None = None
+    warnings: list = field(default_factory=list)
+    attempts: int = 0
+    runner_id: str | None = None
+    lease_expires_at: float | None = None
+    reasons: list = field(default_factory=list)   # [{stage, code, message, seq}]
+    result: dict | None = None       # summary of the reported result
+    commit_sha: str | None = None    # SHA_src (commit 1): the SHA the API reports
+    sha_br: str | None = None        # the scorecard commit (new HEAD)
+    history: list = field(default_factory=list)   # [[seq, status, ts], ...]
+    seq: int = 0                     # the log position this view was read at (for long polls)
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the status is final."""
+        return self.status in TERMINAL
+
+
+def view_of(sub, seq: int) -> SubmissionView:
+    """A SubmissionView of a reducer ``Submission``."""
+    return SubmissionView(
+        uuid=sub.uuid, kernel_id=sub.kernel_id, submitter_id=sub.submitter_id, status=sub.status,
+        source=sub.source, received_at=sub.received_at, arch=sub.arch, new_kernel=sub.new_kernel,
+        warnings=list(sub.warnings), attempts=sub.attempts, runner_id=sub.runner_id,
+        lease_expires_at=sub.lease_expires_at, reasons=[dict(r) for r in sub.reasons],
+        result=dict(sub.result) if sub.result else None, commit_sha=sub.sha_src, sha_br=sub.sha_br,
+        history=[list(h) for h in sub.history], seq=seq)
+
+
+def iso_now(clock: Callable[[], float]) -> str:
+    """UTC RFC 3339 with seconds for ``clock()``."""
+    return dt.datetime.fromtimestamp(clock(), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Zoo:
+    """The daemon core. ``Zoo(config)``; ``start()``; the API methods; ``stop()``."""
+
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+        from kz_events import events as ev
+        from kz_events.store import Store
+
+        from kz_daemon.indexer import Indexer
+        from kz_daemon.mirror import Mirror
+
+        self.config = config
+        self.clock = clock
+        self.ev = ev
+        config.ensure_dirs()
+        self.spool = spool.SpoolDirs(config.paths.spool)
+        self.spool.ensure()
+        self.lock = threading.RLock()      # decisions: read state + emit
+        self.git_lock = threading.RLock()  # every git access
+        self.store = Store.open(config.paths.events, clock=clock)
+        self.git = GitStore.open_or_init(config.paths.repo, config.repo.branch, config.repo.fsync, clock)
+        self.intake = Intake(config, self.store, self.git, self.git_lock, ev, lambda: iso_now(clock))
+        self.indexer = Indexer(self)
+        self.mirror = Mirror(self)
+        self.stopping = False
+        self._stop = threading.Event()
+        self._wake_intake = threading.Event()
+        self._wake_sync = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watcher = spool.InboxWatcher(self.spool.inbox, self._wake_intake.set)
+        self._runners: dict[str, dict] = {}
+        self._counters = {"claims": 0, "intake_scans": 0}
+        self.started = False
+
+    # -- life cycle ------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover (log, git locks, sagas, intake outcomes, expired leases), then start the threads."""
+        from kz_daemon import recovery
+        from kz_runner import __version__
+
+        recovery.recover(self)
+        self.store.emit(self.ev.DaemonStarted(version=__version__, pid=os.getpid()))
+        self._watcher.start()
+        for name, target in (("kz-intake", self._intake_loop), ("kz-reaper", self._reaper_loop),
+                             ("kz-sync", self._sync_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self.mirror.start()
+        self._wake_intake.set()
+        self._wake_sync.set()
+        self.started = True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the threads (finishing the step in progress) and close the store and repo."""
+        self.stopping = True
+        self._stop.set()
+        self._wake_intake.set()
+        self._wake_sync.set()
+        self._watcher.stop(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        self.mirror.stop(timeout)
+        self._threads.clear()
+        with self.lock, self.git_lock:
+            self.store.close()
+            self.git.close()
+
+    def _intake_loop(self) -> None:
+        period = self.config.intake.rescan_interval_s
+        while not self._stop.is_set():
+            self._wake_intake.wait(period)
+            self._wake_intake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.scan_inbox()
+            except Exception as exc:  # keep the daemon alive; the next scan retries
+                self._log(f"intake scan failed: {type(exc).__name__}: {exc}")
+                self._stop.wait(1.0)
+
+    def scan_inbox(self) -> int:
+        """Decide every file in the spool now (the intake thread calls this; tests may too)."""
+        self._counters["intake_scans"] += 1
+        return self.intake.scan_once()
+
+    def _reaper_loop(self) -> None:
+        while not self._stop.wait(self.config.queue.reaper_interval_s):
+            try:
+                queue.reap(self)
+            except Exception as exc:
+                self._log(f"lease reaper failed: {type(exc).__name__}: {exc}")
+
+    def _sync_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake_sync.wait(30.0)
+            self._wake_sync.clear()
+            if self._stop.is_set():
+                break
+            try:
+                with self.git_lock:
+                    self.git.sync_files()
+                # The index rewrite is slow at scale; it only needs the files, not the lock
+                # for long: take it once, briefly, per sync.
+                with self.git_lock:
+                    self.git.sync_index()
+            except Exception as exc:
+                self._log(f"worktree sync failed: {type(exc).__name__}: {exc}")
+
+    def after_accept(self, head: str) -> None:
+        """Wake the background work that follows an accept (worktree/index sync, mirrors)."""
+        self._wake_sync.set()
+        self.mirror.notify(head)
+
+    def _log(self, message: str) -> None:
+        import sys
+
+        print(f"kz daemon: {message}", file=sys.stderr, flush=True)
+
+    # -- intake ---------------------------------------------------------------------------
+    def drop_upload(self, fileobj: BinaryIO, meta: dict[str, Any]) -> str:
+        """Stream an upload into the inbox (size cap, sidecar first, atomic renames); returns its uuid."""
+        meta = dict(meta)
+        meta.setdefault("source", "http")
+        sub_uuid = spool.drop(self.spool, fileobj, meta, self.config.limits.max_compressed_bytes)
+        self._wake_intake.set()
+        return sub_uuid
+
+    def wait_intake(self, sub_uuid: str, timeout: float) -> SubmissionView:
+        """Wait until the submission is past intake (queued or later, or rejected); its view."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.store.state
+            sub = state.submissions.get(sub_uuid)
+            if sub is not None and sub.status != "received":
+                return view_of(sub, state.seq)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if sub is not None:
+                    return view_of(sub, state.seq)
+                return SubmissionView(uuid=sub_uuid, kernel_id="", submitter_id="", status="received",
+                                      seq=state.seq)
+            self._wake_intake.set()
+            self.store.wait_for_change(state.seq, min(remaining, 0.5))
+
+    def submission(self, sub_uuid: str) -> SubmissionView:
+        """The current view of a submission; ZooError NOT_FOUND for an unknown uuid."""
+        state = self.store.state
+        sub = state.submissions.get(sub_uuid)
+        if sub is None:
+            raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
+        return view_of(sub, state.seq)
+
+    def wait_submission(self, sub_uuid: str, after_seq: int, timeout: float) -> SubmissionView:
+        """Long poll: the view once the log moved past ``after_seq`` (or at ``timeout``)."""
+        self.submission(sub_uuid)
+        self.store.wait_for_change(after_seq, timeout)
+        return self.submission(sub_uuid)
+
+    # -- runners ---------------------------------------------------------------------------
+    def note_runner(self, runner_id: str, info: dict | str | None = None) -> None:
+        """Remember that a runner asked for work (for the queue view)."""
+        facts = dict(info) if isinstance(info, dict) else {"arch": info}
+        with self.lock:
+            entry = self._runners.setdefault(runner_id, {})
+            entry.update({k: v for k, v in facts.items() if v is not None})
+            entry["last_seen"] = self.clock()
+
+    def claim(self, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
+        """The next job of ``arch`` under a new lease, waiting up to ``wait_s``; None when none came."""
+        got = queue.claim(self, runner_id, arch, wait_s)
+        if got is not None:
+            self._counters["claims"] += 1
+        return got
+
+    def renew(self, sub_uuid: str, runner_id: str, lease_id: str) -> float:
+        """Extend a lease; returns the new expiry (epoch s); ZooError LEASE_LOST when gone."""
+        return queue.renew(self, sub_uuid, runner_id, lease_id)
+
+    def release(self, sub_uuid: str, runner_id: str, lease_id: str, reason: str = "released") -> None:
+        """Give a job back (queued again, attempt counted)."""
+        queue.release(self, sub_uuid, runner_id, lease_id, reason)
+
+    def runner_package(self, sub_uuid: str, runner_id: str) -> Path:
+        """The tar.gz for the lease holder: the submission plus the current (or seed) scorecard."""
+        return queue.runner_package(self, sub_uuid, runner_id)
+
+    def report_result(self, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
+                      logs: bytes = b"", env: dict | None = None,
+                      failure: dict | None = None) -> SubmissionView:
+        """Hard checks on the reported result, then the accept saga or a rejection; the final view."""
+        return accept.report_result(self, sub_uuid, runner_id, lease_id, result, logs, env or {}, failure)
+
+    def cancel(self, sub_uuid: str, by: str, reason: str = "cancelled") -> SubmissionView:
+        """Cancel a submission before its accept saga; its view."""
+        queue.cancel(self, sub_uuid, by, reason)
+        return self.submission(sub_uuid)
+
+    # -- read models ----------------------------------------------------------------------------
+    def index(self) -> dict:
+        """The current index.json document."""
+        return self.indexer.current()
+
+    def queue_view(self) -> dict:
+        """Pending jobs (in arrival order), jobs in flight with their leases, runners seen."""
+        state = self.store.state
+        subs = state.submissions
+        pending = [{"uuid": u, "kernel_id": subs[u].kernel_id, "arch": subs[u].arch,
+                    "submitter_id": subs[u].submitter_id, "attempts": subs[u].attempts}
+                   for u in state.queue.pending]
+        in_flight = [{"uuid": u, "kernel_id": subs[u].kernel_id, "runner_id": lease.runner_id,
+                      "lease_expires_at": lease.expires_at, "attempt": lease.attempt}
+                     for u, lease in state.queue.in_flight.items()]
+        accepting = [{"uuid": s.uuid, "kernel_id": s.kernel_id} for s in subs.values()
+                     if s.status == "accepting"]
+        with self.lock:
+            runners = {k: dict(v) for k, v in self._runners.items()}
+        return {"seq": state.seq, "pending": pending, "in_flight": in_flight, "accepting": accepting,
+                "runners": runners}
+
+    def metrics(self) -> dict:
+        """Counters and gauges for /metrics."""
+        state = self.store.state
+        return {
+            "events_seq": state.seq,
+            "submissions_by_status": dict(state.status_counts),
+            "queue_pending": len(state.queue.pending),
+            "queue_in_flight": len(state.queue.in_flight),
+            "index_version": state.index_version,
+            "index_kernels": state.index_kernels,
+            "claims_total": self._counters["claims"],
+            "intake_scans_total": self._counters["intake_scans"],
+            "runners_seen": len(self._runners),
+            "mirrors": dict(state.mirrors),
+        }

@@ -16,15 +16,16 @@ from kz_events.log import CorruptLog, EventLog, Position
 from kz_events.reducer import _HANDLERS, ReducerError
 from kz_events.state import State
 
-__all__ = ["replay_into", "replay_dir"]
+__all__ = ["replay_into", "replay_dir", "load_state"]
 
 
 def _offset_of(lines: list[bytes], first_pos: int, index: int) -> int:
     return first_pos + sum(len(line) + 1 for line in lines[:index])
 
 
-def replay_into(log: EventLog, state: State, start: Position | None = None) -> int:
-    """Fold every event after ``start`` into ``state``; returns how many were folded.
+def replay_into(log: EventLog, state: State, start: Position | None = None,
+                until: int | None = None) -> int:
+    """Fold every event after ``start`` (up to seq ``until``) into ``state``; returns the count.
 
     Raises CorruptLog for a line that is damaged, of an unknown type or version,
     or refused by the reducer (naming its seq and byte offset).
@@ -36,6 +37,8 @@ def replay_into(log: EventLog, state: State, start: Position | None = None) -> i
     if start is not None and start.seq != state.seq:
         raise ValueError(f"state at seq {state.seq} but replay starts after {start.seq}")
     for lines, dicts, first_seq, first_pos, path in log.read_batches(start):
+        if until is not None and first_seq + len(dicts) - 1 > until:
+            dicts = dicts[:max(0, until - first_seq + 1)]
         if first_seq != expected:
             raise CorruptLog(first_seq, path, first_pos, f"expected seq {expected}")
         i = -1
@@ -59,6 +62,8 @@ def replay_into(log: EventLog, state: State, start: Position | None = None) -> i
                              f"{type(exc).__name__}: {exc}") from None
         count += len(dicts)
         expected = first_seq + len(dicts)
+        if until is not None and state.seq >= until:
+            break
     return count
 
 
@@ -72,6 +77,21 @@ def replay_dir(events_dir: Path | str) -> State:
     try:
         state = State()
         replay_into(log, state)
+        return state
+    finally:
+        log.close()
+
+
+def load_state(events_dir: Path | str) -> State:
+    """The current State of a log, read-only: newest usable snapshot plus the tail."""
+    from kz_events.reducer import REDUCER_VERSION
+    from kz_events.snapshot import load_newest
+
+    log = EventLog.open(events_dir, readonly=True)
+    try:
+        found = load_newest(Path(events_dir), REDUCER_VERSION, log.check_position)
+        state, start = (found[0], found[1]) if found else (State(), None)
+        replay_into(log, state, start)
         return state
     finally:
         log.close()

@@ -1,0 +1,101 @@
+"""``kz replay``: rebuild the state from the log alone; ``--verify`` compares it with the snapshot."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+NAME = "replay"
+HELP = "rebuild the state from the event log alone and print a summary (--verify: compare with the snapshot)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``kz replay``."""
+    parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
+                        help="state directory (default ./kz-data); the log is DIR/events")
+    parser.add_argument("--verify", action="store_true",
+                        help="also replay up to the newest snapshot's seq and compare; exit 1 on divergence")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def _differences(a, b) -> list[str]:
+    """Names of the top-level parts (and submission uuids) where two states differ."""
+    diffs = []
+    for part in ("seq", "queue", "kernels", "index_version", "index_head", "index_kernels",
+                 "status_counts", "daemon", "mirrors", "repairs"):
+        if getattr(a, part) != getattr(b, part):
+            diffs.append(part)
+    for uuid in sorted(set(a.submissions) | set(b.submissions)):
+        if a.submissions.get(uuid) != b.submissions.get(uuid):
+            diffs.append(f"submissions[{uuid}]")
+    return diffs
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 ok; 1 when --verify finds a divergence or the log is corrupt; 2 without a log."""
+    from pathlib import Path
+
+    events_dir = Path(args.state_dir) / "events"
+    if not events_dir.is_dir():
+        print(f"kz replay: no event log at {events_dir} (use --state-dir)", file=sys.stderr)
+        return 2
+    from kz_events.log import CorruptLog, EventLog
+    from kz_events.replay import replay_into
+    from kz_events.state import State
+
+    started = time.perf_counter()
+    try:
+        log = EventLog.open(events_dir, readonly=True)
+        state = State()
+        replay_into(log, state)
+    except CorruptLog as exc:
+        print(f"kz replay: {exc}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - started
+    doc = {"events_dir": str(events_dir), "seconds": round(seconds, 3), **state.summary()}
+    verdict = 0
+    if args.verify:
+        from kz_events.reducer import REDUCER_VERSION
+        from kz_events.snapshot import SnapshotError, list_snapshots, read_snapshot, snapshot_dir
+
+        seqs = list_snapshots(events_dir)
+        if not seqs:
+            doc["verify"] = {"ok": None, "message": "no snapshot to compare with"}
+        else:
+            path = snapshot_dir(events_dir) / f"{seqs[-1]:020d}.snap"
+            try:
+                header, pos, body = read_snapshot(path)
+                if header.get("reducer_version") != REDUCER_VERSION:
+                    raise SnapshotError(f"{path.name} was written by reducer version "
+                                        f"{header.get('reducer_version')}, this is {REDUCER_VERSION}")
+                snap_state = State.from_json(body)
+                rebuilt = State()
+                replay_into(EventLog.open(events_dir, readonly=True), rebuilt, until=pos.seq)
+                diffs = _differences(rebuilt, snap_state)
+                if rebuilt.seq != pos.seq:
+                    diffs.insert(0, f"the log ends at seq {rebuilt.seq}, the snapshot is at {pos.seq}")
+                doc["verify"] = {"ok": not diffs, "snapshot": path.name, "seq": pos.seq,
+                                 "differences": diffs[:50]}
+                verdict = 1 if diffs else 0
+            except (SnapshotError, ValueError, CorruptLog) as exc:
+                doc["verify"] = {"ok": False, "snapshot": path.name, "message": str(exc)}
+                verdict = 1
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"replayed {doc['seq']} events from {events_dir} in {doc['seconds']} s")
+        print(f"  submissions {doc['submissions']}: "
+              + ", ".join(f"{k} {v}" for k, v in doc["by_status"].items()))
+        print(f"  queue: {doc['pending']} pending, {doc['in_flight']} in flight; "
+              f"kernels {doc['kernels']}; index version {doc['index_version']}")
+        v = doc.get("verify")
+        if v is not None:
+            if v.get("ok"):
+                print(f"  verify: matches snapshot {v['snapshot']} at seq {v['seq']}")
+            elif v.get("ok") is None:
+                print(f"  verify: {v['message']}")
+            else:
+                print(f"  verify: DIVERGES from {v.get('snapshot')}: "
+                      + "; ".join(v.get("differences") or [v.get("message", "")]))
+    return verdict

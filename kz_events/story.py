@@ -1,0 +1,140 @@
+"""Reading the log for people: one line per event, a submission's full story.
+
+Read-only helpers for ``kz events``: they take no lock, so they work beside a
+running daemon (a line being written is not shown until it is complete).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from kz_events.codec import parse_json
+from kz_events.log import list_segments, segment_name
+
+__all__ = ["describe", "format_event", "iter_events", "tail_events", "submission_events",
+           "render_story"]
+
+
+def _short(sha: Any) -> str:
+    return str(sha)[:12] if sha else "-"
+
+
+_DESCRIBE: dict[str, Callable[[dict], str]] = {
+    "submission.received": lambda p: (f"received {p['filename']} ({p['size']} bytes, "
+                                      f"sha256 {_short(p['sha256'])}) from {p['submitter_id']} "
+                                      f"via {p['source']}"),
+    "submission.validated": lambda p: (f"validated: arch {p['arch']}"
+                                       + (", new kernel" if p["new_kernel"] else "")
+                                       + (f", warnings {', '.join(p['warnings'])}"
+                                          if p["warnings"] else "")),
+    "submission.rejected": lambda p: f"rejected at {p['stage']}: {p['code']}: {p['message']}",
+    "job.queued": lambda p: f"queued for a {p['arch']} runner",
+    "job.claimed": lambda p: (f"claimed by {p['runner_id']} (attempt {p['attempt']}, "
+                              f"lease {p['lease_id']})"),
+    "job.lease_renewed": lambda p: f"lease {p['lease_id']} renewed by {p['runner_id']}",
+    "job.lease_expired": lambda p: (f"lease {p['lease_id']} of {p['runner_id']} expired "
+                                    f"(attempt {p['attempt']}); back in the queue"),
+    "job.released": lambda p: (f"released by {p['runner_id']}: {p['reason']}; back in the queue"),
+    "job.requeued": lambda p: f"requeued: {p['reason']}",
+    "job.cancelled": lambda p: f"cancelled by {p['by']}: {p['reason']}",
+    "job.failed": lambda p: f"failed: {p['code']}: {p['message']}",
+    "result.reported": lambda p: (f"result from {p['runner_id']}: "
+                                  f"{'accept' if p['overall_accept'] else 'no accept'}, "
+                                  f"build {'ok' if p['build_ok'] else 'FAILED'}, "
+                                  f"{len(p['cases'])} cases"),
+    "accept.started": lambda p: f"accept saga started on {_short(p['base_head'])}",
+    "accept.source_committed": lambda p: f"source commit {_short(p['sha_src'])}",
+    "accept.scorecard_committed": lambda p: f"scorecard commit {_short(p['sha_br'])}",
+    "accept.completed": lambda p: (f"accepted: source {_short(p['sha_src'])}, "
+                                   f"branch {_short(p['sha_br'])}"),
+    "accept.rolled_back": lambda p: f"accept saga rolled back: {p['reason']}",
+    "index.updated": lambda p: (f"index v{p['version']} at {_short(p['head'])} "
+                                f"({p['kernels']} kernels)"),
+    "mirror.pushed": lambda p: (f"mirror {p['remote']} {'<-' if p['ok'] else 'FAILED'} "
+                                f"{_short(p['sha'])}" + (f": {p['error']}" if p["error"] else "")),
+    "daemon.started": lambda p: f"daemon {p['version']} started (pid {p['pid']})",
+    "log.repaired": lambda p: (f"log repaired: {p['dropped_bytes']} torn bytes moved to "
+                               f"{p['quarantine_file']}"),
+}
+
+
+def describe(event: dict) -> str:
+    """One human sentence for an event dict (a parsed log line)."""
+    fn = _DESCRIBE.get(event.get("type", ""))
+    try:
+        return fn(event["payload"]) if fn else f"{event.get('type')} {event.get('payload')}"
+    except (KeyError, TypeError):
+        return f"{event.get('type')} {event.get('payload')}"
+
+
+def format_event(event: dict) -> str:
+    """``seq ts type subject: description`` on one line."""
+    subject = event.get("subject") or {}
+    who = subject.get("submission", "")
+    kid = subject.get("kernel_id", "")
+    about = " ".join(x for x in (who[:8] if who else "", kid) if x)
+    return (f"{event.get('seq', '?'):>8} {event.get('ts', '?')} {event.get('type', '?'):<26} "
+            f"{about + ': ' if about else ''}{describe(event)}")
+
+
+def _segment_lines(events_dir: Path, first: int, last_segment: bool) -> list[bytes]:
+    data = (events_dir / segment_name(first)).read_bytes()
+    if last_segment:
+        data = data[:data.rfind(b"\n") + 1]
+    lines = data.split(b"\n")
+    lines.pop()
+    return lines
+
+
+def iter_events(events_dir: Path | str, *, contains: bytes | None = None,
+                after_seq: int = 0) -> Iterator[dict]:
+    """Parsed events of the log in order (read-only); ``contains`` pre-filters raw lines."""
+    events_dir = Path(events_dir)
+    segments = list_segments(events_dir)
+    for i, first in enumerate(segments):
+        if i + 1 < len(segments) and segments[i + 1] <= after_seq + 1:
+            continue
+        for line in _segment_lines(events_dir, first, i == len(segments) - 1):
+            if contains is not None and contains not in line:
+                continue
+            event = parse_json(line.decode("utf-8"))
+            if event.get("seq", 0) > after_seq:
+                yield event
+
+
+def tail_events(events_dir: Path | str, n: int) -> list[dict]:
+    """The last ``n`` events of the log."""
+    events_dir = Path(events_dir)
+    segments = list_segments(events_dir)
+    lines: list[bytes] = []
+    for i in range(len(segments) - 1, -1, -1):
+        lines = _segment_lines(events_dir, segments[i], i == len(segments) - 1) + lines
+        if len(lines) >= n:
+            break
+    return [parse_json(line.decode("utf-8")) for line in (lines[-n:] if n > 0 else [])]
+
+
+def submission_events(events_dir: Path | str, uuid: str) -> list[dict]:
+    """Every event whose subject is submission ``uuid``, in order."""
+    return [e for e in iter_events(events_dir, contains=uuid.encode())
+            if (e.get("subject") or {}).get("submission") == uuid]
+
+
+def render_story(uuid: str, events: list[dict], submission: Any | None) -> str:
+    """The human-readable story of a submission: a header, then one line per event."""
+    if not events:
+        return f"no events for submission {uuid}"
+    first = events[0]["payload"]
+    lines = [f"submission {uuid}",
+             f"  kernel     {first.get('kernel_id', '?')}",
+             f"  submitter  {first.get('submitter_id', '?')} via {first.get('source', '?')}"]
+    if submission is not None:
+        lines.append(f"  status     {submission.status} (attempts {submission.attempts})")
+        if submission.sha_src:
+            lines.append(f"  commit     {submission.sha_src} (scorecard {submission.sha_br})")
+        for reason in submission.reasons:
+            lines.append(f"  reason     {reason.get('code')}: {reason.get('message')}")
+    lines.append("  events:")
+    for e in events:
+        lines.append(f"    {e['seq']:>8} {e['ts']} {describe(e)}")
+    return "\n".join(lines)

@@ -53,3 +53,19 @@ class ZooError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+# Frameworks write an exception's dunder attributes after raising it (Starlette clears
+# ``__traceback__`` once its handler answered; ``add_note`` sets ``__notes__``). A frozen
+# dataclass refuses every assignment, so let exactly those through.
+_frozen_setattr = ZooError.__setattr__
+
+
+def _setattr(self: ZooError, name: str, value: Any) -> None:
+    if name.startswith("__") and name.endswith("__"):
+        object.__setattr__(self, name, value)
+        return
+    _frozen_setattr(self, name, value)
+
+
+ZooError.__setattr__ = _setattr  # type: ignore[method-assign]

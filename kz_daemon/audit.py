@@ -1,0 +1,166 @@
+"""Audit a state directory: the event log against the git history and index.json.
+
+``audit_state_dir(DIR)`` is read-only (it replays the log without its lock, so it
+works beside a running daemon) and returns :class:`Finding` values, empty when
+everything agrees:
+
+- every accepted submission has exactly its two commits: the source commit
+  (SHA_src, trailer ``Kz-Step: source``) and on top of it the scorecard commit
+  (SHA_br, ``Kz-Step: scorecard``, subject ``bench_result update (source <7>)``)
+  whose bench_result.yaml carries no ``__PENDING_COMMIT__``;
+- no commit with a ``Kz-Submission`` trailer lacks its events (a saga still
+  ``accepting`` is a warning: the next start-up finishes it);
+- the branch head is the scorecard commit of the last completed accept (unless
+  later commits carry no kz trailer, e.g. an operator's commit: a warning);
+- index.json equals a full rebuild at HEAD.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PENDING = "__PENDING_COMMIT__"
+VOLATILE_INDEX_KEYS = ("generated_at", "built_at")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One disagreement between the log, git and the index."""
+
+    code: str            # ACCEPT_COMMITS, COMMIT_WITHOUT_EVENTS, DUPLICATE_COMMIT, HEAD_MISMATCH,
+                         # PENDING_IN_SCORECARD, INDEX_STALE, INDEX_MISSING, SAGA_IN_PROGRESS
+    message: str
+    severity: str = "error"     # "warning": recovery at the next start fixes it
+    uuid: str | None = None
+    sha: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = " ".join(x for x in (self.uuid and f"submission {self.uuid}", self.sha and f"commit {self.sha[:12]}") if x)
+        return f"[{self.code}] {where + ': ' if where else ''}{self.message}"
+
+
+def _strip(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _strip(v) for k, v in doc.items() if k not in VOLATILE_INDEX_KEYS}
+    if isinstance(doc, list):
+        return [_strip(v) for v in doc]
+    return doc
+
+
+def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[Finding]:
+    """Compare the event log with git history and index.json; the findings (empty: consistent)."""
+    from kz_events.replay import replay_dir
+
+    from kz_daemon.config import Config
+    from kz_daemon.gitstore import GitStore
+
+    config = Config.load(state_dir, config_file)
+    state = replay_dir(config.paths.events)
+    findings: list[Finding] = []
+    git = GitStore.open(config.paths.repo, config.repo.branch)
+    try:
+        findings += _audit_commits(state, git)
+        findings += _audit_index(config, state, git)
+    finally:
+        git.close()
+    return findings
+
+
+def _audit_commits(state, git) -> list[Finding]:
+    out: list[Finding] = []
+    by_uuid: dict[str, dict[str, list]] = {}
+    history = list(git.log())
+    for info in history:
+        sub_uuid = info.trailers.get("Kz-Submission")
+        if sub_uuid:
+            by_uuid.setdefault(sub_uuid, {}).setdefault(info.trailers.get("Kz-Step", "?"), []).append(info)
+    subs = state.submissions
+    for sub_uuid, steps in by_uuid.items():
+        for step, commits in steps.items():
+            if len(commits) > 1:
+                out.append(Finding("DUPLICATE_COMMIT", f"{len(commits)} {step} commits for one submission",
+                                   uuid=sub_uuid, sha=commits[0].sha))
+        sub = subs.get(sub_uuid)
+        if sub is None or sub.status not in ("accepted", "accepting"):
+            status = sub.status if sub else "unknown to the log"
+            for commits in steps.values():
+                out.append(Finding("COMMIT_WITHOUT_EVENTS", f"commit of a submission that is {status}",
+                                   uuid=sub_uuid, sha=commits[0].sha))
+        elif sub.status == "accepting":
+            out.append(Finding("SAGA_IN_PROGRESS", "accept saga not finished (the next start-up finishes it)",
+                               severity="warning", uuid=sub_uuid))
+    accepted = [s for s in subs.values() if s.status == "accepted"]
+    for sub in accepted:
+        steps = by_uuid.get(sub.uuid, {})
+        src = [c.sha for c in steps.get("source", [])]
+        br = steps.get("scorecard", [])
+        if src != [sub.sha_src] or [c.sha for c in br] != [sub.sha_br]:
+            out.append(Finding("ACCEPT_COMMITS", f"expected source {sub.sha_src} and scorecard {sub.sha_br} in "
+                               f"history, found source {src} and scorecard {[c.sha for c in br]}", uuid=sub.uuid))
+            continue
+        commit2 = br[0]
+        if commit2.parents != (sub.sha_src,) or commit2.subject != f"bench_result update (source {sub.sha_src[:7]})":
+            out.append(Finding("ACCEPT_COMMITS", "the scorecard commit is not the source commit's child with the "
+                               "expected subject", uuid=sub.uuid, sha=commit2.sha))
+        card = git.read_file(f"{sub.kernel_id}/.kernel_package/bench_result.yaml", sub.sha_br) or b""
+        if PENDING.encode() in card:
+            out.append(Finding("PENDING_IN_SCORECARD", "bench_result.yaml still holds __PENDING_COMMIT__",
+                               uuid=sub.uuid, sha=sub.sha_br))
+    if accepted:
+        last = max(accepted, key=lambda s: s.history[-1][0])
+        head = git.head()
+        if head != last.sha_br:
+            later = []
+            for info in history:
+                if info.sha == last.sha_br:
+                    break
+                later.append(info)
+            kz_later = [c for c in later if "Kz-Submission" in c.trailers]
+            if kz_later or not any(c.sha == last.sha_br for c in history):
+                out.append(Finding("HEAD_MISMATCH", f"branch head {head} is not the last accept's scorecard "
+                                   f"commit {last.sha_br}", uuid=last.uuid, sha=head))
+            else:
+                out.append(Finding("HEAD_MISMATCH", f"{len(later)} commit(s) without kz trailers after the last "
+                                   "accept", severity="warning", sha=head))
+    return out
+
+
+def _audit_index(config, state, git) -> list[Finding]:
+    from kz_daemon import indexer
+    from kz_daemon.gitstore import WORKTREE_MARK
+
+    head = git.head()
+    if head is None:
+        return []
+    try:
+        current = json.loads(config.paths.index.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return [Finding("INDEX_MISSING", f"{config.paths.index} is missing or not JSON")]
+    mark = git.git_dir / WORKTREE_MARK
+    tree = git.tree_of(head).decode()
+    if mark.exists() and mark.read_text().strip() == tree:
+        rebuilt = indexer.build(git.root)
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="kz-audit-"))
+        try:
+            for path, _mode, blob in git.walk_files("", head):
+                target = tmp / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(git.store[blob].as_raw_string())
+            rebuilt = indexer.build(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if _strip(current) != _strip(rebuilt):
+        return [Finding("INDEX_STALE", "index.json differs from a full rebuild at HEAD", sha=head)]
+    if state.index_head not in (None, head):
+        return [Finding("INDEX_STALE", f"the log's last index.updated was at {state.index_head}, HEAD is {head}",
+                        severity="warning", sha=head)]
+    return []

@@ -5,10 +5,8 @@ submitter's machine. The HTTP side is :class:`kz_runner.client.ZooClient`.
 """
 from __future__ import annotations
 
-import gzip
-import io
 import os
-import tarfile
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -50,69 +48,22 @@ def _problems(report: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return errors, warnings
 
 
-def _fallback_pack(package_dir: Path, kernel_id: str, out: Path) -> None:
-    """Deterministic tar.gz with ``kernel_id`` as top directory and no bench_result.yaml."""
-    skip_dirs = {"__pycache__", ".git"}
-    entries: list[tuple[str, Path]] = []
-    for root, dirs, files in os.walk(package_dir):
-        dirs[:] = sorted(d for d in dirs if d not in skip_dirs)
-        rel_root = Path(root).relative_to(package_dir)
-        for name in dirs:
-            entries.append(((rel_root / name).as_posix(), Path(root) / name))
-        for name in sorted(files):
-            entries.append(((rel_root / name).as_posix(), Path(root) / name))
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        top = tarfile.TarInfo(kernel_id)
-        top.type, top.mode, top.mtime = tarfile.DIRTYPE, 0o755, 0
-        tf.addfile(top)
-        for rel, path in sorted(entries):
-            rel = rel.removeprefix("./")
-            if rel == ".kernel_package/bench_result.yaml" or path.is_symlink():
-                continue
-            info = tarfile.TarInfo(f"{kernel_id}/{rel}")
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            if path.is_dir():
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tf.addfile(info)
-            elif path.is_file():
-                data = path.read_bytes()
-                info.size, info.mode = len(data), 0o755 if os.access(path, os.X_OK) else 0o644
-                tf.addfile(info, io.BytesIO(data))
-    with open(out, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0, filename="") as gz:
-        gz.write(buf.getvalue())
-
-
 def prepare(path: str | os.PathLike[str], kernel_id: str | None = None) -> Prepared:
     """Validate ``path`` (package dir or .tar.gz) locally and pack a directory; raises LocalRejection."""
     from kz_runner.contract import validate
 
     path = Path(path)
     if path.is_dir():
-        report = validate.validate_package_dir(path, kernel_id)
-        errors, warnings = _problems(report)
-        if errors:
-            raise LocalRejection(f"{path} fails validation ({len(errors)} problem(s))", errors)
-        resolved = kernel_id or report.facts.get("kernel_id") or validate.resolve_kernel_id(path)
-        if not resolved:
-            raise LocalRejection(f"cannot tell the kernel_id of {path}; pass --kernel-id",
-                                 [{"code": "KERNEL_ID_UNKNOWN", "message": "pass --kernel-id"}])
-        fd, tmp = tempfile.mkstemp(prefix="kz-submit-", suffix=".tar.gz")
-        os.close(fd)
-        out = Path(tmp)
-        try:
-            try:
-                from kz_runner.contract import pack as packmod  # engineer A's packer, when present
-            except ImportError:
-                packmod = None
-            if packmod is not None and hasattr(packmod, "pack_package"):
-                packmod.pack_package(path, out, kernel_id=resolved)
-            else:
-                _fallback_pack(path, resolved, out)
-        except Exception:
-            out.unlink(missing_ok=True)
-            raise
-        return Prepared(out, resolved, True, warnings)
+        from kz_runner.contract.pack import pack_package
+
+        tmpdir = Path(tempfile.mkdtemp(prefix="kz-submit-"))
+        packed = pack_package(path, tmpdir / "package.tar.gz", kernel_id=kernel_id)
+        errors, warnings = _problems(packed.report)
+        if packed.path is None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise LocalRejection(f"{path} fails validation ({len(errors)} problem(s))",
+                                 errors or [{"code": "KERNEL_ID_UNKNOWN", "message": "pass --kernel-id"}])
+        return Prepared(packed.path, str(packed.kernel_id), True, warnings)
     if not path.is_file():
         raise SubmitError(f"{path} is neither a package directory nor a .tar.gz file")
     report = validate.validate_tarball(path, path.name, kernel_id=kernel_id)
@@ -186,5 +137,11 @@ def exit_code_for(status: str | None) -> int:
     return EXIT_ERROR
 
 
-__all__ = ["ApiError", "NetworkError", "Prepared", "SubmitError", "LocalRejection", "prepare", "upload",
+__all__ = ["ApiError", "NetworkError", "Prepared", "discard", "SubmitError", "LocalRejection", "prepare", "upload",
            "follow", "case_table", "exit_code_for"]
+
+
+def discard(prepared: Prepared) -> None:
+    """Delete the temporary tarball (and its folder) that :func:`prepare` packed."""
+    if prepared.packed:
+        shutil.rmtree(prepared.tarball.parent, ignore_errors=True)

@@ -22,6 +22,8 @@ from kz_daemon.http.apispec import Op, Param
 from kz_daemon.http.metrics import render_metrics
 
 MAX_PER_PAGE = 1000
+#: Keys of a status document that move without the submission changing.
+VOLATILE = ("seq",)
 #: A long poll re-checks the drain flag at least this often (seconds).
 POLL_SLICE_S = 1.0
 
@@ -148,7 +150,7 @@ async def create_submission(request: Request) -> Response:
     finally:
         await form.close()
     view = await run_in_threadpool(state.zoo.wait_intake, uuid, settings.intake_wait_s)
-    doc = views.submission_doc(view, _status_url(request, uuid))
+    doc = views.submission_doc(view, _status_url(request, uuid), state.zoo)
     if doc.get("status") == "rejected":
         reasons = doc.get("reasons") or []
         first = reasons[0] if reasons else {}
@@ -180,14 +182,15 @@ async def submission_status(request: Request) -> Response:
     uuid = request.path_params["uuid"]
     wait = _float_param(request, "wait", 0.0, request.app.state.settings.status_max_wait_s)
     view = await run_in_threadpool(zoo.submission, uuid)
-    doc = views.submission_doc(view, _status_url(request, uuid))
+    doc = views.submission_doc(view, _status_url(request, uuid), zoo)
     if wait > 0 and not doc["terminal"]:
-        seq = doc.get("seq", 0)
+        last_seq = [doc.get("seq", 0)]
 
         def step(slice_s: float):
-            fresh = views.submission_doc(zoo.wait_submission(uuid, seq, slice_s),
-                                         _status_url(request, uuid))
-            return fresh if views.changed(doc, fresh) else None
+            fresh = views.submission_doc(zoo.wait_submission(uuid, last_seq[0], slice_s),
+                                         _status_url(request, uuid), zoo)
+            last_seq[0] = fresh.get("seq", last_seq[0])
+            return fresh if views.changed(doc, fresh, VOLATILE) else None
 
         fresh = await _wait_slices(request, time.monotonic() + wait, step)
         if fresh is not None:
@@ -209,7 +212,7 @@ async def cancel_submission(request: Request) -> Response:
                        {"uuid": uuid})
     await run_in_threadpool(state.zoo.cancel, uuid, who or "admin")
     view = await run_in_threadpool(state.zoo.submission, uuid)
-    return JSONResponse(views.submission_doc(view, _status_url(request, uuid)))
+    return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
 
 
 async def queue(request: Request) -> Response:

@@ -114,23 +114,32 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
 
 
 def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warning",
-                graceful_s: float = 5.0, sock_fd: int | None = None):
-    """A ``uvicorn.Server`` for ``app`` whose exit handling first marks the app as draining."""
+                graceful_s: float = 5.0, on_signal: Any = None):
+    """A ``uvicorn.Server`` for ``app`` whose exit handling first marks the app as draining.
+
+    ``on_signal(server)``, when given, takes over SIGINT/SIGTERM (it must set
+    ``server.should_exit`` eventually); a second signal forces the exit.
+    """
     import uvicorn
 
     class _Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:  # noqa: D401 - uvicorn hook
+        def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's signal hook
             app.state.draining.set()
-            super().handle_exit(sig, frame)
+            if self.should_exit or getattr(self, "_kz_signalled", False):
+                self.force_exit = True
+                self.should_exit = True
+                return
+            self._kz_signalled = True
+            if on_signal is not None:
+                on_signal(self)
+            else:
+                self.should_exit = True
 
         def request_stop(self) -> None:
-            """Stop from another thread: drain long polls, then exit the serve loop."""
+            """Stop from another thread: drain long polls, then leave the serve loop."""
             app.state.draining.set()
             self.should_exit = True
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=graceful_s, access_log=False,
-                            fd=sock_fd)
+                            timeout_graceful_shutdown=graceful_s, access_log=False)
     return _Server(config)
-
-

@@ -243,7 +243,7 @@ async def submission_page(request: Request) -> Response:
         view = await run_in_threadpool(request.app.state.zoo.submission, uuid)
     except ZooError as exc:
         return _error_page(exc)
-    doc = views.submission_doc(view, f"/api/submissions/{uuid}/status")
+    doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", request.app.state.zoo)
     status = str(doc.get("status", ""))
     head = "" if doc["terminal"] else '<noscript><meta http-equiv="refresh" content="3"></noscript>'
     rows = [["uuid", h(uuid)],
@@ -282,7 +282,8 @@ async def submission_page(request: Request) -> Response:
 def _queue_rows(items: Any, columns: tuple[str, ...]) -> list[list[str]]:
     rows = []
     if isinstance(items, dict):
-        items = [dict(v, uuid=v.get("uuid", k)) if isinstance(v, dict) else {"uuid": k, "value": v}
+        key = columns[0]
+        items = [dict(v, **{key: v.get(key, k)}) if isinstance(v, dict) else {key: k, "value": v}
                  for k, v in items.items()]
     for item in items or []:
         if isinstance(item, dict):

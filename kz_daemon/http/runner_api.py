@@ -142,7 +142,7 @@ async def result(request: Request) -> Response:
     uuid = request.path_params["uuid"]
     view = await run_in_threadpool(state.zoo.report_result, uuid, runner_id, lease_id, result_doc,
                                    logs, env, failure)
-    return JSONResponse(views.submission_doc(view, f"/api/submissions/{uuid}/status"))
+    return JSONResponse(views.submission_doc(view, f"/api/submissions/{uuid}/status", state.zoo))
 
 
 OPS: list[Op] = [

@@ -203,14 +203,39 @@ class Catalog:
 TERMINAL = frozenset({"accepted", "rejected", "failed", "cancelled"})
 
 
-def submission_doc(view: Any, status_url: str | None = None) -> dict[str, Any]:
+def run_cases(zoo: Any, uuid: str) -> list[dict[str, Any]]:
+    """Per-case results of a submission's reported run (empty before a run was reported).
+
+    Prefers what the service view carries; else reads the stored run through the
+    daemon's own helpers (``runs/<uuid>/result.json`` + the submission's METAS).
+    """
+    try:
+        from kz_daemon.accept import case_summary, load_result
+        from kz_daemon.intake import read_submission
+
+        result = load_result(zoo, uuid)
+        metas = read_submission(zoo.config.paths.pending, uuid).get("metas") or []
+    except Exception:  # no run stored yet, or an older/newer layout: show no cases
+        return []
+    return case_summary(result, metas) if isinstance(result, dict) else []
+
+
+def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) -> dict[str, Any]:
     """The status document of a submission view (uuid, status, reasons, cases, commit_sha...)."""
     doc = plain(view)
     if not isinstance(doc, dict):
         doc = {"value": doc}
     doc.setdefault("reasons", [])
-    doc.setdefault("cases", [])
     doc.setdefault("commit_sha", None)
+    if not isinstance(doc.get("cases"), list):
+        result = doc.get("result")
+        listed = result.get("cases") if isinstance(result, dict) else None
+        if isinstance(listed, list):
+            doc["cases"] = listed
+        elif zoo is not None and isinstance(result, dict) and doc.get("uuid"):
+            doc["cases"] = run_cases(zoo, str(doc["uuid"]))
+        else:
+            doc["cases"] = []
     doc["terminal"] = doc.get("status") in TERMINAL
     if status_url:
         doc["status_url"] = status_url

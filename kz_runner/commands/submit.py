@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         return sub.EXIT_ERROR
     finally:
         if prepared.packed:
-            prepared.tarball.unlink(missing_ok=True)
+            sub.discard(prepared)
     status = final.get("status")
     if args.json:
         _emit_json(final)

@@ -1,0 +1,138 @@
+"""`kz up`: the embedded default — daemon, HTTP on localhost, and a local runner, in one command.
+
+Creates (or reuses) the state directory: kz.yaml, the kernel repo seeded from
+``examples/`` as its first commit, the spool, hashed tokens in auth.yaml with the
+plaintext copies in DIR/tokens/ (mode 0600). Serves the API and the web pages on
+127.0.0.1, starts ``kz runner`` for the detected arch as a child process (unless
+--no-runner), prints the URL and copy-paste submit commands, and stops everything
+cleanly on Ctrl-C or SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+NAME = "up"
+HELP = "run the whole zoo locally: daemon + HTTP on 127.0.0.1 + a local runner (state in ./kz-data)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Fill the ``kz up`` parser."""
+    parser.add_argument("--state-dir", default="kz-data", help="state directory (default ./kz-data)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="HTTP port (default: kz.yaml's http.port, 8470; 0 picks a free one)")
+    parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--no-runner", action="store_true", help="do not start a local runner")
+    parser.add_argument("--arch", default=None, help="the local runner's arch (default: detected)")
+    parser.add_argument("--seed-from", default=None,
+                        help="packages for the first commit of a new repo (default: the project's examples/)")
+
+
+def default_examples() -> Path | None:
+    """The project's examples/ folder (source checkout), or ./examples."""
+    for candidate in (Path(__file__).resolve().parents[2] / "examples", Path.cwd() / "examples"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _runner_argv(url: str, token_file: Path, arch: str) -> list[str] | None:
+    """The local runner's command line, or None when this install has no ``kz runner``."""
+    try:
+        import importlib
+
+        importlib.import_module("kz_runner.commands.runner")
+    except ImportError:
+        return None
+    return [sys.executable, "-m", "kz_daemon", "runner", "--server", url, "--token-file", str(token_file),
+            "--arch", arch]
+
+
+def banner(url: str, state_dir: Path, tokens: dict[str, Path], runner: str | None) -> str:
+    """What `kz up` prints once it serves."""
+    example = "cpu/Elementwise/Axpy/fp32/my_impl"
+    lines = [
+        f"kz up: serving {url}",
+        f"  leaderboard   {url}/",
+        f"  queue         {url}/queue",
+        f"  API           {url}/openapi.json  (docs/api_reference.md)",
+        f"  state         {state_dir}",
+        f"  tokens        {tokens['runner'].parent}/ (runner.token, admin.token; mode 0600)",
+        f"  runner        {runner or 'none (--no-runner)'}",
+        "",
+        "Submit a package (validates and packs it first):",
+        f"  kz submit path/to/{example} --server {url} --submitter alice",
+        "or, with the guide's curl line (a tarball packed by `kz pack`):",
+        f"  curl -X POST {url}/api/submissions \\",
+        '    -H "X-Submitter-Id: alice" \\',
+        f'    -F "kernel_id={example}" \\',
+        '    -F "submitter_id=alice" \\',
+        '    -F "package=@package.tar.gz;type=application/gzip"',
+        "",
+        "Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Set up the state directory, then serve until a signal."""
+    from kz_daemon.auth import TokenStore, ensure_local_tokens
+    from kz_daemon.errors import ZooError
+    from kz_daemon.history import KernelHistory
+    from kz_daemon.http.app import create_app
+    from kz_daemon.http.serve import ServeOptions, bind, serve
+    from kz_daemon.http.settings import from_config
+    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.sdnotify import Notifier
+    from kz_daemon.service import Zoo
+    from kz_runner import __version__
+
+    state_dir = Path(args.state_dir).resolve()
+    seed = Path(args.seed_from) if args.seed_from else default_examples()
+    try:
+        config = init_state_dir(state_dir, seed_from=seed)
+    except ZooError as exc:
+        print(f"kz up: {exc.message}", file=sys.stderr)
+        return 2
+    host = args.host or config.http.host
+    port = config.http.port if args.port is None else args.port
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        print(f"kz up: cannot listen on {host}:{port}: {exc.strerror}; pick another --port", file=sys.stderr)
+        return 2
+    tokens = ensure_local_tokens(state_dir)
+    notifier = Notifier()
+    notifier.status("starting: recovery and intake")
+    zoo = Zoo(config)
+    try:
+        zoo.start()
+    except ZooError as exc:
+        sock.close()
+        print(f"kz up: {exc.message}", file=sys.stderr)
+        return 2
+    app = create_app(zoo, TokenStore(state_dir / "auth.yaml"), from_config(config),
+                     history=KernelHistory(config.paths.repo, config.repo.branch), notifier=notifier,
+                     version=__version__)
+    bound_host, bound_port = sock.getsockname()[:2]
+    url = f"http://{bound_host}:{bound_port}"
+    runner_argv = None
+    runner_desc = None
+    if not args.no_runner:
+        arch = args.arch
+        if arch is None:
+            from kz_runner.arch import detect_arch
+
+            arch = detect_arch().arch
+        runner_argv = _runner_argv(url, tokens["runner"], arch)
+        runner_desc = f"kz runner --arch {arch}" if runner_argv else "unavailable (no kz runner in this install)"
+    options = ServeOptions(host=bound_host, port=bound_port, runner_argv=runner_argv,
+                           runner_env={"PYTHONUNBUFFERED": "1"})
+
+    def show(served_url: str) -> None:
+        print(banner(served_url, state_dir, tokens, runner_desc), flush=True)
+
+    os.environ.pop("KZ_TOKEN", None)
+    return serve(zoo, app, sock, options, banner=show, notifier=notifier)

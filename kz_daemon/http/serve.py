@@ -1,0 +1,107 @@
+"""Run the daemon with its HTTP shim in one process: Zoo + Starlette under uvicorn (+ a runner child).
+
+Shutdown order on SIGINT/SIGTERM, bounded in time: mark the app draining (long polls
+answer at once, /readyz turns 503), stop the local runner child (SIGTERM; it releases
+its lease over HTTP while the server still listens; SIGKILL after ``runner_grace_s``),
+then stop uvicorn (in-flight requests get ``graceful_s``), then the Zoo.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from kz_daemon.sdnotify import Notifier
+
+
+@dataclass
+class ServeOptions:
+    """How to serve: address, runner child, grace periods, where to print."""
+
+    host: str = "127.0.0.1"
+    port: int = 8470
+    runner_argv: Sequence[str] | None = None
+    runner_env: dict[str, str] | None = None
+    runner_grace_s: float = 15.0
+    graceful_s: float = 5.0
+    zoo_stop_s: float = 10.0
+    log_level: str = "warning"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0 picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _stop_child(proc: subprocess.Popen | None, grace_s: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+    except ProcessLookupError:
+        pass
+
+
+def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
+          banner: Callable[[str], None] | None = None, out: TextIO = sys.stdout,
+          notifier: Notifier | None = None) -> int:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM; ``zoo`` must be started already. Returns 0."""
+    from kz_daemon.http.app import make_server
+
+    notifier = notifier or Notifier()
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
+    child: list[subprocess.Popen | None] = [None]
+
+    def shutdown_sequence(srv: Any) -> None:
+        notifier.stopping("stopping: runner, then HTTP, then daemon")
+        _stop_child(child[0], options.runner_grace_s)
+        srv.should_exit = True
+
+    def on_signal(srv: Any) -> None:
+        threading.Thread(target=shutdown_sequence, args=(srv,), name="kz-shutdown", daemon=True).start()
+
+    server = make_server(app, host, port, log_level=options.log_level, graceful_s=options.graceful_s,
+                         on_signal=on_signal)
+
+    async def main() -> None:
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            if options.runner_argv:
+                env = dict(os.environ)
+                env.update(options.runner_env or {})
+                child[0] = subprocess.Popen(list(options.runner_argv), env=env, stdin=subprocess.DEVNULL)
+            if banner is not None:
+                banner(url)
+            notifier.ready(f"serving {url}")
+        await serving
+
+    try:
+        asyncio.run(main())
+    finally:
+        _stop_child(child[0], options.runner_grace_s)
+        stop = getattr(zoo, "stop", None)
+        if stop is not None:
+            stop(options.zoo_stop_s)
+        notifier.close()
+        print("kz: stopped", file=out, flush=True)
+    return 0

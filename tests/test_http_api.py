@@ -1,0 +1,349 @@
+"""The HTTP API against the real daemon under uvicorn on loopback: every endpoint and error code.
+
+The test plays the runner by hand (claim, package, result) so lease ownership and
+every answer can be asserted exactly; tests/test_up.py runs a real runner process.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+import threading
+import time
+
+import pytest
+
+from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, LiveServer, package_tarball
+
+AXPY_CASES = ("n4k", "n64k", "n1m")
+
+
+def result_doc(kernel_id: str, latency: float = 10.0, *, accept: bool = True, correctness: str = "passed",
+               case_accept: bool | None = None, cases=AXPY_CASES) -> dict:
+    """A benchmark_output document for the Axpy example."""
+    return {
+        "schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-11-30T00:00:00Z",
+        "runner_id": "r1", "arch": "cpu",
+        "overall": {"accept": accept, "accept_reason": "test", "build_ok": True},
+        "cases": [{"test_case_id": c, "correctness": correctness,
+                   "accept": accept if case_accept is None else case_accept,
+                   "accept_reason": "test", "error": None,
+                   "metrics": [{"name": "latency_us", "value": latency + i},
+                               {"name": "gbps", "value": 1.0 + i}]}
+                  for i, c in enumerate(cases)],
+    }
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = LiveServer.start(tmp_path_factory.mktemp("api"), settings={"submit_burst": 1000})
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def anon(live):
+    with live.client() as c:
+        yield c
+
+
+@pytest.fixture()
+def r1(live):
+    with live.client("runner:r1") as c:
+        yield c
+
+
+@pytest.fixture()
+def r2(live):
+    with live.client("runner:r2") as c:
+        yield c
+
+
+def _error(resp, status: int, code: str) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code, body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def _queue(live, anon, kernel_id=CPU_AXPY, source=CPU_AXPY) -> str:
+    resp = live.submit(anon, kernel_id, package_tarball(kernel_id, source))
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["status"] in ("queued", "running")  # a waiting runner may claim it before the 202
+    assert body["status_url"] == f"/api/submissions/{body['uuid']}/status"
+    return body["uuid"]
+
+
+def _claim(client, uuid: str, wait: float = 5) -> dict:
+    resp = client.post("/api/runner/claim", json={"arch": "cpu", "wait": wait, "host": "test"})
+    assert resp.status_code == 200, resp.text
+    claim = resp.json()
+    assert claim["uuid"] == uuid
+    return claim
+
+
+# -- read side ---------------------------------------------------------------------------------
+
+def test_health_ready_index_openapi(anon):
+    assert anon.get("/healthz").json() == {"status": "ok"}
+    assert anon.get("/readyz").json() == {"status": "ready"}
+    index = anon.get("/index.json").json()
+    assert {k["kernel_id"] for k in index["kernels"]} == {CPU_AXPY, CPU_SOFTMAX}
+    spec = anon.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.1")
+    assert "/api/kernels/{kernel_id}" in spec["paths"]
+
+
+def test_list_kernels_filters_and_pagination(anon):
+    body = anon.get("/api/kernels").json()
+    assert body["total"] == 2 and body["per_page"] == 100 and body["page"] == 1
+    assert [k["kernel_id"] for k in body["kernels"]] == sorted([CPU_AXPY, CPU_SOFTMAX])
+    assert anon.get("/api/kernels", params={"op_class": "Reduction"}).json()["total"] == 1
+    assert anon.get("/api/kernels", params={"arch": "sm_90"}).json()["total"] == 0
+    assert anon.get("/api/kernels", params={"q": "softmax"}).json()["kernels"][0]["kernel_id"] == CPU_SOFTMAX
+    assert anon.get("/api/kernels", params={"status": "normal", "quant": "fp32"}).json()["total"] == 2
+    page2 = anon.get("/api/kernels", params={"per_page": 1, "page": 2}).json()
+    assert page2["pages"] == 2 and len(page2["kernels"]) == 1 and page2["kernels"][0]["kernel_id"] == CPU_SOFTMAX
+    _error(anon.get("/api/kernels", params={"per_page": 0}), 400, "BAD_REQUEST")
+    _error(anon.get("/api/kernels", params={"page": "x"}), 400, "BAD_REQUEST")
+
+
+def test_get_kernel_with_slashes(anon):
+    body = anon.get(f"/api/kernels/{CPU_AXPY}").json()
+    assert body["kernel_id"] == CPU_AXPY
+    assert body["desc"]["category"]["op_class"] == "Elementwise"
+    assert body["bench_result"]["kernel_id"] == CPU_AXPY
+    err = _error(anon.get("/api/kernels/cpu/nope/x"), 404, "NOT_FOUND")
+    assert err["details"]["kernel_id"] == "cpu/nope/x"
+
+
+def test_unknown_path_and_method_use_the_error_body(anon):
+    _error(anon.get("/api/nothing-here"), 404, "NOT_FOUND")
+    _error(anon.delete("/api/kernels"), 405, "METHOD_NOT_ALLOWED")
+    _error(anon.get("/api/submissions/00000000-0000-0000-0000-000000000000/status"), 404, "NOT_FOUND")
+
+
+def test_metrics_prometheus_text(anon):
+    resp = anon.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+    assert "kz_queue_pending" in text
+    assert "kz_http_requests_total" in text
+    for line in text.splitlines():
+        assert line.startswith("#") or " " in line
+
+
+# -- submissions -------------------------------------------------------------------------------
+
+def test_submission_errors(live, anon):
+    data = package_tarball(CPU_AXPY)
+    # not multipart
+    _error(anon.post("/api/submissions", json={"kernel_id": CPU_AXPY}), 400, "BAD_REQUEST")
+    # package missing
+    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+                     data={"kernel_id": CPU_AXPY, "submitter_id": "alice"},
+                     files={"other": ("x.txt", b"x", "text/plain")})
+    assert _error(resp, 400, "VALIDATION_ERROR")["details"]["field"] == "package"
+    # kernel_id missing / malformed
+    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+                     files={"package": ("p.tar.gz", data, "application/gzip")})
+    _error(resp, 400, "VALIDATION_ERROR")
+    _error(live.submit(anon, "cpu/../etc", data), 400, "VALIDATION_ERROR")
+    # no submitter at all
+    resp = anon.post("/api/submissions", data={"kernel_id": CPU_AXPY},
+                     files={"package": ("p.tar.gz", data, "application/gzip")})
+    _error(resp, 400, "VALIDATION_ERROR")
+    # header and field disagree
+    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+                     data={"kernel_id": CPU_AXPY, "submitter_id": "mallory"},
+                     files={"package": ("p.tar.gz", data, "application/gzip")})
+    _error(resp, 403, "FORBIDDEN")
+    # bad submitter id
+    _error(live.submit(anon, CPU_AXPY, data, submitter="a b"), 400, "VALIDATION_ERROR")
+
+
+def test_intake_rejects_a_tarball_with_the_scorecard(live, anon):
+    data = package_tarball(CPU_AXPY, include_bench_result=True)
+    err = _error(live.submit(anon, CPU_AXPY, data), 400, "VALIDATION_ERROR")
+    assert err["details"]["status"] == "rejected"
+    uuid = err["details"]["uuid"]
+    codes = json.dumps(err["details"]["reasons"])
+    assert "BENCH_RESULT" in codes
+    status = anon.get(f"/api/submissions/{uuid}/status").json()
+    assert status["status"] == "rejected" and status["terminal"] is True
+
+
+def test_submitter_token_must_match_header(live):
+    data = package_tarball(CPU_AXPY)
+    with live.client("submitter:alice") as alice:
+        _error(live.submit(alice, CPU_AXPY, data, submitter="bob"), 403, "FORBIDDEN")
+    with live.client("bogus-token") as bogus:
+        _error(live.submit(bogus, CPU_AXPY, data), 401, "UNAUTHORIZED")
+    with live.client("runner:r1") as runner:
+        _error(live.submit(runner, CPU_AXPY, data), 403, "FORBIDDEN")
+
+
+# -- runner endpoints and the whole cycle ------------------------------------------------------
+
+def test_runner_auth(anon, live):
+    _error(anon.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    with live.client("nope") as bad:
+        _error(bad.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    with live.client(headers={"Authorization": "Basic abc"}) as basic:
+        _error(basic.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    with live.client("submitter:alice") as alice:
+        _error(alice.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 403, "FORBIDDEN")
+    _error(anon.get("/api/runner/package/x"), 401, "UNAUTHORIZED")
+    _error(anon.post("/api/runner/lease/x/renew", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
+    _error(anon.post("/api/submissions/x/result", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
+
+
+def test_claim_bad_bodies(r1):
+    _error(r1.post("/api/runner/claim", content=b"{not json", headers={"content-type": "application/json"}),
+           400, "BAD_REQUEST")
+    _error(r1.post("/api/runner/claim", json={"wait": 0}), 400, "BAD_REQUEST")
+    _error(r1.post("/api/runner/claim", json={"arch": "cpu", "wait": -1}), 400, "BAD_REQUEST")
+    _error(r1.post("/api/runner/claim", json=[1, 2]), 400, "BAD_REQUEST")
+
+
+def test_claim_returns_204_when_nothing_matches(r1):
+    resp = r1.post("/api/runner/claim", json={"arch": "gfx999", "wait": 0.2})
+    assert resp.status_code == 204 and resp.content == b""
+
+
+def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
+    uuid = _queue(live, anon)
+    claim = _claim(r1, uuid)
+    assert claim["package_url"] == f"/api/runner/package/{uuid}"
+    assert claim["lease_expires_at"].endswith("Z") and claim["timeouts"]["build_s"] > 0
+    # only the lease holder gets the package
+    assert r2.get(claim["package_url"]).status_code in (403, 409)
+    pkg = r1.get(claim["package_url"])
+    assert pkg.status_code == 200 and pkg.headers["content-type"] == "application/gzip"
+    with tarfile.open(fileobj=io.BytesIO(pkg.content)) as tf:
+        assert f"{CPU_AXPY}/.kernel_package/bench_result.yaml" in tf.getnames()
+    # renew: holder only; wrong lease id → LEASE_LOST
+    renewed = r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]})
+    assert renewed.status_code == 200 and renewed.json()["lease_expires_at"].endswith("Z")
+    assert r2.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}).status_code in (403, 409)
+    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": "not-mine"}), 409, "LEASE_LOST")
+    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={}), 400, "BAD_REQUEST")
+    # result: another runner is refused, bad base64 is a 400
+    doc = {"lease_id": claim["lease_id"], "result": result_doc(CPU_AXPY, 5.0),
+           "logs_b64": base64.b64encode(b"build ok\n").decode(), "env": {"runner": "test"}, "failure": None}
+    assert r2.post(f"/api/submissions/{uuid}/result", json=doc).status_code in (403, 409)
+    _error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, logs_b64="!!!")), 400, "BAD_REQUEST")
+    _error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, result=None, failure=None)),
+           400, "BAD_REQUEST")
+    resp = r1.post(f"/api/submissions/{uuid}/result", json=doc)
+    assert resp.status_code == 200, resp.text
+    view = resp.json()
+    assert view["status"] == "accepted" and len(view["commit_sha"]) == 40
+    status = anon.get(f"/api/submissions/{uuid}/status").json()
+    assert status["commit_sha"] == view["commit_sha"]
+    assert [c["test_case_id"] for c in status["cases"]] == list(AXPY_CASES)
+    assert status["cases"][0]["primary_metric"] == "latency_us" and status["cases"][0]["value"] == 5.0
+    # a second report on a finished job is refused
+    assert r1.post(f"/api/submissions/{uuid}/result", json=doc).status_code == 409
+    # the kernel's scorecard now carries SHA_src
+    kernel = anon.get(f"/api/kernels/{CPU_AXPY}").json()
+    best = kernel["bench_result"]["cases"][0]["metrics_best"]["latency_us"]
+    assert best["commit_sha"] == view["commit_sha"] and best["submitter"] == "alice"
+
+
+def test_release_requeues_and_result_invalid_is_422(live, anon, r1, r2):
+    uuid = _queue(live, anon)
+    claim = _claim(r1, uuid)
+    _error(r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": "wrong"}), 409, "LEASE_LOST")
+    resp = r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": claim["lease_id"], "reason": "test"})
+    assert resp.status_code == 200 and resp.json()["released"] is True
+    assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "queued"
+    claim2 = _claim(r2, uuid)
+    assert claim2["lease_id"] != claim["lease_id"]
+    # the old lease is dead
+    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}), 409, "LEASE_LOST")
+    bad = result_doc(CPU_AXPY, accept=False, correctness="failed", case_accept=True)
+    resp = r2.post(f"/api/submissions/{uuid}/result",
+                   json={"lease_id": claim2["lease_id"], "result": bad, "logs_b64": "", "env": {}, "failure": None})
+    _error(resp, 422, "RESULT_INVALID")
+    assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "rejected"
+
+
+def test_failure_report_rejects_with_reason(live, anon, r1):
+    uuid = _queue(live, anon)
+    claim = _claim(r1, uuid)
+    resp = r1.post(f"/api/submissions/{uuid}/result",
+                   json={"lease_id": claim["lease_id"], "result": None, "logs_b64": "",
+                         "env": {}, "failure": {"code": "BUILD_TIMEOUT", "message": "took too long"}})
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["status"] == "rejected" and body["reasons"][0]["code"] == "BUILD_TIMEOUT"
+
+
+def test_cancel(live, anon):
+    uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/cancel_me", CPU_AXPY)
+    _error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "bob"}, json={}),
+           403, "FORBIDDEN")
+    resp = anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={})
+    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+
+
+def test_queue_view_lists_runners(anon, r1):
+    r1.post("/api/runner/claim", json={"arch": "cpu", "wait": 0, "host": "box"})
+    view = anon.get("/api/queue").json()
+    assert "r1" in view["runners"] and view["runners"]["r1"]["arch"] == "cpu"
+    assert isinstance(view["pending"], list)
+
+
+# -- long polls ----------------------------------------------------------------------------------
+
+def test_status_long_poll_returns_at_timeout_unchanged_and_early_on_change(live, anon, r1):
+    uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/poll", CPU_AXPY)
+    # nothing happens: the poll comes back with the same status
+    assert anon.get(f"/api/submissions/{uuid}/status", params={"wait": 0.5}).json()["status"] == "queued"
+    events: list[str] = []
+    got: dict = {}
+
+    def poll() -> None:
+        got.update(anon.get(f"/api/submissions/{uuid}/status", params={"wait": 30}).json())
+        events.append("poll returned")
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    time.sleep(0.3)
+    assert events == []  # still waiting: nothing changed yet
+    events.append("claimed")
+    _claim(r1, uuid)
+    thread.join(30)
+    assert events == ["claimed", "poll returned"]
+    assert got["status"] == "running"
+    _error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": "x"}), 400, "BAD_REQUEST")
+    _error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": 10_000}), 400, "BAD_REQUEST")
+
+
+def test_claim_long_poll_returns_when_a_job_arrives(live, anon, r2):
+    events: list[str] = []
+    got: dict = {}
+
+    def claim() -> None:
+        resp = r2.post("/api/runner/claim", json={"arch": "cpu", "wait": 30})
+        got["status"] = resp.status_code
+        got["body"] = resp.json() if resp.status_code == 200 else None
+        events.append("claim returned")
+
+    # first drain whatever an earlier test left queued
+    while r2.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}).status_code == 200:
+        pass
+    thread = threading.Thread(target=claim)
+    thread.start()
+    time.sleep(0.3)
+    assert events == []
+    events.append("submitted")
+    uuid = _queue(live, anon, CPU_SOFTMAX, CPU_SOFTMAX)
+    thread.join(30)
+    assert events == ["submitted", "claim returned"]
+    assert got["status"] == 200 and got["body"]["uuid"] == uuid

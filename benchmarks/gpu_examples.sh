@@ -19,7 +19,10 @@ if ! python3 -c "import jsonschema" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# schemas/ ships as the package kz_schemas (a setuptools package-dir mapping): without an
+# install, expose it through a link in a scratch folder on PYTHONPATH.
+SHIM=$(mktemp -d /tmp/kz-shim.XXXXXX) && ln -s "$PWD/schemas" "$SHIM/kz_schemas"
+export PYTHONPATH=$PWD:$SHIM${PYTHONPATH:+:$PYTHONPATH}
 
 kz() {  # the kz console script, without needing it installed
     python3 -m kz_daemon "$@"
@@ -56,7 +59,7 @@ run_dry dry_run_gfx928_on_h200.txt examples/gfx928/*/*/*/*
 echo "\$ python3 benchmarks/bench_agreement.py --out bench_agreement_h200.json" | tee "$OUTDIR/bench_agreement_h200.txt"
 python3 benchmarks/bench_agreement.py --out "$OUTDIR/bench_agreement_h200.json" 2>&1 | tee -a "$OUTDIR/bench_agreement_h200.txt"
 
-echo "\$ python3 benchmarks/repeatability.py --runs ${RUNS:-8} --out repeatability_h200.json examples/sm_90/*/*/*/*" \
+echo "\$ python3 benchmarks/repeatability.py --runs ${RUNS:-8} --out repeatability_h200.json examples/sm_90/*/*/*/* examples/gfx928/*/*/*/*" \
     | tee "$OUTDIR/repeatability_h200.txt"
-python3 benchmarks/repeatability.py --runs "${RUNS:-8}" --out "$OUTDIR/repeatability_h200.json" examples/sm_90/*/*/*/* \
+python3 benchmarks/repeatability.py --runs "${RUNS:-8}" --out "$OUTDIR/repeatability_h200.json" examples/sm_90/*/*/*/* examples/gfx928/*/*/*/* \
     2>&1 | grep -v ': run [0-9]*/' | tee -a "$OUTDIR/repeatability_h200.txt"

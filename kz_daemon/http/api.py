@@ -109,7 +109,7 @@ async def create_submission(request: Request) -> Response:
                        "send multipart/form-data with fields kernel_id, submitter_id and the file package "
                        "(curl -F)", {"content_type": ctype})
     cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
-    stream = limits.capped_stream(request, cap, "the upload")
+    stream = limits.capped_stream(request, cap, "the upload", shown=settings.max_upload_bytes)
     parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=8, max_part_size=64 * 1024)
     try:
         form = await parser.parse()

@@ -20,8 +20,9 @@ def _too_large(limit: int, what: str) -> ZooError:
     )
 
 
-def check_content_length(request: Request, limit: int, what: str = "the request body") -> None:
-    """Refuse early when the declared Content-Length already exceeds ``limit``."""
+def check_content_length(request: Request, limit: int, what: str = "the request body",
+                         shown: int | None = None) -> None:
+    """Refuse early when the declared Content-Length already exceeds ``limit`` (``shown`` in the message)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -29,17 +30,22 @@ def check_content_length(request: Request, limit: int, what: str = "the request 
         except ValueError:
             raise ZooError("BAD_REQUEST", "Content-Length is not a number") from None
         if size > limit:
-            raise _too_large(limit, what)
+            raise _too_large(shown or limit, what)
 
 
-async def capped_stream(request: Request, limit: int, what: str = "the request body") -> AsyncIterator[bytes]:
-    """The request body chunk by chunk; raises PAYLOAD_TOO_LARGE as soon as ``limit`` is passed."""
-    check_content_length(request, limit, what)
+async def capped_stream(request: Request, limit: int, what: str = "the request body",
+                        shown: int | None = None) -> AsyncIterator[bytes]:
+    """The request body chunk by chunk; raises PAYLOAD_TOO_LARGE as soon as ``limit`` is passed.
+
+    ``shown`` is the limit named in the error when it differs from the byte cap
+    (an upload's cap includes room for the multipart framing).
+    """
+    check_content_length(request, limit, what, shown)
     seen = 0
     async for chunk in request.stream():
         seen += len(chunk)
         if seen > limit:
-            raise _too_large(limit, what)
+            raise _too_large(shown or limit, what)
         if chunk:
             yield chunk
 

@@ -147,7 +147,7 @@ def _audit_index(config, state, git) -> list[Finding]:
     mark = git.git_dir / WORKTREE_MARK
     tree = git.tree_of(head).decode()
     if mark.exists() and mark.read_text().strip() == tree:
-        rebuilt = indexer.build(git.root)
+        rebuilt = indexer.build(git.root, head)
     else:
         tmp = Path(tempfile.mkdtemp(prefix="kz-audit-"))
         try:
@@ -155,7 +155,7 @@ def _audit_index(config, state, git) -> list[Finding]:
                 target = tmp / path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(git.store[blob].as_raw_string())
-            rebuilt = indexer.build(tmp)
+            rebuilt = indexer.build(tmp, head)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if _strip(current) != _strip(rebuilt):

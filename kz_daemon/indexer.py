@@ -46,7 +46,7 @@ def _entry(repo_root: Path, kernel_id: str) -> dict | None:
             "cases": bench.get("cases") or []}
 
 
-def build_index(repo_root: Path) -> dict:
+def build_index(repo_root: Path, head: str | None = None, generated_at: str | None = None) -> dict:
     """Minimal full index (fallback)."""
     repo_root = Path(repo_root)
     kernels = []
@@ -56,10 +56,11 @@ def build_index(repo_root: Path) -> dict:
         entry = _entry(repo_root, kp.parent.relative_to(repo_root).as_posix())
         if entry is not None:
             kernels.append(entry)
-    return {"schema_version": "1.0.0", "kernels": kernels}
+    return {"schema_version": "1.0.0", "head": head, "generated_at": generated_at, "kernels": kernels}
 
 
-def update_index(doc: dict, repo_root: Path, kernel_ids: list) -> dict:
+def update_index(doc: dict, repo_root: Path, kernel_ids: list, head: str | None = None,
+                 generated_at: str | None = None) -> dict:
     """Minimal incremental update (fallback)."""
     by_id = {k["kernel_id"]: k for k in doc.get("kernels", [])}
     for kid in kernel_ids:
@@ -68,19 +69,20 @@ def update_index(doc: dict, repo_root: Path, kernel_ids: list) -> dict:
             by_id.pop(kid, None)
         else:
             by_id[kid] = entry
-    return dict(doc, kernels=[by_id[k] for k in sorted(by_id)])
+    return dict(doc, head=head, generated_at=generated_at, kernels=[by_id[k] for k in sorted(by_id)])
 
 
-def build(repo_root: Path) -> dict[str, Any]:
+def build(repo_root: Path, head: str | None = None, generated_at: str | None = None) -> dict[str, Any]:
     """A full index document of the checked-out repo at ``repo_root``."""
-    return _lib().build_index(repo_root)
+    return _lib().build_index(repo_root, head=head, generated_at=generated_at)
 
 
-def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str]) -> dict[str, Any]:
+def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str], head: str | None = None,
+           generated_at: str | None = None) -> dict[str, Any]:
     """``doc`` with the entries of ``kernel_ids`` recomputed from ``repo_root`` (a full build when None)."""
     if doc is None:
-        return build(repo_root)
-    return _lib().update_index(doc, repo_root, list(kernel_ids))
+        return build(repo_root, head, generated_at)
+    return _lib().update_index(doc, repo_root, list(kernel_ids), head=head, generated_at=generated_at)
 
 
 def kernel_count(doc: dict) -> int:
@@ -90,8 +92,11 @@ def kernel_count(doc: dict) -> int:
 
 
 def canonical(doc: dict) -> bytes:
-    """The bytes written to index.json (sorted keys, so equal documents give equal files)."""
-    return json.dumps(doc, sort_keys=True, ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
+    """The bytes written to index.json (the contract library's canonical text when available)."""
+    lib = _lib()
+    if hasattr(lib, "dumps"):
+        return lib.dumps(doc).encode("utf-8")
+    return json.dumps(doc, ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
 
 
 def write_atomic(path: Path, doc: dict) -> None:
@@ -139,10 +144,16 @@ class Indexer:
                                        kernels=kernel_count(doc)))
         return doc
 
+    def _stamp(self) -> tuple[str | None, str]:
+        from kz_daemon.service import iso_now
+
+        return self.zoo.git.head(), iso_now(self.zoo.clock)
+
     def rebuild(self) -> dict:
         """Full rebuild from the repo at HEAD; writes and announces it."""
         self.zoo.git.sync_files()
-        return self._publish(build(self.zoo.git.root))
+        head, now = self._stamp()
+        return self._publish(build(self.zoo.git.root, head, now))
 
     def update(self, kernel_ids: Iterable[str]) -> dict:
         """Recompute the entries of ``kernel_ids`` after an accept; writes and announces it."""
@@ -152,4 +163,5 @@ class Indexer:
                 self._doc = json.loads(self.path.read_text(encoding="utf-8"))
             except (FileNotFoundError, ValueError):
                 self._doc = None
-        return self._publish(update(self._doc, self.zoo.git.root, kernel_ids))
+        head, now = self._stamp()
+        return self._publish(update(self._doc, self.zoo.git.root, kernel_ids, head, now))

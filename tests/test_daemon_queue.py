@@ -1,0 +1,227 @@
+"""Queue: arch match, one job per kernel in flight, fairness, leases, attempts, cancel, runner tarball."""
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+import yaml
+
+from kz_daemon.errors import ZooError
+from kz_daemon.runtime import init_state_dir
+from kz_daemon.service import Zoo
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_into_inbox, wait_for
+
+OTHER = "cpu/Elementwise/Axpy/fp32/other_impl"
+THIRD = "cpu/Elementwise/Axpy/fp32/third_impl"
+
+
+class Clock:
+    """A settable clock for lease expiry (the reaper thread is slowed down in these tests)."""
+
+    def __init__(self):
+        import time
+
+        self.now = time.time()
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def zoo(tmp_path, clock):
+    state = tmp_path / "kz"
+    state.mkdir()
+    (state / "kz.yaml").write_text("queue:\n  lease_seconds: 60\n  max_attempts: 2\n  reaper_interval_s: 3600\n")
+    z = Zoo(init_state_dir(state, seed_from=EXAMPLES), clock=clock)
+    z.start()
+    yield z
+    z.stop()
+
+
+def queue(zoo, kernel_id, name):
+    before = set(zoo.store.state.submissions)
+    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
+    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
+    assert zoo.wait_intake(sub_uuid, 30).status == "queued"
+    return sub_uuid
+
+
+def test_arch_must_match(zoo):
+    queue(zoo, AXPY_ID, "a")
+    assert zoo.claim("gpu-runner", "sm_90", 0) is None
+    assert zoo.claim("cpu-runner", "cpu", 0) is not None
+
+
+def test_one_job_per_kernel_in_flight_and_fair_order(zoo):
+    a1 = queue(zoo, AXPY_ID, "a1")
+    a2 = queue(zoo, AXPY_ID, "a2")
+    b1 = queue(zoo, OTHER, "b1")
+    first = zoo.claim("r1", "cpu", 0)
+    second = zoo.claim("r2", "cpu", 0)
+    assert (first.uuid, second.uuid) == (a1, b1)  # a2 waits: its kernel has a job in flight
+    assert zoo.claim("r3", "cpu", 0) is None
+    zoo.cancel(a1, "operator", "test")
+    third = zoo.claim("r3", "cpu", 0)
+    assert third.uuid == a2
+
+
+def test_lease_expiry_requeues_then_fails_after_max_attempts(zoo, clock):
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c1 = zoo.claim("r1", "cpu", 0)
+    assert zoo.renew(sub_uuid, "r1", c1.lease_id) == clock.now + 60
+    clock.now += 61
+    from kz_daemon import queue as q
+
+    assert q.reap(zoo) == 1
+    sub = zoo.store.state.submissions[sub_uuid]
+    assert sub.status == "queued" and sub.attempts == 1
+    with pytest.raises(ZooError) as info:
+        zoo.renew(sub_uuid, "r1", c1.lease_id)
+    assert info.value.code == "LEASE_LOST"
+    c2 = zoo.claim("r2", "cpu", 0)
+    assert c2.attempt == 2
+    clock.now += 61
+    q.reap(zoo)
+    sub = zoo.store.state.submissions[sub_uuid]
+    assert sub.status == "failed" and sub.reasons[-1]["code"] == "ATTEMPTS_EXHAUSTED"
+    assert zoo.claim("r3", "cpu", 0) is None
+
+
+def test_release_puts_the_job_back(zoo):
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c1 = zoo.claim("r1", "cpu", 0)
+    zoo.release(sub_uuid, "r1", c1.lease_id, "shutting down")
+    assert zoo.submission(sub_uuid).status == "queued"
+    with pytest.raises(ZooError):
+        zoo.release(sub_uuid, "r1", c1.lease_id, "again")
+    assert zoo.claim("r2", "cpu", 0).uuid == sub_uuid
+
+
+def test_claim_waits_for_a_job(zoo):
+    import threading
+
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("c", zoo.claim("r1", "cpu", 20)))
+    t.start()
+    before = set(zoo.store.state.submissions)
+    drop_into_inbox(zoo.config.paths.spool, "late.tar.gz", axpy_tarball())
+    t.join(30)
+    (sub_uuid,) = set(zoo.store.state.submissions) - before
+    assert got["c"].uuid == sub_uuid
+
+
+def test_cancel_rules(zoo):
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    assert zoo.cancel(sub_uuid, "alice").status == "cancelled"
+    with pytest.raises(ZooError) as info:
+        zoo.cancel(sub_uuid, "alice")
+    assert info.value.code == "CONFLICT"
+    with pytest.raises(ZooError) as info:
+        zoo.cancel("00000000-0000-0000-0000-000000000000", "alice")
+    assert info.value.code == "NOT_FOUND"
+
+
+def members(path):
+    with tarfile.open(path) as tar:
+        return {m.name: (tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()}
+
+
+def test_runner_package_carries_the_head_scorecard(zoo):
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c = zoo.claim("r1", "cpu", 0)
+    with pytest.raises(ZooError):
+        zoo.runner_package(sub_uuid, "intruder")
+    path = zoo.runner_package(sub_uuid, "r1")
+    got = members(path)
+    bench = f"{AXPY_ID}/.kernel_package/bench_result.yaml"
+    assert got[bench] == zoo.git.read_file(bench)
+    assert f"{AXPY_ID}/src/axpy.py" in got
+    first = path.read_bytes()
+    path.unlink()
+    assert zoo.runner_package(sub_uuid, "r1").read_bytes() == first  # deterministic
+    assert c.timeouts["build_s"] > 0
+
+
+def test_runner_package_of_a_new_kernel_has_a_seed(zoo):
+    sub_uuid = queue(zoo, OTHER, "new")
+    zoo.claim("r1", "cpu", 0)
+    card = yaml.safe_load(members(zoo.runner_package(sub_uuid, "r1"))[f"{OTHER}/.kernel_package/bench_result.yaml"])
+    assert card["kernel_id"] == OTHER
+    records = [r for c in card["cases"] for r in c["metrics_best"].values()]
+    assert records and {r["commit_sha"] for r in records} == {"0000000"}
+    assert [c["test_case_id"] for c in card["cases"]] == ["n4k", "n64k", "n1m"]
+
+
+def _result(kernel_id, correctness="passed", accept=True):
+    cases = [{"test_case_id": cid, "correctness": correctness, "accept": accept,
+              "metrics": [{"name": "latency_us", "value": 1.0}, {"name": "gbps", "value": 2.0}]}
+             for cid in ("n4k", "n64k", "n1m")]
+    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
+            "overall": {"accept": accept, "build_ok": True, "accept_reason": "test"}, "cases": cases}
+
+
+def test_runner_failure_rejects_without_commit(zoo):
+    head = zoo.git.head()
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c = zoo.claim("r1", "cpu", 0)
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, None, b"boom", {},
+                             {"code": "BENCHMARK_CRASHED", "message": "exit 1"})
+    assert view.status == "rejected" and view.reasons[0]["code"] == "BENCHMARK_CRASHED"
+    assert zoo.git.head() == head
+    assert (zoo.config.paths.runs / sub_uuid / "logs.txt").read_bytes() == b"boom"
+
+
+def test_failed_case_with_accept_is_422_and_rejected(zoo):
+    head = zoo.git.head()
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c = zoo.claim("r1", "cpu", 0)
+    bad = _result(AXPY_ID)
+    bad["cases"][0]["correctness"] = "failed"
+    bad["overall"]["accept"] = False
+    with pytest.raises(ZooError) as info:
+        zoo.report_result(sub_uuid, "r1", c.lease_id, bad, b"", {}, None)
+    assert info.value.code == "RESULT_INVALID" and info.value.http_status == 422
+    assert zoo.submission(sub_uuid).status == "rejected"
+    assert zoo.git.head() == head
+
+
+@pytest.mark.parametrize("mutate,code", [
+    (lambda r: r.__setitem__("kernel_id", "cpu/x/y/z/w"), "RESULT_KERNEL_ID"),
+    (lambda r: r["cases"].pop(), "RESULT_CASES"),
+    (lambda r: r["cases"][1]["metrics"][0].__setitem__("value", float("nan")), "RESULT_NONFINITE"),
+    (lambda r: r["overall"].__setitem__("build_ok", False), "BUILD_FAILED"),
+    (lambda r: r["cases"][2].__setitem__("correctness", "skipped"), "ACCEPT_NOT_ALL_PASSED"),
+])
+def test_hard_checks_reject(zoo, mutate, code):
+    head = zoo.git.head()
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c = zoo.claim("r1", "cpu", 0)
+    result = _result(AXPY_ID)
+    mutate(result)
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"", {}, None)
+    assert view.status == "rejected" and view.reasons[0]["code"] == code
+    assert zoo.git.head() == head
+
+
+def test_package_own_verdict_reject(zoo):
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c = zoo.claim("r1", "cpu", 0)
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(AXPY_ID, accept=False), b"", {}, None)
+    assert view.status == "rejected" and view.reasons[0]["code"] == "PACKAGE_REJECTED"
+    assert "test" in view.reasons[0]["message"]
+
+
+def test_hand_result_accept_and_queue_view(zoo):
+    sub_uuid = queue(zoo, THIRD, "t")
+    c = zoo.claim("r1", "cpu", 0)
+    qv = zoo.queue_view()
+    assert qv["in_flight"][0]["uuid"] == sub_uuid and "r1" in qv["runners"]
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(THIRD), b"", {}, None)
+    assert view.status == "accepted" and view.commit_sha
+    assert zoo.metrics()["submissions_by_status"]["accepted"] == 1

@@ -32,7 +32,7 @@ from kz_daemon.errors import ZooError
 TARBALL_SUFFIX = ".tar.gz"
 SIDECAR_SUFFIX = ".meta.json"
 CHUNK = 1 << 20
-SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at")
+SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at", "filename")
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,8 @@ def claim(dirs: SpoolDirs, path: Path, known: Callable[[str], bool],
             return None
     meta.setdefault("source", "spool")
     meta.setdefault("received_at", clock_iso())
-    record = dict(meta, uuid=sub_uuid, filename=path.name, size=st.st_size, **extra)
+    record = dict(meta, uuid=sub_uuid, size=st.st_size, **extra)
+    record["filename"] = meta.get("filename") or path.name  # the name the submitter gave it
     if side_error:
         record["sidecar_error"] = side_error
     work_meta = dirs.work / f"{sub_uuid}{SIDECAR_SUFFIX}"

@@ -1,0 +1,119 @@
+"""index.json stays equal to a full rebuild; mirrors receive the branch; `kz daemon` runs until SIGTERM."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kz_daemon import indexer
+from kz_daemon.audit import audit_state_dir
+from kz_daemon.runtime import init_state_dir
+from kz_daemon.service import Zoo
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, axpy_tarball, drop_into_inbox, wait_for
+
+NEW = "cpu/Elementwise/Axpy/fp32/second"
+
+
+def _result(kernel_id, latency=1.0):
+    cases = [{"test_case_id": cid, "correctness": "passed", "accept": True,
+              "metrics": [{"name": "latency_us", "value": latency}, {"name": "gbps", "value": 2.0}]}
+             for cid in ("n4k", "n64k", "n1m")]
+    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
+            "overall": {"accept": True, "build_ok": True, "accept_reason": "ok"}, "cases": cases}
+
+
+def accept(zoo, kernel_id, name, latency=1.0):
+    before = set(zoo.store.state.submissions)
+    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
+    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
+    zoo.wait_intake(sub_uuid, 30)
+    c = zoo.claim("r", "cpu", 5)
+    view = zoo.report_result(sub_uuid, "r", c.lease_id, _result(kernel_id, latency), b"", {}, None)
+    assert view.status == "accepted", view.reasons
+    return view
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    state = tmp_path / "kz"
+    state.mkdir()
+    bare = tmp_path / "mirror.git"
+    (state / "kz.yaml").write_text(f"mirrors:\n  - {{name: backup, url: {bare}}}\n")
+    z = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    z.start()
+    yield z
+    z.stop()
+
+
+def strip(doc):
+    return {k: v for k, v in doc.items() if k != "generated_at"}
+
+
+def test_incremental_index_equals_full_rebuild(zoo):
+    v0 = zoo.store.state.index_version
+    accept(zoo, AXPY_ID, "a", 5.0)
+    accept(zoo, NEW, "b", 3.0)
+    accept(zoo, AXPY_ID, "c", 9.0)
+    doc = json.loads(zoo.config.paths.index.read_text())
+    assert zoo.store.state.index_version == v0 + 3
+    assert doc["head"] == zoo.git.head()
+    with zoo.git_lock:
+        zoo.git.sync_files()
+        rebuilt = indexer.build(zoo.git.root, zoo.git.head())
+    assert strip(doc) == strip(rebuilt)
+    assert NEW in {k["kernel_id"] for k in doc["kernels"]}
+    assert [f for f in audit_state_dir(zoo.config.state_dir) if f.severity == "error"] == []
+
+
+def test_audit_finds_a_stale_index_and_a_foreign_kz_commit(zoo):
+    accept(zoo, AXPY_ID, "a")
+    path = zoo.config.paths.index
+    doc = json.loads(path.read_text())
+    doc["kernels"] = doc["kernels"][:-1]
+    path.write_text(json.dumps(doc))
+    from kz_daemon.gitstore import format_message
+
+    with zoo.git_lock:
+        zoo.git.commit_changes({"x.txt": b"x"}, format_message("forged", {"Kz-Submission": "nope"}),
+                               "x <x@x>", zoo.git.head())
+    codes = {f.code for f in audit_state_dir(zoo.config.state_dir)}
+    assert {"INDEX_STALE", "COMMIT_WITHOUT_EVENTS", "HEAD_MISMATCH"} <= codes
+
+
+def test_mirror_receives_the_branch(zoo, tmp_path):
+    from dulwich.repo import Repo
+
+    view = accept(zoo, AXPY_ID, "a")
+    wait_for(lambda: any(m.get("ok") and m.get("sha") == view.sha_br
+                         for m in zoo.store.state.mirrors.values()))
+    bare = Repo(str(tmp_path / "mirror.git"))
+    assert bare.refs[b"refs/heads/main"].decode() == view.sha_br
+    bare.close()
+
+
+def test_kz_daemon_runs_until_sigterm(tmp_path):
+    state = tmp_path / "kz"
+    proc = subprocess.Popen([sys.executable, "-m", "kz_daemon.cli", "daemon", "--state-dir", str(state),
+                             "--seed-from", str(EXAMPLES)], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        line = proc.stderr.readline()
+        assert "ready" in line, line
+        drop_into_inbox(state / "spool", "p.tar.gz", axpy_tarball())
+        wait_for(lambda: any((state / "pending").iterdir()))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    assert rc == 0
+    zoo = Zoo(init_state_dir(state))
+    try:
+        (sub,) = zoo.store.state.submissions.values()
+        assert sub.status == "queued"
+    finally:
+        zoo.store.close()
+        zoo.git.close()

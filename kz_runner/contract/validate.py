@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -97,7 +97,7 @@ def _load_yaml_file(data: bytes, file: str, out: list[Problem]) -> tuple[bool, A
         return False, None
 
 
-def _check_desc(an: Analysis, data: bytes, exists: Callable[[str], bool | None] | None) -> None:
+def _check_desc(an: Analysis, data: bytes) -> None:
     file = contract_path(DESC)
     ok, desc = _load_yaml_file(data, file, an.problems)
     if not ok:
@@ -121,25 +121,35 @@ def _check_desc(an: Analysis, data: bytes, exists: Callable[[str], bool | None] 
         an.problems.append(problem("STATUS_FROZEN", "status is frozen", file=file, field="status"))
     elif status == "deprecated":
         an.problems.append(problem("STATUS_DEPRECATED", "status is deprecated", file=file, field="status"))
-    refs = desc.get("reference_sources")
-    if exists is not None and isinstance(refs, list):
-        for index, ref in enumerate(refs):
-            if not isinstance(ref, str) or not ref:
-                continue
-            norm = posixpath.normpath(ref)
-            fld = f"reference_sources[{index}]"
-            if (ref.startswith("/") or norm == ".." or norm.startswith("../") or norm == "."
-                    or norm.split("/")[0] == KERNEL_PACKAGE_DIR):
-                an.problems.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} is not in the source area",
-                                           file=file, field=fld))
-            else:
-                found = exists(norm)
-                if found is None:
-                    an.problems.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} resolves outside the "
-                                               "package (through a link)", file=file, field=fld))
-                elif not found:
-                    an.problems.append(problem("REFERENCE_SOURCE_MISSING", f"{ref!r} does not exist",
-                                               file=file, field=fld))
+
+
+def check_reference_sources(refs: object, exists: Callable[[str], bool | None]) -> list[Problem]:
+    """``REFERENCE_SOURCE_*`` problems for desc.yaml's ``reference_sources`` list.
+
+    ``exists(normalised relative path)`` answers True (present in the source area),
+    False (absent) or None (present but resolving outside the package).
+    """
+    out: list[Problem] = []
+    if not isinstance(refs, list):
+        return out
+    file = contract_path(DESC)
+    for index, ref in enumerate(refs):
+        if not isinstance(ref, str) or not ref:
+            continue
+        norm = posixpath.normpath(ref)
+        fld = f"reference_sources[{index}]"
+        if (ref.startswith("/") or norm == ".." or norm.startswith("../") or norm == "."
+                or norm.split("/")[0] == KERNEL_PACKAGE_DIR):
+            out.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} is not in the source area",
+                               file=file, field=fld))
+            continue
+        found = exists(norm)
+        if found is None:
+            out.append(problem("REFERENCE_SOURCE_OUTSIDE", f"{ref!r} resolves outside the package "
+                               "(through a link)", file=file, field=fld))
+        elif not found:
+            out.append(problem("REFERENCE_SOURCE_MISSING", f"{ref!r} does not exist", file=file, field=fld))
+    return out
 
 
 def _check_bench(an: Analysis, data: bytes) -> None:
@@ -211,7 +221,7 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
             an.problems.append(problem("FILE_MISSING", f"{contract_path(name)} is missing",
                                        file=contract_path(name), hint=hint))
     if files.get(DESC) is not None:
-        _check_desc(an, files[DESC], exists)  # type: ignore[arg-type]
+        _check_desc(an, files[DESC])  # type: ignore[arg-type]
     raw_bench_cases = None
     if expect_bench_result and files.get(BENCH_RESULT) is not None:
         _check_bench(an, files[BENCH_RESULT])  # type: ignore[arg-type]
@@ -224,6 +234,8 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
         an.metas = metas
         an.problems.extend(problems)
     _check_cases_match(an, raw_bench_cases)
+    if exists is not None and an.desc is not None:
+        an.problems.extend(check_reference_sources(an.desc.get("reference_sources"), exists))
     return an
 
 
@@ -249,26 +261,24 @@ def resolve_kernel_id(package_dir: Path, bench_kernel_id: object = None) -> str 
     return None
 
 
-def _read_contract_file(path: Path, name: str, out: list[Problem]) -> bytes | None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+def _read_contract_file(entry: os.DirEntry, name: str, out: list[Problem]) -> bytes | None:
+    if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+        what = "a symbolic link" if entry.is_symlink() else "not a regular file"
         out.append(problem("FILE_MISSING", f"{contract_path(name)} is {what}", file=contract_path(name)))
         return None
-    if st.st_size > MAX_CONTRACT_FILE_BYTES:
-        out.append(problem("FILE_TOO_LARGE", f"{st.st_size} bytes", file=contract_path(name)))
-        return None
-    with open(path, "rb") as handle:
-        return handle.read()
+    with open(entry.path, "rb") as handle:
+        data = handle.read(MAX_CONTRACT_FILE_BYTES + 1)
+        if len(data) > MAX_CONTRACT_FILE_BYTES:
+            size = os.fstat(handle.fileno()).st_size
+            out.append(problem("FILE_TOO_LARGE", f"{size} bytes", file=contract_path(name)))
+            return None
+    return data
 
 
-def walk_package(package_dir: Path) -> list[Problem]:
+def walk_package(package_dir: str | os.PathLike) -> list[Problem]:
     """Links, special files and nested packages inside a package directory (caches ignored)."""
     out: list[Problem] = []
-    stack = [(package_dir, "")]
+    stack = [(os.fspath(package_dir), "")]
     while stack:
         directory, rel = stack.pop()
         try:
@@ -286,57 +296,78 @@ def walk_package(package_dir: Path) -> list[Problem]:
                 if entry.name == KERNEL_PACKAGE_DIR and rel:
                     out.append(problem("NESTED_PACKAGE", f"another package lives at {rel!r}",
                                        file=sub))
-                stack.append((Path(entry.path), sub))
+                stack.append((entry.path, sub))
             elif not entry.is_file(follow_symlinks=False):
                 out.append(problem("PACKAGE_SYMLINK", "special file (device, FIFO or socket)", file=sub))
     return out
 
 
-def _extra_files(kp_dir: Path) -> list[Problem]:
-    out = []
-    try:
-        names = sorted(os.listdir(kp_dir))
-    except OSError:
-        return out
-    for name in names:
-        if name not in CONTRACT_FILES and not is_ignored(name):
-            out.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {name!r}",
-                               file=f"{KERNEL_PACKAGE_DIR}/{name}"))
-    return out
-
-
 def _exists_in(package_dir: Path) -> Callable[[str], bool | None]:
-    root = os.path.realpath(package_dir)
+    """``exists(rel)`` for :func:`check_reference_sources`: lstat each component, realpath only past a link."""
+    base = str(package_dir)
 
     def exists(rel: str) -> bool | None:
-        full = os.path.join(root, rel)
-        if not os.path.exists(full):
-            return False
-        real = os.path.realpath(full)
-        inside = real.startswith(root + os.sep) and not real.startswith(
-            os.path.join(root, KERNEL_PACKAGE_DIR) + os.sep)
-        return True if inside else None
+        current = base
+        for part in rel.split("/"):
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except OSError:
+                return False
+            if stat.S_ISLNK(st.st_mode):
+                full = os.path.join(base, rel)
+                if not os.path.exists(full):
+                    return False
+                root = os.path.realpath(base)
+                real = os.path.realpath(full)
+                inside = real.startswith(root + os.sep) and not real.startswith(
+                    os.path.join(root, KERNEL_PACKAGE_DIR) + os.sep)
+                return True if inside else None
+        return True
     return exists
 
 
-def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = None,
-                        walk: bool = True) -> Analysis:
-    """The :class:`Analysis` of a package directory (``walk=False`` skips the link scan)."""
+def read_package_files(package_dir: str | os.PathLike) -> tuple[list[Problem], dict[str, bytes | None]]:
+    """Problems of the ``.kernel_package/`` layout and the contract files' bytes (empty when it is absent)."""
+    kp_dir = os.path.join(os.fspath(package_dir), KERNEL_PACKAGE_DIR)
+    pre: list[Problem] = []
+    files: dict[str, bytes | None] = {}
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(kp_dir).st_mode)
+        entries = {e.name: e for e in os.scandir(kp_dir)} if is_dir else {}
+    except OSError:
+        is_dir = False
+    if not is_dir:
+        pre.append(problem("KERNEL_PACKAGE_MISSING", f"no {KERNEL_PACKAGE_DIR}/ directory in {package_dir}",
+                           file=KERNEL_PACKAGE_DIR))
+        return pre, files
+    for name in CONTRACT_FILES:
+        entry = entries.get(name)
+        files[name] = None if entry is None else _read_contract_file(entry, name, pre)
+    for name in sorted(entries):
+        if name not in CONTRACT_FILES and not is_ignored(name):
+            pre.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {name!r}",
+                               file=f"{KERNEL_PACKAGE_DIR}/{name}"))
+    return pre, files
+
+
+def _contents(kernel_id: str | None, files: dict[str, bytes | None]) -> Analysis:
+    return analyze_contents(kernel_id, files, None, expect_bench_result=True)
+
+
+def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = None, walk: bool = True,
+                        contents: Callable[[str | None, dict[str, bytes | None]], Analysis] = _contents) -> Analysis:
+    """The :class:`Analysis` of a package directory (``walk=False`` skips the link scan).
+
+    ``contents(kernel_id, files)`` analyses the contract files' bytes; the index passes
+    a memoised version (the result is copied, never modified).
+    """
     path = Path(package_dir)
-    if not path.is_dir():
+    if not os.path.isdir(package_dir):
         an = Analysis(kernel_id)
         an.problems.append(problem("NOT_A_PACKAGE", f"{path} is not a directory"))
         return an
-    kp_dir = path / KERNEL_PACKAGE_DIR
-    pre: list[Problem] = []
-    files: dict[str, bytes | None] = {}
-    if kp_dir.is_symlink() or not kp_dir.is_dir():
-        pre.append(problem("KERNEL_PACKAGE_MISSING", f"no {KERNEL_PACKAGE_DIR}/ directory in {path}",
-                           file=KERNEL_PACKAGE_DIR))
-    else:
-        for name in CONTRACT_FILES:
-            files[name] = _read_contract_file(kp_dir / name, name, pre)
-        pre.extend(_extra_files(kp_dir))
+    pre, files = read_package_files(path)
     unknown_id = False
     bench_id = None
     if kernel_id is None:
@@ -348,13 +379,14 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
                 pass
         kernel_id = resolve_kernel_id(path.resolve(), bench_id)
         unknown_id = kernel_id is None
-    an = analyze_contents(kernel_id, files, _exists_in(path), expect_bench_result=True)
+    base = contents(kernel_id, files)
     reported = {p.file for p in pre}
     # no .kernel_package/ at all, or a file already reported as a link or too large:
     # a FILE_MISSING on top would say the same thing twice
-    an.problems = [p for p in an.problems
-                   if not (p.code == "FILE_MISSING" and (not files or p.file in reported))]
-    an.problems[:0] = pre
+    kept = [p for p in base.problems if not (p.code == "FILE_MISSING" and (not files or p.file in reported))]
+    an = replace(base, problems=pre + kept)
+    if an.desc is not None:
+        an.problems.extend(check_reference_sources(an.desc.get("reference_sources"), _exists_in(path)))
     if unknown_id and isinstance(bench_id, str):
         an.problems.append(problem("BENCH_KERNEL_ID_MISMATCH", f"kernel_id is {bench_id!r} but the directory "
                                    f"{path} does not end with it (and is not under a repo root)",

@@ -1,0 +1,61 @@
+"""``kz index``: scan a kernel repo and write index.json (the leaderboard index)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+NAME = "index"
+HELP = ("Rebuild index.json from a kernel repo now (honours KERNEL_ZOO_KERNEL_REPO_PATH and "
+        "KERNEL_ZOO_INDEX_PATH).")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--repo``, ``--out``, ``--json``, ``--head``, ``--cache``/``--no-cache``."""
+    parser.add_argument("--repo", help="kernel repo root (default: $KERNEL_ZOO_KERNEL_REPO_PATH, else .)")
+    parser.add_argument("--out", help="index file to write (default: $KERNEL_ZOO_INDEX_PATH, else ./index.json)")
+    parser.add_argument("--json", action="store_true", help="also print the index document on stdout")
+    parser.add_argument("--head", help="record this commit SHA as the index's head")
+    parser.add_argument("--cache", help="analysis cache file (default: under $XDG_CACHE_HOME/kernel_zoo)")
+    parser.add_argument("--no-cache", action="store_true", help="parse every package afresh, write no cache")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the index atomically and print a summary; 0 written, 2 usage error."""
+    from kz_runner.contract.index import build_index, default_paths, dumps, write_index
+    from kz_runner.contract.index_cache import ContentsCache, default_cache_path
+
+    env_repo, env_index = default_paths()
+    repo = args.repo or str(env_repo)
+    out = args.out or str(env_index)
+    if not os.path.isdir(repo):
+        print(f"kz index: {repo}: the kernel repo is not a directory", file=sys.stderr)
+        return 2
+    cache = None
+    cache_path = None
+    if not args.no_cache:
+        cache_path = args.cache or str(default_cache_path(repo))
+        cache = ContentsCache.load(cache_path)
+    doc = build_index(repo, head=args.head, cache=cache)
+    try:
+        written = write_index(doc, out)
+    except OSError as exc:
+        print(f"kz index: cannot write {out}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if cache is not None and cache_path is not None:
+        try:
+            cache.save(cache_path)
+        except OSError as exc:  # a read-only home: the index is written, the cache is only a speed-up
+            print(f"kz index: cache not saved ({cache_path}: {exc.strerror})", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(dumps(doc))
+    else:
+        counts = doc["counts"]
+        print(f"wrote {written}: {counts['kernels']} kernel(s), {counts['valid']} valid, "
+              f"{counts['invalid']} invalid, {counts['with_warnings']} with warnings")
+        for kernel in doc["kernels"]:
+            if not kernel["valid"]:
+                codes = sorted({p["code"] for p in kernel["problems"] if p["severity"] == "error"})
+                print(f"  invalid {kernel['kernel_id']}: {', '.join(codes)}")
+    return 0

@@ -1,0 +1,252 @@
+"""The leaderboard index: every package of a kernel repo, its verdict and its scores.
+
+``build_index(repo_root)`` scans the repo (a ``.kernel_package`` directory marks a
+package; ``.git`` is skipped) and returns the index document, which matches
+``schemas/index.json``. The document is a pure function of the repo's files and
+the arguments: kernels sorted by kernel_id, no timestamps unless the caller
+passes ``head``/``generated_at``, so the same repo gives byte-identical JSON
+(:func:`dumps`). ``update_index(doc, repo_root, kernel_ids)`` rescans only the
+named packages (the daemon calls it after an accept) and gives exactly what a
+full rebuild would. ``write_index`` replaces the file atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from .codes import problem
+from .index_cache import ContentsCache
+from .kernel_id import CATEGORY_FIELDS
+from .problems import Problem
+from .tarball import KERNEL_PACKAGE_DIR
+from .validate import Analysis, analyze_package_dir, is_ignored
+
+SCHEMA_VERSION = "1.0.0"
+SEED_SHA = "0000000"
+ENV_REPO = "KERNEL_ZOO_KERNEL_REPO_PATH"
+ENV_INDEX = "KERNEL_ZOO_INDEX_PATH"
+
+
+def default_paths(environ: dict | None = None) -> tuple[Path, Path]:
+    """``(repo root, index path)`` from KERNEL_ZOO_KERNEL_REPO_PATH / KERNEL_ZOO_INDEX_PATH (cwd, ./index.json)."""
+    env = os.environ if environ is None else environ
+    repo = Path(env.get(ENV_REPO) or ".")
+    index = Path(env.get(ENV_INDEX) or "index.json")
+    return repo, index
+
+
+def find_packages(repo_root: str | os.PathLike, under: str = "") -> list[str]:
+    """kernel_ids of the top-level packages at or below ``under`` (packages are not entered)."""
+    root = Path(repo_root)
+    start = root / under if under else root
+    found: list[str] = []
+    stack = [(start, under)]
+    while stack:
+        directory, rel = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        if rel and any(e.name == KERNEL_PACKAGE_DIR and e.is_dir(follow_symlinks=False) for e in entries):
+            found.append(rel)
+            continue
+        for entry in entries:
+            if entry.name == ".git" or is_ignored(entry.name) or entry.name == KERNEL_PACKAGE_DIR:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), f"{rel}/{entry.name}" if rel else entry.name))
+    return sorted(found)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _record(value: Any) -> dict | None:
+    if not isinstance(value, dict):
+        return None
+    return {"value": value.get("value"), "submitter": value.get("submitter"),
+            "commit_sha": value.get("commit_sha"), "recorded_at": value.get("recorded_at"),
+            "seed": value.get("commit_sha") == SEED_SHA}
+
+
+def _cases(an: Analysis) -> list[dict]:
+    bench_cases = {c["test_case_id"]: c for c in an.bench["cases"]} if an.bench is not None else {}
+    if an.metas is not None:
+        metas = [m for m in an.metas if isinstance(m, dict) and isinstance(m.get("test_case_id"), str)]
+    else:
+        metas = [{"test_case_id": case_id} for case_id in bench_cases]
+    out = []
+    seen: set[str] = set()
+    for meta in metas:
+        case_id = meta["test_case_id"]
+        if case_id in seen:
+            continue
+        seen.add(case_id)
+        primary = _text(meta.get("primary_metric"))
+        declared = {}
+        for metric in meta.get("metrics") or []:
+            if isinstance(metric, dict) and metric.get("name") == primary:
+                declared = metric
+                break
+        case = bench_cases.get(case_id) or {}
+        best = (case.get("metrics_best") or {}).get(primary) if primary else None
+        current = (case.get("metrics_current") or {}).get(primary) if primary else None
+        out.append({"test_case_id": case_id, "primary_metric": primary,
+                    "direction": _text(declared.get("direction")), "unit": _text(declared.get("unit")),
+                    "best": _record(best), "current": _record(current),
+                    "correctness_current": _text(case.get("correctness_current"))})
+    return out
+
+
+def _ancestor_package(repo_root: Path, kernel_id: str) -> str | None:
+    base = os.fspath(repo_root)
+    parts = kernel_id.split("/")
+    for i in range(1, len(parts)):
+        candidate = "/".join(parts[:i])
+        if os.path.isdir(os.path.join(base, candidate, KERNEL_PACKAGE_DIR)):
+            return candidate
+    return None
+
+
+def kernel_entry(repo_root: str | os.PathLike, kernel_id: str, cache: ContentsCache | None = None,
+                 top_level: bool = False) -> dict:
+    """The index entry of one package, validated exactly as ``kz validate`` does.
+
+    ``top_level`` says the caller knows no ancestor directory is a package (what
+    :func:`find_packages` returns), which saves the ancestor checks.
+    """
+    root = Path(repo_root)
+    if cache is None:
+        an = analyze_package_dir(root / kernel_id, kernel_id)
+    else:
+        an = analyze_package_dir(root / kernel_id, kernel_id, contents=cache.analyze)
+    outer = None if top_level else _ancestor_package(root, kernel_id)
+    if outer is not None:
+        an.problems.append(problem("NESTED_PACKAGE", f"inside the source area of package {outer!r}"))
+    return _entry(an, kernel_id)
+
+
+def _entry(an: Analysis, kernel_id: str) -> dict:
+    desc = an.desc or {}
+    category = desc.get("category")
+    if isinstance(category, dict) and all(isinstance(category.get(k), str) for k in CATEGORY_FIELDS):
+        category = {k: category[k] for k in CATEGORY_FIELDS}
+    else:
+        category = None
+    tags = desc.get("tags")
+    tags = [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+    ordered = [p for p in an.problems if p.severity == "error"] + [p for p in an.problems if p.severity != "error"]
+    return {
+        "kernel_id": kernel_id,
+        "name": _text(desc.get("name")),
+        "category": category,
+        "summary": _text(desc.get("summary")),
+        "status": _text(desc.get("status")),
+        "tags": tags,
+        "valid": not any(p.severity == "error" for p in an.problems),
+        "problems": [_problem_json(p) for p in ordered],
+        "cases": _cases(an),
+    }
+
+
+def _problem_json(p: Problem) -> dict:
+    return {"code": p.code, "severity": p.severity, "message": p.message, "file": p.file, "field": p.field}
+
+
+def _nested_under(entry: dict) -> list[str]:
+    """kernel_ids of packages nested in ``entry``'s source area (from its NESTED_PACKAGE problems)."""
+    out = []
+    for p in entry["problems"]:
+        if p["code"] == "NESTED_PACKAGE" and p["file"] and p["file"].endswith("/" + KERNEL_PACKAGE_DIR):
+            out.append(f"{entry['kernel_id']}/{p['file'][: -len(KERNEL_PACKAGE_DIR) - 1]}")
+    return out
+
+
+def _scan(root: Path, kernel_ids: Iterable[str], cache: ContentsCache | None,
+          top_level: bool = False) -> dict[str, dict]:
+    """Entries for ``kernel_ids`` and every package nested inside them."""
+    entries: dict[str, dict] = {}
+    todo = [(kernel_id, top_level) for kernel_id in kernel_ids]
+    while todo:
+        kernel_id, known_top = todo.pop()
+        if kernel_id in entries:
+            continue
+        entry = kernel_entry(root, kernel_id, cache, top_level=known_top)
+        entries[kernel_id] = entry
+        todo.extend((nested, False) for nested in _nested_under(entry))
+    return entries
+
+
+def _document(entries: dict[str, dict], head: str | None, generated_at: str | None) -> dict:
+    kernels = [entries[k] for k in sorted(entries)]
+    counts = {
+        "kernels": len(kernels),
+        "valid": sum(1 for k in kernels if k["valid"]),
+        "invalid": sum(1 for k in kernels if not k["valid"]),
+        "frozen": sum(1 for k in kernels if k["status"] == "frozen"),
+        "deprecated": sum(1 for k in kernels if k["status"] == "deprecated"),
+        "with_warnings": sum(1 for k in kernels if any(p["severity"] == "warning" for p in k["problems"])),
+        "cases": sum(len(k["cases"]) for k in kernels),
+    }
+    return {"schema_version": SCHEMA_VERSION, "head": head, "generated_at": generated_at,
+            "counts": counts, "kernels": kernels}
+
+
+def build_index(repo_root: str | os.PathLike, head: str | None = None, generated_at: str | None = None,
+                cache: ContentsCache | None = None) -> dict:
+    """Scan the whole repo and return the index document (see ``schemas/index.json``).
+
+    ``cache`` (optional) skips re-parsing contract files whose bytes it has seen;
+    the document is the same with or without it.
+    """
+    root = Path(repo_root)
+    return _document(_scan(root, find_packages(root), cache, top_level=True), head, generated_at)
+
+
+def update_index(doc: dict, repo_root: str | os.PathLike, kernel_ids: Iterable[str],
+                 head: str | None = None, generated_at: str | None = None,
+                 cache: ContentsCache | None = None) -> dict:
+    """A new document with only ``kernel_ids`` (and packages nested in them) rescanned.
+
+    A kernel_id whose package is gone is dropped, as are stale packages nested
+    under it. The result equals ``build_index`` on the same repo when only those
+    packages changed since ``doc`` was built. ``doc`` itself is not modified.
+    """
+    root = Path(repo_root)
+    entries = {k["kernel_id"]: k for k in doc.get("kernels", [])}
+    for kernel_id in kernel_ids:
+        for stale in [k for k in entries if k == kernel_id or k.startswith(kernel_id + "/")]:
+            del entries[stale]
+        if (root / kernel_id / KERNEL_PACKAGE_DIR).is_dir():
+            entries.update(_scan(root, [kernel_id], cache))
+        else:  # no longer a package: whatever packages now live below it are found afresh
+            entries.update(_scan(root, find_packages(root, kernel_id), cache))
+    return _document(entries, head if head is not None else doc.get("head"),
+                     generated_at if generated_at is not None else doc.get("generated_at"))
+
+
+def dumps(doc: dict) -> str:
+    """The canonical JSON text of an index document (stable key order, UTF-8, trailing newline)."""
+    return json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_index(doc: dict, path: str | os.PathLike) -> Path:
+    """Write ``doc`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    data = dumps(doc).encode("utf-8")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return target

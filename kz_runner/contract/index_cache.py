@@ -1,0 +1,123 @@
+"""A content-addressed cache of package analyses, so a full index rebuild re-reads but does not re-parse.
+
+Key: the kernel_id and the bytes of the four contract files (BLAKE2b), so an
+entry can never be stale: a changed file is a different key. The cache file also
+records a fingerprint of the validator (its sources and the schemas); a file
+written by another version is ignored. Filesystem-dependent checks (links,
+reference_sources, nested packages) are never cached: they run on every rebuild.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+from .problems import Problem
+from .validate import CONTRACT_FILES, Analysis, analyze_contents
+
+CACHE_FORMAT = 1
+_DESC_KEYS = ("name", "category", "summary", "status", "tags", "reference_sources")
+
+
+@lru_cache(maxsize=None)
+def validator_fingerprint() -> str:
+    """SHA-256 over the contract modules' sources and the schemas: changes whenever verdicts may."""
+    import kz_schemas
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(str(CACHE_FORMAT).encode())
+    for path in sorted(here.glob("*.py")) + sorted(Path(kz_schemas.SCHEMA_DIR).glob("*.json")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def contents_key(kernel_id: str | None, files: dict[str, bytes | None]) -> str:
+    """The cache key of a package's contract files."""
+    digest = hashlib.blake2b(digest_size=20)
+    digest.update((kernel_id or "").encode() + b"\0")
+    for name in CONTRACT_FILES:
+        data = files.get(name)
+        digest.update(b"-" if data is None else b"+%d:" % len(data) + data)
+    return digest.hexdigest()
+
+
+def _to_record(an: Analysis) -> dict | None:
+    desc = None if an.desc is None else {k: an.desc[k] for k in _DESC_KEYS if k in an.desc}
+    record = {"kernel_id": an.kernel_id, "problems": [p.to_json() for p in an.problems], "desc": desc,
+              "desc_valid": an.desc_valid, "bench": an.bench, "metas": an.metas}
+    try:
+        json.dumps(record, allow_nan=False)
+    except (TypeError, ValueError):
+        return None  # e.g. a METAS literal holding bytes or a set: keep it in memory only
+    return record
+
+
+def _from_record(record: dict) -> Analysis:
+    return Analysis(record["kernel_id"], [Problem(**p) for p in record["problems"]], record["desc"],
+                    record["desc_valid"], record["bench"], record["metas"])
+
+
+class ContentsCache:
+    """Memoises ``analyze_contents`` for packages; pass :meth:`analyze` as ``contents=``."""
+
+    def __init__(self) -> None:
+        self._memory: dict[str, Analysis] = {}
+        self._stored: dict[str, dict] = {}
+        self._used: set[str] = set()
+        self.hits = 0
+        self.misses = 0
+
+    def analyze(self, kernel_id: str | None, files: dict[str, bytes | None]) -> Analysis:
+        """``analyze_contents(kernel_id, files)``, from the cache when the same bytes were seen."""
+        key = contents_key(kernel_id, files)
+        self._used.add(key)
+        found = self._memory.get(key)
+        if found is None and key in self._stored:
+            found = self._memory[key] = _from_record(self._stored[key])
+        if found is None:
+            self.misses += 1
+            found = self._memory[key] = analyze_contents(kernel_id, files, None, expect_bench_result=True)
+        else:
+            self.hits += 1
+        return replace(found, problems=list(found.problems))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ContentsCache":
+        """A cache filled from ``path``; empty when the file is missing, unreadable or from another version."""
+        cache = cls()
+        try:
+            data = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError):
+            return cache
+        if isinstance(data, dict) and data.get("fingerprint") == validator_fingerprint():
+            entries = data.get("entries")
+            if isinstance(entries, dict):
+                cache._stored = entries
+        return cache
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the entries used since load (older ones are dropped) atomically to ``path``."""
+        entries = {}
+        for key in sorted(self._used):
+            if key in self._memory:
+                record = _to_record(self._memory[key])
+            else:
+                record = self._stored.get(key)
+            if record is not None:
+                entries[key] = record
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "fingerprint": validator_fingerprint(),
+                                   "entries": entries}, separators=(",", ":")))
+        os.replace(tmp, target)
+
+
+def default_cache_path(repo_root: str | os.PathLike) -> Path:
+    """``$XDG_CACHE_HOME/kernel_zoo/index-<repo hash>.json`` (``~/.cache`` by default)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    tag = hashlib.sha256(str(Path(repo_root).resolve()).encode()).hexdigest()[:16]
+    return base / "kernel_zoo" / f"index-{tag}.json"

@@ -100,15 +100,19 @@ async def create_submission(request: Request) -> Response:
     """POST /api/submissions: stream the multipart upload into the spool, answer after intake."""
     state = request.app.state
     settings = state.settings
-    principal, early_id = authz.header_submitter(request)
-    client = request.client.host if request.client else "unknown"
-    state.rate_limiter.check(early_id or (principal.id if principal else f"ip:{client}"))
-    ctype = request.headers.get("content-type", "")
-    if not ctype.startswith("multipart/form-data"):
-        raise ZooError("BAD_REQUEST",
-                       "send multipart/form-data with fields kernel_id, submitter_id and the file package "
-                       "(curl -F)", {"content_type": ctype})
     cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
+    try:
+        principal, early_id = authz.header_submitter(request)
+        client = request.client.host if request.client else "unknown"
+        state.rate_limiter.check(early_id or (principal.id if principal else f"ip:{client}"))
+        ctype = request.headers.get("content-type", "")
+        if not ctype.startswith("multipart/form-data"):
+            raise ZooError("BAD_REQUEST",
+                           "send multipart/form-data with fields kernel_id, submitter_id and the file package "
+                           "(curl -F)", {"content_type": ctype})
+    except ZooError:
+        await _discard_body(request, cap)
+        raise
     stream = limits.capped_stream(request, cap, "the upload", shown=settings.max_upload_bytes)
     parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=8, max_part_size=64 * 1024)
     try:
@@ -161,6 +165,18 @@ async def create_submission(request: Request) -> Response:
     body = {"uuid": uuid, "status": doc.get("status", "received"), "kernel_id": kernel_id,
             "submitter_id": submitter, "status_url": _status_url(request, uuid)}
     return JSONResponse(body, status_code=202, headers={"Location": body["status_url"]})
+
+
+async def _discard_body(request: Request, cap: int) -> None:
+    """Read and drop a refused upload (up to ``cap``) so the client sees our answer, not a broken pipe."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        return  # too big to be worth reading: the client gets the error and a closed connection
+    try:
+        async for _chunk in limits.capped_stream(request, cap):
+            pass
+    except ZooError:
+        pass
 
 
 async def _wait_slices(request: Request, deadline: float, step) -> Any:

@@ -9,6 +9,7 @@ import argparse
 import getpass
 import json
 import os
+import re
 import sys
 
 NAME = "submit"
@@ -49,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from kz_runner.client import ApiError, ClientError, ZooClient
 
     submitter = args.submitter or getpass.getuser()
+    if not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", submitter):
+        print(f"kz submit: {submitter!r} is not a valid submitter id (1-64 of A-Z a-z 0-9 . _ @ + -); "
+              "pass --submitter", file=sys.stderr)
+        return 2
     try:
         prepared = sub.prepare(args.path, args.kernel_id)
     except sub.LocalRejection as exc:

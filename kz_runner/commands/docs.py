@@ -1,0 +1,53 @@
+"""``kz docs``: regenerate docs/kernel_package_format.md from the schemas (``--check``: is it current?)."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+
+NAME = "docs"
+HELP = "Generate docs/kernel_package_format.md from schemas/*.json and the problem codes (--check: exit 1 if stale)."
+DEFAULT_OUT = os.path.join("docs", "kernel_package_format.md")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--out``, ``--check``."""
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"file to write or check (default: {DEFAULT_OUT})")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when the file differs from what would be generated")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write (0) or check (0 current, 1 stale or missing); 2 when the file cannot be written."""
+    from kz_runner.contract.docgen import render
+
+    text = render()
+    if args.check:
+        try:
+            with open(args.out, encoding="utf-8") as handle:
+                current = handle.read()
+        except FileNotFoundError:
+            print(f"kz docs: {args.out} is missing; run `kz docs` to generate it", file=sys.stderr)
+            return 1
+        if current == text:
+            print(f"{args.out} is up to date")
+            return 0
+        diff = difflib.unified_diff(current.splitlines(), text.splitlines(), args.out, "generated", lineterm="", n=1)
+        shown = list(diff)[:40]
+        print("\n".join(shown), file=sys.stderr)
+        print(f"kz docs: {args.out} is stale; run `kz docs` and commit the result", file=sys.stderr)
+        return 1
+    try:
+        directory = os.path.dirname(args.out)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        tmp = f"{args.out}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, args.out)
+    except OSError as exc:
+        print(f"kz docs: cannot write {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}")
+    return 0

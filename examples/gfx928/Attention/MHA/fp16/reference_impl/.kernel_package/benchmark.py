@@ -4,7 +4,8 @@ Timing: kz_runner.bench device events, L2 flushed before each call, rotating inp
 copies, repetitions until the mean's relative standard error is under 0.2 % (or the
 per-case budget runs out); the reported latency is the median.
 Accept policy: every case passes correctness (|o-exp| <= atol + rtol*|exp|
-element-wise) and its primary latency is at most 5 % above the scorecard's best.
+element-wise) and its primary latency is at most REGRESSION_TOLERANCE above the scorecard's
+best (15 % for the launch-bound tiny cases, 5 % for the xl case).
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ KERNEL_ZOO_TEST_CASE_METAS = [
                  {"name": "tflops", "unit": "TFlops", "direction": "higher_better"}],
      "tolerance": {"correctness_atol": 2e-3, "correctness_rtol": 2e-3}},
 ]
-REGRESSION_TOLERANCE = 0.05
+# The two tiny cases are launch-bound (the host issuing ~10 kernels sets their time): on an
+# H200 their median varied by 2.3-2.7 % (CV) across identical runs and 5 % false-rejected
+# 3 of 8 (benchmarks/results/repeatability_h200.txt), so they get 15 %; the xl case 5 %.
+REGRESSION_TOLERANCE = {"small_b1_h1_s16_d16": 0.15, "large_b1_h2_s64_d32": 0.15, "xl_b2_h8_s512_d64": 0.05}
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from ref_attention import mha_forward  # noqa: E402

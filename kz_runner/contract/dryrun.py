@@ -160,7 +160,8 @@ def compare_builds(first: Path, second: Path) -> tuple[bool, str]:
     if missing:
         return False, f"build_test_env.py did not write {', '.join(missing)}"
     a, b = _files(first), _files(second)
-    for name in sorted(set(a) | set(b)):
+    # data files first, the manifest last: a differing manifest is usually the consequence
+    for name in sorted(set(a) | set(b), key=lambda n: (n == "build_manifest.json", n)):
         if name not in b:
             return False, f"{name} only in build 1"
         if name not in a:

@@ -1,0 +1,242 @@
+"""``kz dry-run``: passes on the CPU examples, fails naming the step on broken packages."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kz_runner.contract.dryrun import compare_builds, dry_run, render_text
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+CPU_EXAMPLES = sorted(p.parent.parent for p in (EXAMPLES / "cpu").glob("*/*/*/*/.kernel_package/desc.yaml"))
+GPU_EXAMPLES = sorted(p.parent.parent for p in EXAMPLES.glob("*/*/*/*/*/.kernel_package/desc.yaml")
+                      if p.parts[len(EXAMPLES.parts)] != "cpu")
+KID = "cpu/Test/Tiny/fp32/pkg"
+
+
+def kz(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kz_daemon", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("pkg", CPU_EXAMPLES, ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_every_cpu_example_passes(pkg):
+    result = dry_run(pkg, build_timeout_s=60, bench_timeout_s=120)
+    assert result.ok, render_text(result)
+    assert [s.name for s in result.steps] == ["validate", "build-1", "build-2", "idempotency", "benchmark",
+                                              "output", "checks", "verdict"]
+    assert {r["test_case_id"] for r in result.rows} == set(result.verdict.document and
+                                                           [c["test_case_id"] for c in result.verdict.document["cases"]])
+    assert all(r["correctness"] == "passed" and r["accept"] and r["value"] > 0 for r in result.rows)
+
+
+def test_cli_text_and_json():
+    pkg = str(CPU_EXAMPLES[0].relative_to(ROOT))
+    done = kz("dry-run", pkg)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: PASS" in done.stdout and "latency_us=" in done.stdout
+    done = kz("dry-run", "--json", pkg)
+    assert done.returncode == 0
+    doc = json.loads(done.stdout)
+    assert doc["ok"] and doc["failed_step"] is None and doc["result"]["overall"]["accept"]
+    assert doc["kernel_id"] == "cpu/Elementwise/Axpy/fp32/numpy_ref"
+
+
+def test_cli_usage_errors(tmp_path):
+    assert kz("dry-run", str(tmp_path / "nope")).returncode == 2
+    (tmp_path / "x.zip").write_bytes(b"PK")
+    assert kz("dry-run", str(tmp_path / "x.zip")).returncode == 2
+    assert kz("dry-run", "--bench-timeout", "0", str(CPU_EXAMPLES[0])).returncode == 2
+
+
+# --- a tiny package whose scripts each test breaks in one way ---------------------------------
+
+BUILD = '''
+import sys
+from pathlib import Path
+import numpy as np
+
+def build_env(workdir):
+    from kz_runner.bench import write_build_manifest
+    workdir = Path(workdir)
+    (workdir / "inputs").mkdir(parents=True, exist_ok=True)
+    (workdir / "expected").mkdir(parents=True, exist_ok=True)
+    x = np.arange(8, dtype=np.float32)  # NOISE
+    np.save(workdir / "inputs" / "c1_x.npy", x)
+    np.save(workdir / "expected" / "c1_out.npy", 2 * x)
+    write_build_manifest(workdir, seed=1, test_cases={"c1": {}})
+
+if __name__ == "__main__":
+    build_env(Path(sys.argv[1]))  # BUILD_EXIT
+'''
+
+BENCH = '''
+import sys
+from kz_runner import bench
+
+KERNEL_ZOO_TEST_CASE_METAS = [
+    {"test_case_id": "c1", "params": {}, "primary_metric": "latency_us",
+     "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"}],
+     "tolerance": {"correctness_atol": 1e-6, "correctness_rtol": 1e-6}},
+]
+# PRELUDE
+
+def body(c):
+    x = c.input("x")
+    c.check(x * 2, c.expected("out"))  # CHECK
+    c.metric("latency_us", c.time(lambda: x * 2).median_us)
+
+if __name__ == "__main__":
+    h = bench.Harness.from_argv(sys.argv, __file__, KERNEL_ZOO_TEST_CASE_METAS, regression_tolerance=0.5,
+                                device="cpu", min_reps=5, budget_s=0.05)
+    raise SystemExit(h.run(body))
+'''
+
+DESC = f'''schema_version: "1.0.0"
+name: Tiny test package
+category: {{arch: cpu, op_class: Test, sub_class: Tiny, quant: fp32}}
+summary: "doubles a vector"
+description: "## Math definition\\nout = 2 x"
+io_signature:
+  - {{name: x, kind: in, dtype: fp32, shape: [8]}}
+  - {{name: out, kind: out, dtype: fp32, shape: [8]}}
+quantization: {{scheme: none}}
+reference_sources: [src/impl.py]
+status: normal
+'''
+
+CARD = f'''schema_version: "1.0.0"
+kernel_id: {KID}
+cases:
+  - test_case_id: c1
+    metrics_best: {{latency_us: {{value: 0, submitter: seed, commit_sha: "0000000", recorded_at: "2026-01-01T00:00:00Z"}}}}
+    metrics_current: {{}}
+    correctness_current: unknown
+'''
+
+
+def make_package(tmp_path: Path, build: str = BUILD, benchmark: str = BENCH) -> Path:
+    pkg = tmp_path / "repo" / KID
+    (pkg / ".kernel_package").mkdir(parents=True)
+    (pkg / "src").mkdir()
+    (pkg / "src" / "impl.py").write_text("def double(x):\n    return 2 * x\n")
+    (pkg / ".kernel_package" / "desc.yaml").write_text(DESC)
+    (pkg / ".kernel_package" / "bench_result.yaml").write_text(CARD)
+    (pkg / ".kernel_package" / "build_test_env.py").write_text(build)
+    (pkg / ".kernel_package" / "benchmark.py").write_text(benchmark)
+    return pkg
+
+
+def failed(result):
+    step = next(s for s in result.steps if not s.ok)
+    return step
+
+
+def test_tiny_package_passes(tmp_path):
+    result = dry_run(make_package(tmp_path), build_timeout_s=30, bench_timeout_s=30)
+    assert result.ok, render_text(result)
+
+
+def test_invalid_package_fails_at_validate(tmp_path):
+    pkg = make_package(tmp_path)
+    (pkg / ".kernel_package" / "desc.yaml").unlink()
+    result = dry_run(pkg)
+    assert result.failed_step == "validate" and len(result.steps) == 1
+    assert any(p.code == "FILE_MISSING" for p in result.steps[0].problems)
+
+
+def test_non_idempotent_build_fails_naming_the_file(tmp_path):
+    build = BUILD.replace("x = np.arange(8, dtype=np.float32)  # NOISE",
+                          "import os\n    x = np.frombuffer(os.urandom(32), dtype=np.float32)")
+    result = dry_run(make_package(tmp_path, build=build))
+    step = failed(result)
+    assert step.name == "idempotency"
+    assert "differs between the two builds" in step.detail and "c1_" in step.detail
+
+
+def test_build_crash_fails_at_build_1(tmp_path):
+    build = BUILD.replace("build_env(Path(sys.argv[1]))  # BUILD_EXIT", "raise SystemExit('no compiler')")
+    step = failed(dry_run(make_package(tmp_path, build=build)))
+    assert step.name == "build-1" and "exit status 1" in step.detail and "no compiler" in step.stderr_tail
+
+
+def test_benchmark_printing_junk_fails_at_output(tmp_path):
+    bench = BENCH.replace("# PRELUDE", 'print("loading kernels...")')
+    result = dry_run(make_package(tmp_path, benchmark=bench))
+    step = failed(result)
+    assert step.name == "output" and step.problems[0].code == "BAD_OUTPUT"
+    assert "loading kernels..." in step.detail
+    assert "verdict: FAIL at step output" in render_text(result)
+
+
+def test_benchmark_crash_fails_at_benchmark(tmp_path):
+    bench = BENCH.replace("# PRELUDE", "raise ImportError('cupy missing')")
+    step = failed(dry_run(make_package(tmp_path, benchmark=bench)))
+    assert step.name == "benchmark" and "exit status 1" in step.detail and "cupy missing" in step.stderr_tail
+
+
+def test_benchmark_timeout_kills_and_names_the_step(tmp_path):
+    bench = BENCH.replace("# PRELUDE", "import time, subprocess, sys as _s\n"
+                          "subprocess.Popen([_s.executable, '-c', 'import time; time.sleep(60)'])\n"
+                          "time.sleep(60)")
+    result = dry_run(make_package(tmp_path, benchmark=bench), bench_timeout_s=1.5)
+    step = failed(result)
+    assert step.name == "benchmark" and "timed out after 1.5 s" in step.detail
+    assert step.seconds < 30
+
+
+def test_wrong_kernel_id_fails_at_checks(tmp_path):
+    bench = BENCH.replace("regression_tolerance=0.5,", "regression_tolerance=0.5, kernel_id='cpu/Test/Tiny/fp32/other',")
+    step = failed(dry_run(make_package(tmp_path, benchmark=bench)))
+    assert step.name == "checks" and step.problems[0].code == "RESULT_KERNEL_ID"
+
+
+def test_failed_correctness_fails_at_verdict(tmp_path):
+    bench = BENCH.replace('c.check(x * 2, c.expected("out"))  # CHECK', 'c.check(x * 3, c.expected("out"))')
+    result = dry_run(make_package(tmp_path, benchmark=bench))
+    step = failed(result)
+    assert step.name == "verdict" and result.rows[0]["correctness"] == "failed"
+
+
+def test_guide_tarball_is_unpacked_and_seeded(tmp_path):
+    pkg = make_package(tmp_path)
+    (pkg / ".kernel_package" / "bench_result.yaml").unlink()  # the guide: move it away before packing
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:  # the guide's §5.3 snippet
+        tf.add(pkg, arcname=KID)
+    tarball = tmp_path / "package.tar.gz"
+    tarball.write_bytes(buf.getvalue())
+    result = dry_run(tarball)
+    assert result.ok, render_text(result)
+    assert result.steps[1].name == "unpack" and "seed bench_result.yaml added" in result.steps[1].detail
+
+
+def test_keep_leaves_the_workdirs(tmp_path):
+    result = dry_run(make_package(tmp_path), keep=True)
+    try:
+        kept = Path(result.workdirs[0])
+        assert (kept / "work1" / "build_manifest.json").is_file()
+        assert (kept / "work2" / "inputs" / "c1_x.npy").is_file()
+    finally:
+        shutil.rmtree(result.workdirs[0])
+
+
+def test_compare_builds_reports_missing_outputs(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    same, detail = compare_builds(tmp_path / "a", tmp_path / "b")
+    assert not same and "did not write inputs, expected, build_manifest.json" in detail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pkg", GPU_EXAMPLES, ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_gpu_examples_pass(pkg):
+    result = dry_run(pkg)
+    assert result.ok, render_text(result)

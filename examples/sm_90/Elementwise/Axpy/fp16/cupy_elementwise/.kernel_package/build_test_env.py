@@ -11,9 +11,9 @@ import numpy as np
 
 # Must match KERNEL_ZOO_TEST_CASE_METAS in benchmark.py, one entry per case.
 TEST_CASE_PARAMS = {
-    "n16m": {"n": 1 << 24, "a": 1.5},
-    "n64m": {"n": 1 << 26, "a": -0.75},
-    "n128m": {"n": 1 << 27, "a": 2.25},
+    "n16m": {"n": 16777216, "a": 1.5},
+    "n64m": {"n": 67108864, "a": -0.75},
+    "n128m": {"n": 134217728, "a": 2.25},
 }
 SEED = 0xA1F6  # fixed: never derive it from time or the environment
 

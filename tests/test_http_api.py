@@ -253,6 +253,13 @@ def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
     kernel = anon.get(f"/api/kernels/{CPU_AXPY}").json()
     best = kernel["bench_result"]["cases"][0]["metrics_best"]["latency_us"]
     assert best["commit_sha"] == view["commit_sha"] and best["submitter"] == "alice"
+    # /metrics now counts the accept and its latency
+    text = anon.get("/metrics").text
+    count = [line for line in text.splitlines() if line.startswith("kz_accept_latency_seconds_count ")]
+    assert count and int(count[0].split()[1]) >= 1
+    assert 'kz_accept_latency_seconds_bucket{le="+Inf"}' in text
+    accepted = [line for line in text.splitlines() if line.startswith("kz_submissions_accepted_total ")]
+    assert accepted and int(accepted[0].split()[1]) >= 1
 
 
 def test_release_requeues_and_result_invalid_is_422(live, anon, r1, r2):

@@ -78,16 +78,10 @@ def banner(url: str, state_dir: Path, tokens: dict[str, Path], runner: str | Non
 
 def run(args: argparse.Namespace) -> int:
     """Set up the state directory, then serve until a signal."""
-    from kz_daemon.auth import TokenStore, ensure_local_tokens
+    from kz_daemon.auth import ensure_local_tokens
     from kz_daemon.errors import ZooError
-    from kz_daemon.history import KernelHistory
-    from kz_daemon.http.app import create_app
-    from kz_daemon.http.serve import ServeOptions, bind, serve
-    from kz_daemon.http.settings import from_config
+    from kz_daemon.http.serve import serve_config
     from kz_daemon.runtime import init_state_dir
-    from kz_daemon.sdnotify import Notifier
-    from kz_daemon.service import Zoo
-    from kz_runner import __version__
 
     state_dir = Path(args.state_dir).resolve()
     seed = Path(args.seed_from) if args.seed_from else default_examples()
@@ -96,43 +90,24 @@ def run(args: argparse.Namespace) -> int:
     except ZooError as exc:
         print(f"kz up: {exc.message}", file=sys.stderr)
         return 2
-    host = args.host or config.http.host
-    port = config.http.port if args.port is None else args.port
-    try:
-        sock = bind(host, port)
-    except OSError as exc:
-        print(f"kz up: cannot listen on {host}:{port}: {exc.strerror}; pick another --port", file=sys.stderr)
-        return 2
     tokens = ensure_local_tokens(state_dir)
-    notifier = Notifier()
-    notifier.status("starting: recovery and intake")
-    zoo = Zoo(config)
-    try:
-        zoo.start()
-    except ZooError as exc:
-        sock.close()
-        print(f"kz up: {exc.message}", file=sys.stderr)
-        return 2
-    app = create_app(zoo, TokenStore(state_dir / "auth.yaml"), from_config(config),
-                     history=KernelHistory(config.paths.repo, config.repo.branch), notifier=notifier,
-                     version=__version__)
-    bound_host, bound_port = sock.getsockname()[:2]
-    url = f"http://{bound_host}:{bound_port}"
-    runner_argv = None
-    runner_desc = None
-    if not args.no_runner:
+    runner_desc: list[str | None] = [None]
+
+    def runner_argv_for(url: str) -> list[str] | None:
+        if args.no_runner:
+            return None
         arch = args.arch
         if arch is None:
             from kz_runner.arch import detect_arch
 
             arch = detect_arch().arch
-        runner_argv = _runner_argv(url, tokens["runner"], arch)
-        runner_desc = f"kz runner --arch {arch}" if runner_argv else "unavailable (no kz runner in this install)"
-    options = ServeOptions(host=bound_host, port=bound_port, runner_argv=runner_argv,
-                           runner_env={"PYTHONUNBUFFERED": "1"})
+        argv = _runner_argv(url, tokens["runner"], arch)
+        runner_desc[0] = f"kz runner --arch {arch}" if argv else "unavailable (no kz runner in this install)"
+        return argv
 
-    def show(served_url: str) -> None:
-        print(banner(served_url, state_dir, tokens, runner_desc), flush=True)
+    def show(url: str) -> None:
+        print(banner(url, state_dir, tokens, runner_desc[0]), flush=True)
 
     os.environ.pop("KZ_TOKEN", None)
-    return serve(zoo, app, sock, options, banner=show, notifier=notifier)
+    return serve_config(config, host=args.host, port=args.port, runner_argv_for=runner_argv_for,
+                        banner=show)

@@ -197,8 +197,11 @@ async def submission_status(request: Request) -> Response:
     zoo = request.app.state.zoo
     uuid = request.path_params["uuid"]
     wait = _float_param(request, "wait", 0.0, request.app.state.settings.status_max_wait_s)
-    view = await run_in_threadpool(zoo.submission, uuid)
-    doc = views.submission_doc(view, _status_url(request, uuid), zoo)
+    view = zoo.submission(uuid)  # a read of the folded state: no I/O, no need for a thread
+    if getattr(view, "result", None):
+        doc = await run_in_threadpool(views.submission_doc, view, _status_url(request, uuid), zoo)
+    else:
+        doc = views.submission_doc(view, _status_url(request, uuid), zoo)
     if wait > 0 and not doc["terminal"]:
         last_seq = [doc.get("seq", 0)]
 
@@ -260,7 +263,14 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text exposition."""
-    data = await run_in_threadpool(request.app.state.zoo.metrics)
+    zoo = request.app.state.zoo
+    data = dict(await run_in_threadpool(zoo.metrics))
+    if "accept_latency_seconds" not in data:
+        from kz_daemon.http.metrics import accept_latency
+
+        state = getattr(getattr(zoo, "store", None), "state", None)
+        data["accept_latency_seconds"] = await run_in_threadpool(
+            accept_latency, getattr(state, "submissions", {}))
     text = render_metrics(data, request.app.state.http_counters)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 

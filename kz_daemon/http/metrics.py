@@ -19,6 +19,43 @@ _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 _LABELS = {"by_state": "state", "by_status": "status", "by_arch": "arch", "by_code": "code"}
 
 
+#: Upper bounds (seconds) of the accept-latency histogram buckets.
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+def _epoch(ts: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except (AttributeError, ValueError):
+        return None
+
+
+def accept_latency(submissions: Any) -> dict[str, Any]:
+    """Histogram of received → accepted seconds over the folded submissions.
+
+    Used when ``zoo.metrics()`` does not report ``accept_latency_seconds`` itself;
+    it reads only each submission's status history ``[(seq, status, ts), ...]``.
+    """
+    counts = [0] * len(LATENCY_BUCKETS)
+    total, count = 0.0, 0
+    for sub in list(getattr(submissions, "values", lambda: [])()):
+        if getattr(sub, "status", None) != "accepted":
+            continue
+        stamps = {status: ts for _seq, status, ts in getattr(sub, "history", [])}
+        start, end = _epoch(stamps.get("received", "")), _epoch(stamps.get("accepted", ""))
+        if start is None or end is None:
+            continue
+        latency = max(0.0, end - start)
+        total += latency
+        count += 1
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if latency <= bound:
+                counts[i] += 1  # cumulative: every bucket whose bound it fits under
+    return {"buckets": dict(zip(LATENCY_BUCKETS, counts)), "sum": total, "count": count}
+
+
 class HttpCounters:
     """Requests answered by the shim, by route name and status class (thread-safe)."""
 
@@ -63,7 +100,12 @@ def _escape(label: str) -> str:
 def render_metrics(data: Mapping[str, Any] | None, counters: HttpCounters | None = None) -> str:
     """The Prometheus text for ``data`` (from ``zoo.metrics()``) plus the HTTP request counters."""
     lines: list[str] = []
-    for key in sorted((data or {}).keys()):
+    data = dict(data or {})
+    by_status = data.get("submissions_by_status")
+    if isinstance(by_status, Mapping):
+        data.setdefault("submissions_accepted_total", by_status.get("accepted", 0))
+        data.setdefault("submissions_rejected_total", by_status.get("rejected", 0))
+    for key in sorted(data.keys()):
         value = data[key]
         name = _metric_name(key)
         if isinstance(value, Mapping) and "buckets" in value:

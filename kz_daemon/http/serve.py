@@ -105,3 +105,49 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
         notifier.close()
         print("kz: stopped", file=out, flush=True)
     return 0
+
+
+def serve_config(config: Any, *, host: str | None = None, port: int | None = None,
+                 runner_argv_for: Callable[[str], Sequence[str] | None] | None = None,
+                 banner: Callable[[str], None] | None = None, out: TextIO = sys.stderr) -> int:
+    """Run a Zoo for ``config`` with the HTTP shim until SIGINT/SIGTERM: the whole daemon process.
+
+    Used by ``kz up`` (and meant for ``kz daemon``): binds ``host:port`` (default
+    ``config.http``), starts the Zoo (recovery first), speaks sd_notify (READY once
+    serving, WATCHDOG from the event loop, STOPPING), optionally starts a runner
+    child whose command line ``runner_argv_for(url)`` returns. Returns the exit code
+    (2 when the port is taken or the Zoo cannot start).
+    """
+    from kz_daemon.auth import TokenStore
+    from kz_daemon.errors import ZooError
+    from kz_daemon.history import KernelHistory
+    from kz_daemon.http.app import create_app
+    from kz_daemon.http.settings import from_config
+    from kz_daemon.service import Zoo
+    from kz_runner import __version__
+
+    host = host or config.http.host
+    port = config.http.port if port is None else port
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        print(f"kz: cannot listen on {host}:{port}: {exc.strerror}; pick another --port", file=out)
+        return 2
+    notifier = Notifier()
+    notifier.status("starting: recovery and intake")
+    zoo = Zoo(config)
+    try:
+        zoo.start()
+    except ZooError as exc:
+        sock.close()
+        print(f"kz: {exc.message}", file=out)
+        return 2
+    app = create_app(zoo, TokenStore(config.state_dir / "auth.yaml"), from_config(config),
+                     history=KernelHistory(config.paths.repo, config.repo.branch), notifier=notifier,
+                     version=__version__)
+    bound_host, bound_port = sock.getsockname()[:2]
+    url = f"http://{bound_host}:{bound_port}"
+    runner_argv = runner_argv_for(url) if runner_argv_for is not None else None
+    options = ServeOptions(host=bound_host, port=bound_port, runner_argv=runner_argv,
+                           runner_env={"PYTHONUNBUFFERED": "1"})
+    return serve(zoo, app, sock, options, banner=banner, notifier=notifier)

@@ -177,6 +177,7 @@ def seed_bench_result(kernel_id: str, metas: list[dict]) -> dict[str, Any]:
     cases = []
     for meta in metas:
         def records() -> dict[str, Any]:
+            """Fresh sentinel records for every declared metric."""
             return {m["name"]: {"value": 0, "submitter": "seed", "commit_sha": "0000000",
                                 "recorded_at": SEED_RECORDED_AT} for m in meta.get("metrics", [])}
         cases.append({"test_case_id": meta["test_case_id"], "metrics_best": records(),

@@ -180,3 +180,20 @@ def test_cli_default_paths_are_cwd(repo, tmp_path, monkeypatch):
 def test_cli_usage_error(tmp_path, capsys):
     assert main(["index", "--repo", str(tmp_path / "missing"), "--no-cache"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_parallel_build_equals_serial_and_fills_the_cache(tmp_path, monkeypatch):
+    import kz_runner.contract.index as index_module
+
+    root = mark_repo(tmp_path / "many")
+    for i in range(12):
+        write_package(root, f"cpu/Op{i % 3}/Sub/fp32/impl{i}", best=0.1 * (i + 1))
+    write_package(root / "cpu/Op0/Sub/fp32/impl0/src", "nested")
+    monkeypatch.setattr(index_module, "PARALLEL_MIN_PACKAGES", 2)
+    serial = dumps(build_index(root))
+    cache = ContentsCache()
+    assert dumps(build_index(root, cache=cache, workers=2)) == serial
+    assert cache.misses == 13
+    cache.save(tmp_path / "c.json")
+    again = ContentsCache.load(tmp_path / "c.json")
+    assert dumps(build_index(root, cache=again, workers=2)) == serial and again.hits == 13

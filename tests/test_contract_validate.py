@@ -242,3 +242,13 @@ def test_read_metas_never_executes_code(tmp_path):
     source = f"open({str(marker)!r}, 'w').write('x')\nKERNEL_ZOO_TEST_CASE_METAS = []\n"
     read_metas(source)
     assert not marker.exists()
+
+
+def test_guide_seed_and_guide_metas_taken_together_disagree(tmp_path):
+    """§3.2's seed names its case small_b1_h1_s16_d16, §3.4's METAS example names it small: one clear error."""
+    pkg = copy_newcomer(mark_repo(tmp_path))
+    edit(kp(pkg, "benchmark.py"), '"test_case_id": "small_b1_h1_s16_d16"', '"test_case_id": "small"')
+    report = validate_package_dir(pkg)
+    assert codes(report) == ["CASES_MISMATCH"]
+    message = report.problems[0].message
+    assert "only in METAS: ['small']" in message and "only in bench_result.yaml: ['small_b1_h1_s16_d16']" in message

@@ -12,13 +12,14 @@ HELP = ("Rebuild index.json from a kernel repo now (honours KERNEL_ZOO_KERNEL_RE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--repo``, ``--out``, ``--json``, ``--head``, ``--cache``/``--no-cache``."""
+    """``--repo``, ``--out``, ``--json``, ``--head``, ``--cache``/``--no-cache``, ``--workers``."""
     parser.add_argument("--repo", help="kernel repo root (default: $KERNEL_ZOO_KERNEL_REPO_PATH, else .)")
     parser.add_argument("--out", help="index file to write (default: $KERNEL_ZOO_INDEX_PATH, else ./index.json)")
     parser.add_argument("--json", action="store_true", help="also print the index document on stdout")
     parser.add_argument("--head", help="record this commit SHA as the index's head")
     parser.add_argument("--cache", help="analysis cache file (default: under $XDG_CACHE_HOME/kernel_zoo)")
     parser.add_argument("--no-cache", action="store_true", help="parse every package afresh, write no cache")
+    parser.add_argument("--workers", type=int, help="processes for a large repo (default: CPU count, at most 8)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_cache:
         cache_path = args.cache or str(default_cache_path(repo))
         cache = ContentsCache.load(cache_path)
-    doc = build_index(repo, head=args.head, cache=cache)
+    workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 8)
+    doc = build_index(repo, head=args.head, cache=cache, workers=max(1, workers))
     try:
         written = write_index(doc, out)
     except OSError as exc:

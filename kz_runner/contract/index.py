@@ -195,15 +195,65 @@ def _document(entries: dict[str, dict], head: str | None, generated_at: str | No
             "counts": counts, "kernels": kernels}
 
 
+#: (repo root, cache) handed to forked workers of a parallel build; set only while the pool runs
+_FORK_STATE: tuple[Path, ContentsCache | None] | None = None
+PARALLEL_MIN_PACKAGES = 500
+
+
+def _scan_chunk(kernel_ids: list[str]) -> tuple[dict[str, dict], tuple | None]:
+    """Worker side of a parallel build: entries for ``kernel_ids`` and what the cache learned."""
+    assert _FORK_STATE is not None
+    root, cache = _FORK_STATE
+    entries = _scan(root, kernel_ids, cache, top_level=True)
+    return entries, (cache.export_used() if cache is not None else None)
+
+
+def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | None,
+                   workers: int) -> dict[str, dict]:
+    import multiprocessing
+
+    global _FORK_STATE
+    chunks = [kernel_ids[i::workers] for i in range(workers)]
+    _FORK_STATE = (root, cache)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            results = pool.map(_scan_chunk, chunks)
+    finally:
+        _FORK_STATE = None
+    entries: dict[str, dict] = {}
+    for chunk_entries, learned in results:
+        entries.update(chunk_entries)
+        if cache is not None and learned is not None:
+            cache.absorb(*learned)
+    return entries
+
+
 def build_index(repo_root: str | os.PathLike, head: str | None = None, generated_at: str | None = None,
-                cache: ContentsCache | None = None) -> dict:
+                cache: ContentsCache | None = None, workers: int = 1) -> dict:
     """Scan the whole repo and return the index document (see ``schemas/index.json``).
 
     ``cache`` (optional) skips re-parsing contract files whose bytes it has seen;
-    the document is the same with or without it.
+    the document is the same with or without it. ``workers`` > 1 splits a large
+    repo over forked processes (for single-threaded callers such as ``kz index``;
+    a threaded daemon should keep the default 1, since fork and threads mix badly).
     """
+    import gc
+
     root = Path(repo_root)
-    return _document(_scan(root, find_packages(root), cache, top_level=True), head, generated_at)
+    kernel_ids = find_packages(root)
+    parallel = (workers > 1 and len(kernel_ids) >= PARALLEL_MIN_PACKAGES
+                and "fork" in __import__("multiprocessing").get_all_start_methods())
+    enabled = gc.isenabled()
+    gc.disable()  # tens of thousands of small containers: collection passes would cost more than the scan
+    try:
+        if parallel:
+            entries = _scan_parallel(root, kernel_ids, cache, workers)
+        else:
+            entries = _scan(root, kernel_ids, cache, top_level=True)
+        return _document(entries, head, generated_at)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def update_index(doc: dict, repo_root: str | os.PathLike, kernel_ids: Iterable[str],
@@ -229,8 +279,8 @@ def update_index(doc: dict, repo_root: str | os.PathLike, kernel_ids: Iterable[s
 
 
 def dumps(doc: dict) -> str:
-    """The canonical JSON text of an index document (stable key order, UTF-8, trailing newline)."""
-    return json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    """The canonical JSON text of an index document: compact, stable key order, UTF-8, trailing newline."""
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
 
 
 def write_index(doc: dict, path: str | os.PathLike) -> Path:

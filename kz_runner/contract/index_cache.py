@@ -5,6 +5,9 @@ entry can never be stale: a changed file is a different key. The cache file also
 records a fingerprint of the validator (its sources and the schemas); a file
 written by another version is ignored. Filesystem-dependent checks (links,
 reference_sources, nested packages) are never cached: they run on every rebuild.
+Records written to disk keep only what the index reads (the primary metric's
+records and declaration per case), so an analysis restored from the file serves
+the index, not a full ``kz validate`` report.
 """
 from __future__ import annotations
 
@@ -44,10 +47,44 @@ def contents_key(kernel_id: str | None, files: dict[str, bytes | None]) -> str:
     return digest.hexdigest()
 
 
+def _slim_metas(metas: list | None) -> list | None:
+    """METAS keeping what the index reads: id, primary_metric and the primary metric's declaration."""
+    if metas is None:
+        return None
+    out: list = []
+    for meta in metas:
+        if not isinstance(meta, dict):
+            out.append(None)
+            continue
+        primary = meta.get("primary_metric")
+        declared = next((m for m in meta.get("metrics") or [] if isinstance(m, dict) and m.get("name") == primary),
+                        None)
+        out.append({"test_case_id": meta.get("test_case_id"), "primary_metric": primary,
+                    "metrics": [declared] if declared is not None else []})
+    return out
+
+
+def _slim_bench(bench: dict | None, metas: list | None) -> dict | None:
+    """The scorecard keeping, per case, correctness and the primary metric's records."""
+    if bench is None:
+        return None
+    primaries = {m.get("test_case_id"): m.get("primary_metric") for m in metas or [] if isinstance(m, dict)}
+    cases = []
+    for case in bench["cases"]:
+        primary = primaries.get(case["test_case_id"])
+        keep = {k: v for k, v in case.items() if k not in ("metrics_best", "metrics_current")}
+        for key in ("metrics_best", "metrics_current"):
+            keep[key] = {primary: case[key][primary]} if primary in case[key] else {}
+        cases.append(keep)
+    return {"cases": cases}
+
+
 def _to_record(an: Analysis) -> dict | None:
+    """What the index needs of an analysis, as JSON (the full documents stay in memory only)."""
     desc = None if an.desc is None else {k: an.desc[k] for k in _DESC_KEYS if k in an.desc}
     record = {"kernel_id": an.kernel_id, "problems": [p.to_json() for p in an.problems], "desc": desc,
-              "desc_valid": an.desc_valid, "bench": an.bench, "metas": an.metas}
+              "desc_valid": an.desc_valid, "bench": _slim_bench(an.bench, an.metas),
+              "metas": _slim_metas(an.metas)}
     try:
         json.dumps(record, allow_nan=False)
     except (TypeError, ValueError):
@@ -83,6 +120,23 @@ class ContentsCache:
         else:
             self.hits += 1
         return replace(found, problems=list(found.problems))
+
+    def export_used(self) -> tuple[list[str], dict[str, dict], int, int]:
+        """For a worker process: keys used, records of fresh analyses, hits, misses."""
+        fresh = {}
+        for key in self._used:
+            if key not in self._stored and key in self._memory:
+                record = _to_record(self._memory[key])
+                if record is not None:
+                    fresh[key] = record
+        return sorted(self._used), fresh, self.hits, self.misses
+
+    def absorb(self, used: list[str], fresh: dict[str, dict], hits: int, misses: int) -> None:
+        """Merge what a worker process's copy of this cache learned (see :meth:`export_used`)."""
+        self._used.update(used)
+        self._stored.update(fresh)
+        self.hits += hits
+        self.misses += misses
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ContentsCache":

@@ -14,6 +14,7 @@ Package code is never imported: Python files are read with ``ast``.
 """
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import stat
@@ -70,6 +71,10 @@ class Analysis:
                          arch=self.desc["category"]["arch"], status=self.desc["status"])
         if self.metas is not None:
             facts["test_case_ids"] = [m.get("test_case_id") for m in self.metas if isinstance(m, dict)]
+            try:  # the METAS themselves, when they are plain JSON (saves callers a second read)
+                facts["metas"] = json.loads(json.dumps(self.metas, allow_nan=False))
+            except (TypeError, ValueError):
+                pass
         return facts
 
     def report(self, subject: str, extra: dict | None = None) -> Report:

@@ -171,13 +171,35 @@ def schema_section(name: str, schema: dict) -> str:
 def codes_section() -> str:
     """The problem-code table (code, severity, area, meaning, what to do)."""
     lines = ["## Problem codes", "",
-             "Every finding of `kz validate` (and of the daemon's intake, which answers `VALIDATION_ERROR` "
-             "with these codes in its details) has one of these stable codes. `error` makes a package or "
+             "Every finding of `kz validate` (and of the daemon's intake, which runs the same validator and "
+             "reports the same codes) has one of these stable codes. `error` makes a package or "
              "tarball invalid; `warning` does not.", "",
              "| Code | Severity | Area | Meaning | What to do |", "| --- | --- | --- | --- | --- |"]
     for info in CODES.values():
         lines.append(f"| `{info.code}` | {info.severity} | {info.area} | {_escape(info.meaning)} | "
                      f"{_escape(info.hint)} |")
+    return "\n".join(lines) + "\n"
+
+
+def limits_section() -> str:
+    """The default tarball limits (``kz validate``/``kz pack`` use them; the daemon's kz.yaml may change them)."""
+    from dataclasses import fields
+
+    from .tarball import Limits
+
+    notes = {"compressed_bytes": "size of the .tar.gz file", "members": "files and directories",
+             "member_bytes": "one file, unpacked", "total_bytes": "all files, unpacked",
+             "ratio": "unpacked bytes / compressed bytes (a gzip bomb is stopped while reading)",
+             "ratio_floor": "the ratio is judged only past this many unpacked bytes"}
+    lines = ["## Tarball limits", "",
+             "A submission tarball may hold only regular files and directories under `<kernel_id>/`, "
+             "never `.kernel_package/bench_result.yaml`. Default limits (the daemon reads its own from "
+             "its config):", "", "| Limit | Default | Meaning |", "| --- | --- | --- |"]
+    defaults = Limits()
+    for item in fields(Limits):
+        value = getattr(defaults, item.name)
+        shown = f"{value // (1 << 20)} MiB" if isinstance(value, int) and value >= 1 << 20 else f"{value:g}"
+        lines.append(f"| `{item.name}` | {shown} | {notes.get(item.name, '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -190,9 +212,9 @@ def render(schemas: dict[str, dict] | None = None) -> str:
     names = sorted(schemas)
     toc = ["## Contents", ""]
     toc += [f"- [{n}](#{_anchor(n + ': ' + (schemas[n].get('title') or n))})" for n in names]
-    toc += ["- [Problem codes](#problem-codes)", ""]
+    toc += ["- [Tarball limits](#tarball-limits)", "- [Problem codes](#problem-codes)", ""]
     body = [schema_section(n, schemas[n]) for n in names]
-    return HEADER + "\n" + "\n".join(toc) + "\n" + "\n".join(body) + "\n" + codes_section()
+    return HEADER + "\n" + "\n".join(toc) + "\n" + "\n".join(body) + "\n" + limits_section() + "\n" + codes_section()
 
 
 def _anchor(title: str) -> str:

@@ -39,8 +39,8 @@ def default_paths(environ: dict | None = None) -> tuple[Path, Path]:
 
 def find_packages(repo_root: str | os.PathLike, under: str = "") -> list[str]:
     """kernel_ids of the top-level packages at or below ``under`` (packages are not entered)."""
-    root = Path(repo_root)
-    start = root / under if under else root
+    root = os.fspath(repo_root)
+    start = os.path.join(root, under) if under else root
     found: list[str] = []
     stack = [(start, under)]
     while stack:
@@ -56,7 +56,7 @@ def find_packages(repo_root: str | os.PathLike, under: str = "") -> list[str]:
             if entry.name == ".git" or is_ignored(entry.name) or entry.name == KERNEL_PACKAGE_DIR:
                 continue
             if entry.is_dir(follow_symlinks=False):
-                stack.append((Path(entry.path), f"{rel}/{entry.name}" if rel else entry.name))
+                stack.append((entry.path, f"{rel}/{entry.name}" if rel else entry.name))
     return sorted(found)
 
 
@@ -118,11 +118,12 @@ def kernel_entry(repo_root: str | os.PathLike, kernel_id: str, cache: ContentsCa
     ``top_level`` says the caller knows no ancestor directory is a package (what
     :func:`find_packages` returns), which saves the ancestor checks.
     """
-    root = Path(repo_root)
+    root = os.fspath(repo_root)
+    package_dir = os.path.join(root, kernel_id)
     if cache is None:
-        an = analyze_package_dir(root / kernel_id, kernel_id)
+        an = analyze_package_dir(package_dir, kernel_id)
     else:
-        an = analyze_package_dir(root / kernel_id, kernel_id, contents=cache.analyze)
+        an = analyze_package_dir(package_dir, kernel_id, contents=cache.analyze)
     outer = None if top_level else _ancestor_package(root, kernel_id)
     if outer is not None:
         an.problems.append(problem("NESTED_PACKAGE", f"inside the source area of package {outer!r}"))

@@ -287,7 +287,7 @@ def walk_package(package_dir: str | os.PathLike) -> list[Problem]:
     while stack:
         directory, rel = stack.pop()
         try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            entries = list(os.scandir(directory))
         except OSError as exc:
             out.append(problem("NOT_A_PACKAGE", f"cannot list {rel or '.'}: {exc.strerror}", file=rel or None))
             continue
@@ -304,6 +304,7 @@ def walk_package(package_dir: str | os.PathLike) -> list[Problem]:
                 stack.append((entry.path, sub))
             elif not entry.is_file(follow_symlinks=False):
                 out.append(problem("PACKAGE_SYMLINK", "special file (device, FIFO or socket)", file=sub))
+    out.sort(key=lambda p: (p.file or "", p.code))  # directory order is the filesystem's: sort once at the end
     return out
 
 

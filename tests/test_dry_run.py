@@ -32,8 +32,8 @@ def test_every_cpu_example_passes(pkg):
     assert result.ok, render_text(result)
     assert [s.name for s in result.steps] == ["validate", "build-1", "build-2", "idempotency", "benchmark",
                                               "output", "checks", "verdict"]
-    assert {r["test_case_id"] for r in result.rows} == set(result.verdict.document and
-                                                           [c["test_case_id"] for c in result.verdict.document["cases"]])
+    reported = [c["test_case_id"] for c in result.verdict.document["cases"]]
+    assert [r["test_case_id"] for r in result.rows] == reported and len(reported) >= 2
     assert all(r["correctness"] == "passed" and r["accept"] and r["value"] > 0 for r in result.rows)
 
 

@@ -121,6 +121,10 @@ class ContentsCache:
             self.hits += 1
         return replace(found, problems=list(found.problems))
 
+    def __len__(self) -> int:
+        """Number of analyses held (loaded from disk or computed)."""
+        return len(self._stored.keys() | self._memory.keys())
+
     def export_used(self) -> tuple[list[str], dict[str, dict], int, int]:
         """For a worker process: keys used, records of fresh analyses, hits, misses."""
         fresh = {}

@@ -173,9 +173,9 @@ def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
     """The desc.yaml reference_sources absent from ``files`` (None when desc.yaml is unreadable)."""
     raw = files.get(f"{KP}/desc.yaml")
     try:
-        desc = yaml.safe_load(raw[0]) if raw else None
+        desc = scorecard.load(raw[0]) if raw else None
     except yaml.YAMLError:
-        desc = None
+        desc = None  # unreadable: the validator already refused such packages at intake
     if not isinstance(desc, dict):
         return None
     missing = []

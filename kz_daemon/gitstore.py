@@ -38,6 +38,7 @@ FILE_MODE = 0o100644
 EXEC_MODE = 0o100755
 WORKTREE_MARK = "kz-worktree"  # file under .git: the tree SHA the checked-out files show
 INDEX_MARK = "kz-index"        # file under .git: the tree SHA git's index file matches
+TREE_CACHE = 4096              # parsed trees kept in memory
 
 # A change's value: file bytes, (bytes, mode), or None to delete the file or folder.
 Change = Union[bytes, "tuple[bytes, int]", None]
@@ -111,6 +112,9 @@ class GitStore:
         self.store = repo.object_store
         # Called after the objects are durable and before the branch moves (crash tests).
         self.before_ref_update: Callable[[], None] | None = None
+        # Trees are immutable by id: keep recently read ones parsed (the top levels of a
+        # 10,000-package repo are read on every lookup and every commit).
+        self._trees: dict[bytes, Tree] = {}
 
     # -- opening -------------------------------------------------------------------
     @classmethod
@@ -155,6 +159,16 @@ class GitStore:
             return None
         return self.store[commit_sha.encode()].tree
 
+    def tree(self, tree_id: bytes) -> Tree:
+        """The parsed tree ``tree_id`` (cached; trees never change)."""
+        found = self._trees.get(tree_id)
+        if found is None:
+            found = self.store[tree_id]
+            if len(self._trees) >= TREE_CACHE:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[tree_id] = found
+        return found
+
     def _lookup(self, path: str, commit_sha: str | None) -> tuple[int, bytes] | None:
         tree_id = self.tree_of(commit_sha if commit_sha is not None else self.head())
         if tree_id is None:
@@ -163,7 +177,7 @@ class GitStore:
         for part in [p for p in path.strip("/").split("/") if p]:
             if mode != TREE_MODE:
                 return None
-            tree = self.store[sha]
+            tree = self.tree(sha)
             try:
                 mode, sha = tree[part.encode()]
             except KeyError:
@@ -286,7 +300,7 @@ class GitStore:
         """Rebuild one folder: returns the new tree id, or None when it ends up empty."""
         entries: dict[bytes, tuple[int, bytes]] = {}
         if tree_id is not None and not node.clear:
-            for entry in self.store[tree_id].iteritems():
+            for entry in self.tree(tree_id).iteritems():
                 entries[entry.path] = (entry.mode, entry.sha)
         for name, child in node.children.items():
             if child is _DELETE:
@@ -315,7 +329,12 @@ class GitStore:
         return tree.id
 
     def _write_objects(self, objects: Iterable) -> None:
-        """Write loose objects; with fsync on, each new file and then its folder is fsynced."""
+        """Write loose objects; with fsync on, every new file and then its folder is fsynced.
+
+        The fsyncs run in a few threads at once (fsync releases the GIL), so the
+        filesystem can commit them in one journal transaction instead of one each.
+        """
+        files: list[str] = []
         dirs: set[str] = set()
         objects_dir = Path(self.store.path)
         for obj in objects:
@@ -324,17 +343,12 @@ class GitStore:
             if path.exists():
                 continue
             self.store.add_object(obj)
-            if self.fsync:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                dirs.add(str(path.parent))
-        if self.fsync:
+            files.append(str(path))
+            dirs.add(str(path.parent))
+        if self.fsync and files:
             dirs.add(str(objects_dir))
-            for directory in dirs:
-                _fsync_dir(directory)
+            _fsync_all(files)
+            _fsync_all(sorted(dirs))
 
     # -- maintenance ---------------------------------------------------------------
     def clear_stale_locks(self) -> list[str]:
@@ -480,6 +494,23 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_FSYNC_POOL = None
+
+
+def _fsync_all(paths: list[str]) -> None:
+    """fsync every path (files or folders), several at once."""
+    global _FSYNC_POOL
+    if len(paths) == 1:
+        _fsync_dir(paths[0])
+        return
+    if _FSYNC_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _FSYNC_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kz-fsync")
+    for _ in _FSYNC_POOL.map(_fsync_dir, paths):
+        pass
 
 
 def _rmtree(path: Path) -> None:

@@ -4,9 +4,11 @@ The document itself is built by the contract library (``kz_runner.contract.index
 ``build_index`` for a full scan, ``update_index`` for the kernels an accept
 touched), from the checked-out files, which ``GitStore.sync_files`` brings to HEAD
 first. This module adds the daemon's part: the atomic replace of ``DIR/index.json``
-(temp file, fsync, rename) and the ``index.updated`` event with a version that
-increases with every rewrite. A full rebuild at the same HEAD gives the identical
-document (tests/test_daemon_index.py).
+and the ``index.updated`` event with a version that increases with every rewrite.
+At 10,000 kernels the document is ~15 MB, so the file is assembled from cached
+per-kernel JSON fragments (one entry re-encoded per accept, compact C-encoded
+JSON). A full rebuild at the same HEAD gives the identical document
+(tests/test_daemon_index_mirror.py).
 """
 from __future__ import annotations
 
@@ -17,72 +19,24 @@ from typing import Any, Iterable
 
 
 def _lib():
-    try:
-        from kz_runner.contract import index as lib
-    except ImportError:  # until the contract library's index lands: the minimal builder below
-        import sys
+    from kz_runner.contract import index as lib
 
-        return sys.modules[__name__]
     return lib
 
 
-# -- minimal builder (used only while kz_runner.contract.index is missing) -------------
-def _entry(repo_root: Path, kernel_id: str) -> dict | None:
-    import yaml
-
-    kp = repo_root / kernel_id / ".kernel_package"
-    if not kp.is_dir():
-        return None
-    def load(name):
-        try:
-            return yaml.safe_load((kp / name).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            return None
-    desc = load("desc.yaml") or {}
-    bench = load("bench_result.yaml") or {}
-    files = ("desc.yaml", "bench_result.yaml", "build_test_env.py", "benchmark.py")
-    return {"kernel_id": kernel_id, "name": desc.get("name"), "category": desc.get("category"),
-            "status": desc.get("status"), "valid": all((kp / f).is_file() for f in files),
-            "cases": bench.get("cases") or []}
-
-
-def build_index(repo_root: Path, head: str | None = None, generated_at: str | None = None) -> dict:
-    """Minimal full index (fallback)."""
-    repo_root = Path(repo_root)
-    kernels = []
-    for kp in sorted(repo_root.rglob(".kernel_package")):
-        if ".git" in kp.parts:
-            continue
-        entry = _entry(repo_root, kp.parent.relative_to(repo_root).as_posix())
-        if entry is not None:
-            kernels.append(entry)
-    return {"schema_version": "1.0.0", "head": head, "generated_at": generated_at, "kernels": kernels}
-
-
-def update_index(doc: dict, repo_root: Path, kernel_ids: list, head: str | None = None,
-                 generated_at: str | None = None) -> dict:
-    """Minimal incremental update (fallback)."""
-    by_id = {k["kernel_id"]: k for k in doc.get("kernels", [])}
-    for kid in kernel_ids:
-        entry = _entry(Path(repo_root), kid)
-        if entry is None:
-            by_id.pop(kid, None)
-        else:
-            by_id[kid] = entry
-    return dict(doc, head=head, generated_at=generated_at, kernels=[by_id[k] for k in sorted(by_id)])
-
-
-def build(repo_root: Path, head: str | None = None, generated_at: str | None = None) -> dict[str, Any]:
-    """A full index document of the checked-out repo at ``repo_root``."""
-    return _lib().build_index(repo_root, head=head, generated_at=generated_at)
+def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,
+          cache: Any = None) -> dict[str, Any]:
+    """A full index document of the checked-out repo at ``repo_root`` (``cache``: a ContentsCache)."""
+    return _lib().build_index(repo_root, head=head, generated_at=generated_at, cache=cache)
 
 
 def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str], head: str | None = None,
-           generated_at: str | None = None) -> dict[str, Any]:
+           generated_at: str | None = None, cache: Any = None) -> dict[str, Any]:
     """``doc`` with the entries of ``kernel_ids`` recomputed from ``repo_root`` (a full build when None)."""
     if doc is None:
-        return build(repo_root, head, generated_at)
-    return _lib().update_index(doc, repo_root, list(kernel_ids), head=head, generated_at=generated_at)
+        return build(repo_root, head, generated_at, cache)
+    return _lib().update_index(doc, repo_root, list(kernel_ids), head=head, generated_at=generated_at,
+                               cache=cache)
 
 
 def kernel_count(doc: dict) -> int:
@@ -92,76 +46,246 @@ def kernel_count(doc: dict) -> int:
 
 
 def canonical(doc: dict) -> bytes:
-    """The bytes written to index.json (the contract library's canonical text when available)."""
-    lib = _lib()
-    if hasattr(lib, "dumps"):
-        return lib.dumps(doc).encode("utf-8")
-    return json.dumps(doc, ensure_ascii=False, indent=1).encode("utf-8") + b"\n"
+    """Compact JSON bytes of an index document (the C encoder: fast at 10,000 kernels)."""
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
 
 
-def write_atomic(path: Path, doc: dict) -> None:
-    """Replace ``path`` with ``doc`` atomically (temp file in the same folder, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(canonical(doc))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_PLACEHOLDER = "__KZ_KERNELS__"
+
+
+class IndexFile:
+    """index.json written from per-kernel JSON fragments, so an accept re-encodes one entry.
+
+    The file is a projection of HEAD: it is replaced atomically (temp file + rename)
+    but not fsynced; after a crash, recovery rebuilds it whenever the log's last
+    ``index.updated`` head differs from HEAD or the file does not parse.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fragments: dict[str, bytes] = {}
+
+    def reset(self, doc: dict) -> None:
+        """Encode every entry of ``doc`` afresh."""
+        self.fragments = {k["kernel_id"]: _encode(k) for k in doc.get("kernels", [])}
+
+    def refresh(self, doc: dict, kernel_ids: Iterable[str]) -> None:
+        """Re-encode the entries of ``kernel_ids`` (and drop those gone, nested ones included)."""
+        entries = {k["kernel_id"]: k for k in doc.get("kernels", [])}
+        for kid in kernel_ids:
+            for stale in [k for k in self.fragments if k == kid or k.startswith(kid + "/")]:
+                del self.fragments[stale]
+            for k, entry in entries.items():
+                if k == kid or k.startswith(kid + "/"):
+                    self.fragments[k] = _encode(entry)
+        if len(self.fragments) != len(entries):  # defensive: never write a partial list
+            self.reset(doc)
+
+    def write(self, doc: dict) -> None:
+        """Replace the file atomically with ``doc`` (kernels joined from the fragments)."""
+        head = json.dumps({**doc, "kernels": _PLACEHOLDER}, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
+        before, _sep, after = head.partition(json.dumps(_PLACEHOLDER).encode())
+        body = b",".join(self.fragments[k] for k in sorted(self.fragments))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(before + b"[" + body + b"]" + after + b"\n")
+        os.replace(tmp, self.path)
+
+
+def _encode(entry: dict) -> bytes:
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 class Indexer:
-    """Owns DIR/index.json for a Zoo (callers hold ``zoo.git_lock``)."""
+    """Owns DIR/index.json for a Zoo (callers of rebuild/update/catch_up hold ``zoo.git_lock``).
+
+    ``update`` (the accept saga's index step) recomputes the touched entries of the
+    in-memory document, which :meth:`current` serves at once; the ~15 MB file is
+    written by a background thread (coalescing bursts of accepts), which then emits
+    ``index.updated``. ``stop`` flushes. After a crash the file may lag HEAD:
+    :meth:`catch_up` (start-up recovery) updates it for the packages that changed
+    between its head and HEAD, or rebuilds it when it is unreadable.
+    """
 
     def __init__(self, zoo) -> None:
+        import threading
+
+        from kz_runner.contract.index_cache import ContentsCache
+
         self.zoo = zoo
         self.path: Path = zoo.config.paths.index
+        self.file = IndexFile(self.path)
         self._doc: dict | None = None
+        # Parsed contract files by content: a rebuild after a restart re-reads but does not re-parse.
+        self.cache_path = zoo.config.state_dir / "index-cache.json"
+        self.cache = ContentsCache.load(self.cache_path)
+        self._cond = threading.Condition()
+        self._dirty = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
 
-    def current(self) -> dict:
-        """The index document as last written (read from disk once, then kept in memory)."""
+    # -- reading -------------------------------------------------------------------
+    def _load(self) -> dict | None:
         if self._doc is None:
             try:
                 self._doc = json.loads(self.path.read_text(encoding="utf-8"))
+                self.file.reset(self._doc)
             except (FileNotFoundError, ValueError):
-                with self.zoo.git_lock:
-                    return self.rebuild()
+                self._doc = None
         return self._doc
 
-    def _publish(self, doc: dict) -> dict:
-        from kz_events import events as ev
+    def current(self) -> dict:
+        """The current index document (in memory; fresh right after an accept)."""
+        with self._cond:
+            doc = self._doc
+        if doc is not None:
+            return doc
+        with self.zoo.git_lock:
+            doc = self._load()
+            return doc if doc is not None else self.rebuild()
 
-        zoo = self.zoo
-        write_atomic(self.path, doc)
-        self._doc = doc
-        head = zoo.git.head()
-        zoo.store.emit(ev.IndexUpdated(version=zoo.store.state.index_version + 1, head=head,
-                                       kernels=kernel_count(doc)))
-        return doc
-
+    # -- writing -------------------------------------------------------------------
     def _stamp(self) -> tuple[str | None, str]:
         from kz_daemon.service import iso_now
 
         return self.zoo.git.head(), iso_now(self.zoo.clock)
 
+    def _write_now(self) -> None:
+        """Write the in-memory document and announce it (index.updated)."""
+        from kz_events import events as ev
+
+        with self._cond:
+            doc = self._doc
+            self._dirty = False
+            if doc is None:
+                return
+            self.file.write(doc)
+        zoo = self.zoo
+        with zoo.lock:
+            zoo.store.emit(ev.IndexUpdated(version=zoo.store.state.index_version + 1, head=doc.get("head"),
+                                           kernels=kernel_count(doc)))
+
     def rebuild(self) -> dict:
-        """Full rebuild from the repo at HEAD; writes and announces it."""
+        """Full rebuild from the repo at HEAD; written and announced before returning."""
         self.zoo.git.sync_files()
         head, now = self._stamp()
-        return self._publish(build(self.zoo.git.root, head, now))
+        doc = build(self.zoo.git.root, head, now, self.cache)
+        with self._cond:
+            self.file.reset(doc)
+            self._doc = doc
+        self.cache.save(self.cache_path)
+        self._write_now()
+        return doc
 
     def update(self, kernel_ids: Iterable[str]) -> dict:
-        """Recompute the entries of ``kernel_ids`` after an accept; writes and announces it."""
+        """Recompute the entries of ``kernel_ids`` after an accept; the file follows in the background."""
+        kernel_ids = list(kernel_ids)
         self.zoo.git.sync_files()
-        if self._doc is None:
-            try:
-                self._doc = json.loads(self.path.read_text(encoding="utf-8"))
-            except (FileNotFoundError, ValueError):
-                self._doc = None
+        old = self._load()
+        if old is None:
+            return self.rebuild()
         head, now = self._stamp()
-        return self._publish(update(self._doc, self.zoo.git.root, kernel_ids, head, now))
+        doc = update(old, self.zoo.git.root, kernel_ids, head, now, self.cache)
+        with self._cond:
+            self.file.refresh(doc, kernel_ids)
+            self._doc = doc
+            self._dirty = True
+            self._cond.notify_all()
+        if self._thread is None:  # not started (tools, tests): write synchronously
+            self._write_now()
+        return doc
+
+    def catch_up(self) -> str:
+        """Bring index.json to HEAD at start-up: 'current', 'updated' (changed packages only) or 'rebuilt'."""
+        git = self.zoo.git
+        head = git.head()
+        doc = self._load()
+        if head is None:
+            return "current"
+        if doc is None or not isinstance(doc.get("head"), str) or doc["head"].encode() not in git.store:
+            self.rebuild()
+            return "rebuilt"
+        if doc.get("head") == head and self.zoo.store.state.index_head == head:
+            return "current"
+        kernel_ids = changed_packages(git, doc["head"], head)
+        git.sync_files()
+        now = self._stamp()[1]
+        new = update(doc, git.root, kernel_ids, head, now, self.cache)
+        with self._cond:
+            self.file.refresh(new, kernel_ids)
+            self._doc = new
+        self._write_now()
+        return "updated"
+
+    # -- the writer thread ---------------------------------------------------------
+    def start(self) -> None:
+        """Start the background writer."""
+        import threading
+
+        self._thread = threading.Thread(target=self._run, name="kz-index-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        last = 0.0
+        while True:
+            with self._cond:
+                while not self._dirty and not self._stopping:
+                    self._cond.wait()
+                # At most one ~15 MB rewrite per WRITE_INTERVAL_S: a burst of accepts is one write,
+                # and the accept path's fsyncs do not queue behind index.json's writeback.
+                while not self._stopping and time.monotonic() - last < WRITE_INTERVAL_S:
+                    self._cond.wait(WRITE_INTERVAL_S - (time.monotonic() - last))
+                if self._stopping:
+                    return
+            last = time.monotonic()
+            try:
+                self._write_now()
+            except Exception as exc:  # the next accept or the stop retries
+                import sys
+
+                print(f"kz daemon: index.json not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the writer and flush a pending write; persist the parse cache."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self._dirty:
+            self._write_now()
+        self.cache.save(self.cache_path)
+
+    def save_cache(self) -> None:
+        """Persist the parse cache."""
+        self.cache.save(self.cache_path)
+
+
+def changed_packages(git, old_commit: str, new_commit: str) -> list[str]:
+    """kernel_ids whose package folder differs between two commits (present in either)."""
+    from dulwich.diff_tree import tree_changes
+
+    found: set[str] = set()
+    for change in tree_changes(git.store, git.tree_of(old_commit), git.tree_of(new_commit)):
+        for side, commit in ((change.old, old_commit), (change.new, new_commit)):
+            if side is None or side.path is None:
+                continue
+            parts = side.path.decode().split("/")
+            if KP_DIR in parts:
+                found.add("/".join(parts[:parts.index(KP_DIR)]))
+                continue
+            for i in range(len(parts) - 1, 0, -1):
+                prefix = "/".join(parts[:i])
+                if prefix in found or git.is_dir(f"{prefix}/{KP_DIR}", commit):
+                    found.add(prefix)
+                    break
+    return sorted(found)
+
+
+KP_DIR = ".kernel_package"
+WRITE_INTERVAL_S = 1.0

@@ -131,8 +131,10 @@ def policy_check(outcome: Outcome, facts: dict, git, allow_new: bool) -> Outcome
     if exists:
         import yaml
 
+        from kz_daemon.scorecard import load as load_yaml
+
         try:
-            head_desc = yaml.safe_load(head_desc_raw) or {}
+            head_desc = load_yaml(head_desc_raw) or {}
         except yaml.YAMLError:
             head_desc = {}
         if isinstance(head_desc, dict) and head_desc.get("status") == "frozen":

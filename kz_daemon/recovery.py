@@ -14,7 +14,8 @@ other daemon writes this state directory):
    nothing in git → the saga runs from the start); a saga that cannot finish
    (its stored package is gone) is rolled back when nothing reached git;
 6. leases that expired while the daemon was down are expired (requeued or failed);
-7. index.json is rebuilt when it is missing or was computed at another head.
+7. index.json is brought to HEAD: updated for the packages that changed since its
+   head, rebuilt when it is missing or unreadable.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class RecoveryReport:
     sagas_finished: list = field(default_factory=list)
     sagas_rolled_back: list = field(default_factory=list)
     leases_expired: int = 0
-    index_rebuilt: bool = False
+    index: str = "current"   # what happened to index.json: current | updated | rebuilt
 
 
 def recover(zoo) -> RecoveryReport:
@@ -68,11 +69,7 @@ def recover(zoo) -> RecoveryReport:
     report.leases_expired = queue.reap(zoo)
 
     with zoo.git_lock:
-        head = zoo.git.head()
-        state = zoo.store.state
-        if head is not None and (not zoo.indexer.path.exists() or state.index_head != head):
-            zoo.indexer.rebuild()
-            report.index_rebuilt = True
+        report.index = zoo.indexer.catch_up()
     return report
 
 

@@ -33,6 +33,9 @@ from typing import Any, Iterable
 
 import yaml
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 SENTINEL = "0000000"
 PENDING = "__PENDING_COMMIT__"
 SCHEMA_VERSION = "1.0.0"
@@ -116,15 +119,15 @@ def stamp(scorecard: dict, sha_src: str) -> dict[str, Any]:
 
 def dump(scorecard: dict) -> bytes:
     """The YAML bytes written to the repo (stable key order, so equal cards give equal blobs)."""
-    return yaml.safe_dump(scorecard, sort_keys=False, default_flow_style=False,
-                          allow_unicode=True).encode("utf-8")
+    return yaml.dump(scorecard, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True).encode("utf-8")
 
 
 def load(data: bytes | str | None) -> dict | None:
     """Parse a bench_result.yaml (None for None or anything that is not a mapping)."""
     if data is None:
         return None
-    doc = yaml.safe_load(data)
+    doc = yaml.load(data, Loader=_Loader)
     return doc if isinstance(doc, dict) else None
 
 

@@ -28,6 +28,8 @@ from kz_daemon.intake import Intake
 from kz_daemon.queue import Claim
 
 TERMINAL = ("accepted", "rejected", "failed", "cancelled")
+SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...
+SYNC_MAX_DELAY_S = 30.0  # ... but no longer than this
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class Zoo:
         self._watcher = spool.InboxWatcher(self.spool.inbox, self._wake_intake.set)
         self._runners: dict[str, dict] = {}
         self._counters = {"claims": 0, "intake_scans": 0}
+        self._last_accept = 0.0
         self.started = False
 
     # -- life cycle ------------------------------------------------------------------
@@ -123,6 +126,7 @@ class Zoo:
             thread.start()
             self._threads.append(thread)
         self.mirror.start()
+        self.indexer.start()
         self._wake_intake.set()
         self._wake_sync.set()
         self.started = True
@@ -138,6 +142,10 @@ class Zoo:
             thread.join(timeout)
         self.mirror.stop(timeout)
         self._threads.clear()
+        try:
+            self.indexer.stop(timeout)
+        except Exception as exc:  # the next start catches the index up
+            self._log(f"index.json not flushed: {type(exc).__name__}: {exc}")
         with self.lock, self.git_lock:
             self.store.close()
             self.git.close()
@@ -168,23 +176,28 @@ class Zoo:
                 self._log(f"lease reaper failed: {type(exc).__name__}: {exc}")
 
     def _sync_loop(self) -> None:
+        # git's index file costs ~1 s of CPU to rewrite at 50,000 entries: wait for a quiet
+        # moment (no accept for SYNC_QUIET_S, at most SYNC_MAX_DELAY_S) so it does not
+        # compete with accepts for the GIL.
         while not self._stop.is_set():
             self._wake_sync.wait(30.0)
             self._wake_sync.clear()
+            first = time.monotonic()
+            while not self._stop.is_set() and time.monotonic() - self._last_accept < SYNC_QUIET_S \
+                    and time.monotonic() - first < SYNC_MAX_DELAY_S:
+                self._stop.wait(SYNC_QUIET_S / 4)
             if self._stop.is_set():
                 break
             try:
                 with self.git_lock:
                     self.git.sync_files()
-                # The index rewrite is slow at scale; it only needs the files, not the lock
-                # for long: take it once, briefly, per sync.
-                with self.git_lock:
                     self.git.sync_index()
             except Exception as exc:
                 self._log(f"worktree sync failed: {type(exc).__name__}: {exc}")
 
     def after_accept(self, head: str) -> None:
         """Wake the background work that follows an accept (worktree/index sync, mirrors)."""
+        self._last_accept = time.monotonic()
         self._wake_sync.set()
         self.mirror.notify(head)
 

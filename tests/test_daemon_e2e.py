@@ -67,9 +67,9 @@ def test_accept_gives_exactly_two_commits(zoo, tmp_path):
     card = yaml.safe_load(zoo.git.read_file(bench_path))
     shas = {r["commit_sha"] for c in card["cases"] for r in c["metrics_current"].values()}
     assert shas == {commit1.sha}
-    assert zoo.store.state.index_version > index_version
-    index = json.loads(zoo.config.paths.index.read_text())
-    assert any(k["kernel_id"] == AXPY_ID for k in index["kernels"])
+    assert zoo.index()["head"] == commit2.sha  # in memory at once; the file follows
+    wait_for(lambda: zoo.store.state.index_version > index_version
+             and json.loads(zoo.config.paths.index.read_text())["head"] == commit2.sha)
     if GIT:
         git(zoo.git.root, "fsck", "--strict")
         assert git(zoo.git.root, "rev-parse", "HEAD").strip() == commit2.sha

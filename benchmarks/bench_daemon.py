@@ -1,0 +1,191 @@
+"""Daemon core benchmark: intake rate, accept-saga latency at 10,000 packages, index rebuild time.
+
+Usage: python benchmarks/bench_daemon.py [--json] [--packages 10000] [--accepts 100] [--intake 300]
+
+Prints ONE JSON object with --json:
+  intake_per_s     tarballs per second from the drop into spool/inbox to ``queued``
+                   (watchdog-woken intake: claim, safe tarball checks, validation, policy,
+                   pending/ write, three durable events)
+  accept_p50_ms    latency of ``report_result`` for an accepted result on a repo of
+  accept_p99_ms    --packages packages (hard checks, commit 1, commit 2, both fsynced,
+                   worktree files, incremental index.json, five durable events)
+  index_rebuild_s  full ``build_index`` of the --packages repo
+plus machine facts. Targets (2-core dev machine): intake >= 100/s, accept p99 <= 200 ms,
+rebuild <= 3 s. Everything runs on real files in a temporary directory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
+
+
+def machine() -> dict:
+    """Facts about the machine the figures come from."""
+    import dulwich
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
+            "platform": platform.platform(), "dulwich": ".".join(map(str, dulwich.__version__))}
+
+
+def kernel_id(i: int) -> str:
+    """The i-th synthetic package: 100 op classes x 100 implementations."""
+    return f"cpu/Op{i // 100:03d}/Axpy/fp32/impl{i % 100:03d}"
+
+
+def seed_repo(repo: Path, packages: int) -> None:
+    """A repo with ``packages`` copies of the CPU Axpy package (5+ files each), one commit, checked out."""
+    from kz_daemon.gitstore import GitStore, format_message
+
+    base = package_files(AXPY_DIR)
+    bench = (AXPY_DIR / ".kernel_package/bench_result.yaml").read_text()
+    desc = base[".kernel_package/desc.yaml"].decode()
+    changes = {}
+    for i in range(packages):
+        kid = kernel_id(i)
+        parts = kid.split("/")
+        for rel, data in base.items():
+            if rel.endswith("desc.yaml"):
+                data = desc.replace("op_class: Elementwise", f"op_class: {parts[1]}").encode()
+            changes[f"{kid}/{rel}"] = data
+        changes[f"{kid}/.kernel_package/bench_result.yaml"] = bench.replace(AXPY_ID, kid).encode()
+    git = GitStore.init(repo, fsync=False)
+    git.commit_changes(changes, format_message("seed", {"Kz-Step": "seed"}), "bench <b@b>", None)
+    git.sync_worktree()
+    git.close()
+
+
+def result_for(kid: str, latency: float) -> dict:
+    """A valid accepting benchmark_output document for the Axpy METAS."""
+    cases = [{"test_case_id": cid, "correctness": "passed", "accept": True,
+              "metrics": [{"name": "latency_us", "value": latency}, {"name": "gbps", "value": 10.0}]}
+             for cid in ("n4k", "n64k", "n1m")]
+    return {"schema_version": "1.0.0", "kernel_id": kid, "ran_at": "2026-01-01T00:00:00Z",
+            "overall": {"accept": True, "build_ok": True, "accept_reason": "bench"}, "cases": cases}
+
+
+def wait_until(predicate, timeout: float = 600.0) -> None:
+    """Poll until ``predicate()`` (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark step did not finish")
+        time.sleep(0.002)
+
+
+def bench_intake(work: Path, count: int) -> float:
+    """Tarballs/s from drop to queued on a small repo."""
+    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.service import Zoo
+
+    config = init_state_dir(work / "intake", seed_from=ROOT / "examples")
+    blobs = [axpy_tarball(mutate=lambda f, i=i: f.__setitem__("src/n.txt", str(i).encode()))
+             for i in range(count)]
+    zoo = Zoo(config)
+    zoo.start()
+    try:
+        t0 = time.perf_counter()
+        for i, data in enumerate(blobs):
+            drop_into_inbox(config.paths.spool, f"b{i}.tar.gz", data)
+        wait_until(lambda: zoo.store.state.status_counts.get("queued", 0) >= count)
+        elapsed = time.perf_counter() - t0
+    finally:
+        zoo.stop()
+    return count / elapsed
+
+
+def bench_accept(work: Path, packages: int, accepts: int) -> tuple[list[float], float]:
+    """Accept latencies (ms) on a repo of ``packages`` packages, and the full index rebuild time (s)."""
+    from kz_daemon import indexer
+    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.service import Zoo
+
+    state = work / "accept"
+    state.mkdir()
+    t0 = time.perf_counter()
+    seed_repo(state / "repo", packages)
+    print(f"seeded {packages} packages in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    config = init_state_dir(state)
+    t0 = time.perf_counter()
+    indexer.build(config.paths.repo)
+    rebuild_s = time.perf_counter() - t0
+    zoo = Zoo(config)
+    zoo.start()  # recovery writes the first index.json
+    try:
+        kids = [kernel_id(i * (packages // accepts)) for i in range(accepts)]
+        for n, kid in enumerate(kids):
+            drop_into_inbox(config.paths.spool, f"a{n}.tar.gz", axpy_tarball(kid))
+        wait_until(lambda: zoo.store.state.status_counts.get("queued", 0) >= accepts)
+        claims = [zoo.claim("bench", "cpu", 0) for _ in kids]
+        latencies = []
+        for n, c in enumerate(claims):
+            t = time.perf_counter()
+            view = zoo.report_result(c.uuid, "bench", c.lease_id, result_for(c.kernel_id, 1.0 + n), b"", {}, None)
+            latencies.append((time.perf_counter() - t) * 1000)
+            assert view.status == "accepted", view.reasons
+    finally:
+        zoo.stop()
+    return latencies, rebuild_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the three measurements and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--packages", type=int, default=10_000)
+    parser.add_argument("--accepts", type=int, default=100)
+    parser.add_argument("--intake", type=int, default=300)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="kz-bench-", dir=os.environ.get("KZ_BENCH_DIR")))
+    try:
+        intake = bench_intake(work, args.intake)
+        latencies, rebuild_s = bench_accept(work, args.packages, args.accepts)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = {
+        "intake_per_s": round(intake, 1),
+        "accept_p50_ms": round(statistics.median(latencies), 2),
+        "accept_p99_ms": round(percentile(latencies, 0.99), 2),
+        "accept_max_ms": round(max(latencies), 2),
+        "index_rebuild_s": round(rebuild_s, 3),
+        "packages": args.packages, "accepts": args.accepts, "intake_count": args.intake,
+        "fsync": True,
+        "machine": machine(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

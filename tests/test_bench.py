@@ -362,3 +362,14 @@ def test_harness_usage_error_exits_2(tmp_path):
     with pytest.raises(SystemExit) as exc:
         bench.Harness.from_argv(["benchmark.py"], tmp_path / "x.py", [META], regression_tolerance=0.05)
     assert exc.value.code == 2
+
+
+@pytest.mark.gpu
+def test_gpu_clock_uses_events_and_flushes_twice_the_l2():
+    import cupy as cp
+
+    x = cp.arange(1 << 20, dtype=cp.float32)
+    t = bench.time_fn(lambda a: a * 2, bench.copies([x], 2), device="gpu", min_reps=10, budget_s=0.5)
+    assert t.device == "gpu" and t.l2_flush_bytes == 2 * bench.l2_cache_bytes(cp) > 0
+    assert t.stats.n >= 10 and t.stats.median > 0
+    assert bench.detect_arch().startswith(("sm_", "gfx"))

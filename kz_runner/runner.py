@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,8 +58,9 @@ class RunnerConfig:
     once: bool = False
     # seconds one claim long-poll waits for a job
     wait_s: float = 30.0
-    # where job directories are made (one work root per runner; it is locked)
-    work_root: Path = Path("kz-runner-work")
+    # where job directories are made (one work root per runner; it is locked); None: a fresh
+    # temporary directory, removed when the runner exits
+    work_root: Path | None = None
     # this runner's name, passed to packages as KZ_RUNNER_ID and shown in logs
     runner_id: str = "runner"
     # host name sent with claims
@@ -149,6 +151,8 @@ class Runner:
         self._grace_timer: threading.Timer | None = None
         self._cupy_facts: dict[str, Any] | None = None
         self._lock_fd: int | None = None
+        self._temp_root = config.work_root is None
+        self.work_root = Path(config.work_root) if config.work_root is not None else None
 
     def __repr__(self) -> str:
         return f"Runner({self.config.runner_id!r}, {self.config.server!r})"
@@ -197,7 +201,9 @@ class Runner:
 
     def _prepare_work_root(self) -> str | None:
         """Lock the work root and clear what a killed runner left; an error text or None."""
-        root = Path(self.config.work_root)
+        if self.work_root is None:
+            self.work_root = Path(tempfile.mkdtemp(prefix=f"kz-runner-{self.config.runner_id}-"))
+        root = self.work_root
         try:
             root.mkdir(parents=True, exist_ok=True)
             os.chmod(root, 0o700)
@@ -239,6 +245,8 @@ class Runner:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+            if self._temp_root and self.work_root is not None:
+                shutil.rmtree(self.work_root, ignore_errors=True)
 
     def _detect(self) -> None:
         if self.arch is None:
@@ -252,7 +260,7 @@ class Runner:
     def _serve(self) -> int:
         self._detect()
         self.log(f"serving {self.config.server} for arch {self.arch}, gpu {self.config.gpu}, "
-                 f"work root {self.config.work_root}" + (", one job" if self.config.once else ""))
+                 f"work root {self.work_root}" + (", one job" if self.config.once else ""))
         failures = 0
         claim_retry = RetryPolicy(attempts=1)
         backoff = RetryPolicy(attempts=1, base_s=1.0, cap_s=30.0)
@@ -306,7 +314,7 @@ class Runner:
         interval = max(0.5, claim.lease_seconds / 3.0)
         keeper = LeaseKeeper(self.client, claim, cancel, interval, self.log)
         keeper.start()
-        tarball = Path(self.config.work_root) / f"{claim.uuid}.tar.gz"
+        tarball = self.work_root / f"{claim.uuid}.tar.gz"
         try:
             try:
                 size = self.client.fetch_package(claim, tarball, max_bytes=self.config.max_package_bytes)
@@ -319,7 +327,7 @@ class Runner:
                 if not (isinstance(exc, ApiError) and exc.code == "LEASE_LOST"):
                     self._release(claim, f"package download failed: {exc}")
                 return False
-            outcome = self.job_step(tarball, Path(self.config.work_root), self._settings(claim), cancel=cancel)
+            outcome = self.job_step(tarball, self.work_root, self._settings(claim), cancel=cancel)
             if keeper.lost.is_set():
                 self.log("the lease was lost while running; the outcome is dropped")
                 return False

@@ -368,3 +368,17 @@ def test_a_second_runner_on_the_same_work_root_is_refused(zoo, tmp_path):
     finally:
         first.send_signal(signal.SIGTERM)
         finish(first)
+
+
+def test_without_a_work_root_a_temporary_one_is_used_and_removed(zoo, tmp_path):
+    uuid = zoo.add(pack_fixture("ok", tmp_path), f"{PREFIX}/ok")
+    env = {k: v for k, v in os.environ.items() if k not in ("KZ_SERVER",)}
+    env.update(KZ_RUNNER_TOKEN=TOKEN, TMPDIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "kz_daemon", "runner", "--server", zoo.url, "--arch", "cpu",
+                           "--once", "--wait", "5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert uuid in zoo.results
+    line = next(l for l in proc.stderr.splitlines() if "work root" in l)
+    root = Path(line.split("work root ", 1)[1].split(",")[0])
+    assert root.parent == tmp_path and root.name.startswith("kz-runner-")
+    assert not root.exists()

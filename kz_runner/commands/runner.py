@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=30.0, metavar="S",
                         help="seconds each claim long-poll waits for a job (with --once: the whole wait)")
     parser.add_argument("--work-root", default=None, metavar="DIR",
-                        help="directory for job workdirs, one per runner (default: $TMPDIR/kz-runner-<id>)")
+                        help="directory for job workdirs, one per runner, locked while it runs "
+                             "(default: a fresh temporary directory, removed at exit)")
     parser.add_argument("--runner-id", default=None, metavar="NAME",
                         help="this runner's name in logs and KZ_RUNNER_ID (default: <host>-gpu<N>)")
     parser.add_argument("--grace", type=float, default=60.0, metavar="S",
@@ -113,13 +114,12 @@ def run(args: argparse.Namespace) -> int:
         _reexec_with_pipe(args, token)  # does not return
     os.environ.pop(TOKEN_ENV, None)
 
-    import tempfile
     from pathlib import Path
 
     from kz_runner.runner import Runner, RunnerConfig, default_runner_id
 
     runner_id = args.runner_id or default_runner_id(args.gpu)
-    work_root = Path(args.work_root) if args.work_root else Path(tempfile.gettempdir()) / f"kz-runner-{runner_id}"
+    work_root = Path(args.work_root) if args.work_root else None
     try:
         config = RunnerConfig(server=args.server, gpu=args.gpu, arch=args.arch, once=args.once, wait_s=args.wait,
                               work_root=work_root, runner_id=runner_id, grace_s=args.grace,

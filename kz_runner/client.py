@@ -166,14 +166,6 @@ def _error_from_http(exc: urllib.error.HTTPError) -> ApiError:
     return ApiError(exc.code, code, message, details)
 
 
-class _StreamBody:
-    """A re-readable request body: ``chunks()`` yields the bytes anew for each attempt."""
-
-    def __init__(self, make: Callable[[], Iterator[bytes]], length: int) -> None:
-        self.make = make
-        self.length = length
-
-
 class ZooClient:
     """One server, one token; thread-safe (no shared connection state)."""
 

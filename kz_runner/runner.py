@@ -31,7 +31,7 @@ from typing import Any, Callable, TextIO
 
 from kz_runner import envinfo
 from kz_runner.arch import detect_arch
-from kz_runner.client import ApiError, Claim, ClientError, NetworkError, ResponseTooLarge, RetryPolicy, ZooClient
+from kz_runner.client import ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
 from kz_runner.job import UNPACK_FAILED, JobOutcome, JobSettings, execute_job
 
 MiB = 1024 * 1024
@@ -267,9 +267,14 @@ class Runner:
         import random
 
         rng = random.Random()
+        # --once: the server caps each long poll (60 s by default); keep asking until --wait is over.
+        once_deadline = time.monotonic() + self.config.wait_s
         while not self._stopping.is_set():
+            wait = self.config.wait_s
+            if self.config.once:
+                wait = max(0.0, round(once_deadline - time.monotonic(), 3))
             try:
-                claim = self.client.claim(self.arch, self.config.wait_s, host=self.config.host,
+                claim = self.client.claim(self.arch, wait, host=self.config.host,
                                           gpu=self.config.gpu, retry=claim_retry)
                 failures = 0
             except ApiError as exc:
@@ -290,7 +295,7 @@ class Runner:
                 self._stopping.wait(backoff.delay(min(failures, 6), rng))
                 continue
             if claim is None:
-                if self.config.once:
+                if self.config.once and time.monotonic() >= once_deadline - 0.05:
                     self.log(f"no job within {self.config.wait_s:g} s")
                     return EXIT_OK
                 continue

@@ -42,6 +42,7 @@ class ProtocolServer:
         self.fail_reports = 0          # answer this many result reports with 503 first
         self.revoke_after_renewals = None  # answer LEASE_LOST once this many renewals went through
         self.claims = 0
+        self.max_wait = 60.0           # the server's cap on one claim long poll
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -119,7 +120,7 @@ class ProtocolServer:
                 self._error(404, "NOT_FOUND", self.path)
 
             def _claim(self, body):
-                deadline = time.monotonic() + float(body.get("wait", 0))
+                deadline = time.monotonic() + min(float(body.get("wait", 0)), outer.max_wait)
                 with outer.cond:
                     outer.claims += 1
                     while True:
@@ -382,3 +383,13 @@ def test_without_a_work_root_a_temporary_one_is_used_and_removed(zoo, tmp_path):
     root = Path(line.split("work root ", 1)[1].split(",")[0])
     assert root.parent == tmp_path and root.name.startswith("kz-runner-")
     assert not root.exists()
+
+
+def test_once_keeps_polling_through_server_capped_waits_until_a_job_comes(zoo, tmp_path):
+    zoo.max_wait = 0.2
+    proc = start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "60")
+    assert zoo.wait_for(lambda: zoo.claims >= 3, 30)
+    uuid = zoo.add(pack_fixture("ok", tmp_path), f"{PREFIX}/ok")
+    code, err = finish(proc)
+    assert code == 0, err
+    assert uuid in zoo.results

@@ -165,7 +165,7 @@ class Runner:
         try:
             self.stream.write(f"{stamp} kz-runner[{self.config.runner_id}] {message}\n")
             self.stream.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError, RuntimeError):  # RuntimeError: re-entered from a signal handler
             pass
 
     def request_stop(self, hard: bool = False) -> None:

@@ -139,6 +139,12 @@ class TokenStore:
                 found = Principal(entry.kind, entry.id)
         return found
 
+    def principals(self) -> list[Principal]:
+        """Every principal that holds at least one token, sorted, each listed once."""
+        with self._lock:
+            self._load()
+            return sorted({Principal(e.kind, e.id) for e in self._entries}, key=lambda p: (p.kind, p.id))
+
     def has(self, kind: str, principal_id: str) -> bool:
         """Whether a token for ``(kind, principal_id)`` is stored."""
         with self._lock:

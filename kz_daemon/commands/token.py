@@ -1,0 +1,65 @@
+"""``kz token``: issue, list and revoke the bearer tokens of runners, submitters and admins.
+
+Tokens are stored hashed in ``DIR/auth.yaml``; a running daemon picks changes up
+without a restart. ``issue`` prints the plaintext once (or writes it, mode 0600, to
+``--out`` for a systemd credential or a Slurm job) — it cannot be recovered later.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+NAME = "token"
+HELP = "issue, list or revoke runner/submitter/admin tokens of a state directory"
+KINDS = ("runner", "submitter", "admin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default="kz-data", help="state directory (default ./kz-data)")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    issue = sub.add_parser("issue", help="create a token and print it once")
+    issue.add_argument("kind", choices=KINDS)
+    issue.add_argument("id", help="runner id, submitter id or admin name the token maps to")
+    issue.add_argument("--out", type=Path, help="write the token to this file (mode 0600) instead of stdout")
+    revoke = sub.add_parser("revoke", help="remove every token of a principal")
+    revoke.add_argument("kind", choices=KINDS)
+    revoke.add_argument("id")
+    listing = sub.add_parser("list", help="list the principals that hold tokens")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kz_daemon.auth import TokenStore, write_secret
+
+    state = Path(args.state_dir)
+    if not state.is_dir():
+        print(f"kz token: {state} is not a state directory (create one with kz up or kz daemon)", file=sys.stderr)
+        return 2
+    store = TokenStore(state / "auth.yaml")
+    if args.action == "issue":
+        token = store.issue(args.kind, args.id)
+        if args.out:
+            write_secret(args.out, token)
+            print(f"{args.kind} token for {args.id} written to {args.out}", file=sys.stderr)
+        else:
+            print(token)
+        return 0
+    if args.action == "revoke":
+        removed = store.revoke(args.kind, args.id)
+        if not removed:
+            print(f"kz token: no {args.kind} token for {args.id!r}", file=sys.stderr)
+            return 1
+        print(f"revoked {removed} {args.kind} token(s) of {args.id}", file=sys.stderr)
+        return 0
+    if args.action == "list":
+        principals = store.principals()
+        if args.json:
+            print(json.dumps([{"kind": p.kind, "id": p.id} for p in principals]))
+        else:
+            for p in principals:
+                print(f"{p.kind:10} {p.id}")
+        return 0
+    print("kz token: name an action: issue, list or revoke", file=sys.stderr)
+    return 2

@@ -1,0 +1,40 @@
+"""``kz token`` issues tokens the token store accepts, lists principals, and revokes them."""
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+
+from kz_daemon.auth import Principal, TokenStore
+
+
+def kz(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "kz_daemon", *args], capture_output=True, text=True, **kw)
+
+
+def test_issue_list_revoke(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    out = kz("token", "--state-dir", str(state), "issue", "runner", "gpu-host-3")
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip()
+    assert TokenStore(state / "auth.yaml").verify(token) == Principal("runner", "gpu-host-3")
+
+    secret = tmp_path / "creds" / "sub.token"
+    out = kz("token", "--state-dir", str(state), "issue", "submitter", "alice", "--out", str(secret))
+    assert out.returncode == 0, out.stderr
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert TokenStore(state / "auth.yaml").verify(secret.read_text().strip()) == Principal("submitter", "alice")
+
+    listed = json.loads(kz("token", "--state-dir", str(state), "list", "--json").stdout)
+    assert listed == [{"kind": "runner", "id": "gpu-host-3"}, {"kind": "submitter", "id": "alice"}]
+
+    assert kz("token", "--state-dir", str(state), "revoke", "runner", "gpu-host-3").returncode == 0
+    assert TokenStore(state / "auth.yaml").verify(token) is None
+    assert kz("token", "--state-dir", str(state), "revoke", "runner", "gpu-host-3").returncode == 1
+
+
+def test_missing_state_dir_and_missing_action_are_usage_errors(tmp_path):
+    assert kz("token", "--state-dir", str(tmp_path / "nope"), "list").returncode == 2
+    assert kz("token", "--state-dir", str(tmp_path)).returncode == 2

@@ -42,7 +42,7 @@ class KernelHistory:
         self.branch = branch.encode()
         self.max_points = max_points
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[bytes, str], list[HistoryPoint]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[bytes, list[HistoryPoint]]] = OrderedDict()
         self._cache_size = cache_size
 
     def _repo(self) -> Repo | None:
@@ -98,7 +98,12 @@ class KernelHistory:
         return out[0], out[1]
 
     def accepted(self, kernel_id: str) -> list[HistoryPoint]:
-        """The kernel's accepted runs, oldest first (at most ``max_points``, the newest ones)."""
+        """The kernel's accepted runs, oldest first (at most ``max_points``, the newest ones).
+
+        Cached per kernel; when the branch moved, only the commits since the cached
+        head are walked (the branch only moves forward), so a page load after an
+        accept costs the new commits, not the whole history.
+        """
         repo = self._repo()
         if repo is None:
             return []
@@ -106,22 +111,25 @@ class KernelHistory:
             head = self._head(repo)
             if head is None:
                 return []
-            key = (head, kernel_id)
             with self._lock:
-                hit = self._cache.get(key)
-            if hit is not None:
-                return hit
+                cached = self._cache.get(kernel_id)
+            if cached is not None and cached[0] == head:
+                return cached[1]
             path = f"{kernel_id}/.kernel_package/bench_result.yaml"
-            points: list[HistoryPoint] = []
-            walker = repo.get_walker(include=[head], paths=[path.encode()], max_entries=self.max_points)
+            exclude = [cached[0]] if cached is not None and cached[0] in repo.object_store else []
+            newest_first: list[HistoryPoint] = []
+            walker = repo.get_walker(include=[head], exclude=exclude, paths=[path.encode()],
+                                     max_entries=self.max_points)
             for entry in walker:
                 commit = entry.commit
                 point = _point(commit.id.decode(), commit.commit_time, self._read(repo, commit.id, path))
                 if point is not None:
-                    points.append(point)
-        points.reverse()
+                    newest_first.append(point)
+        points = (list(cached[1]) if exclude else []) + list(reversed(newest_first))
+        points = points[-self.max_points:]
         with self._lock:
-            self._cache[key] = points
+            self._cache[kernel_id] = (head, points)
+            self._cache.move_to_end(kernel_id)
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return points

@@ -208,13 +208,15 @@ async def kernel_page(request: Request) -> Response:
             for p in problems) + "</ul>"
     primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
     series: dict[str, list[tuple[float, float, str]]] = {}
-    for point in points:
+    # x is the accept's rank (accepts often share a second; ranks keep them apart)
+    for rank, point in enumerate(points, start=1):
         for case_id, metrics in point.metrics.items():
             metric = primaries.get(case_id) or next(iter(metrics), None)
             if metric in metrics:
-                tip = (f"{case_id} {metric}={fmt_value(metrics[metric])} by {point.submitter} "
+                tip = (f"#{rank} {case_id} {metric}={fmt_value(metrics[metric])} by {point.submitter} "
                        f"({short_sha(point.commit_sha)}, {when(point.time)})")
-                series.setdefault(f"{case_id}: {metric}", []).append((point.time, metrics[metric], tip))
+                series.setdefault(f"{case_id}: {metric}", []).append((rank, metrics[metric], tip))
+    x_labels = (f"#1 {when(points[0].time)}", f"#{len(points)} {when(points[-1].time)}") if points else None
     history_rows = [[h(when(p.time)), h(p.submitter), h(short_sha(p.commit_sha)),
                      h("; ".join(f"{c}: {fmt_value(m.get(primaries.get(c) or '', next(iter(m.values()), None)))}"
                                  for c, m in sorted(p.metrics.items())))]
@@ -227,7 +229,7 @@ async def kernel_page(request: Request) -> Response:
         + (table(["case", "metric", "best", "best by", "best commit", "current", "current by",
                   "current commit", "correctness"], _scorecard_rows(scorecard, entry), cls="scorecard")
            if scorecard else '<p class="empty">No scorecard.</p>')
-        + "<h2>Accepted history</h2>" + svg_chart(series)
+        + "<h2>Accepted history</h2>" + svg_chart(series, x_labels=x_labels)
         + (table(["when", "submitter", "commit", "primary metric per case"], history_rows, cls="history")
            if history_rows else "")
         + "<h2>io_signature</h2>" + _io_table(desc.get("io_signature"))

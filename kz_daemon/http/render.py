@@ -175,8 +175,11 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 
 def svg_chart(series: Mapping[str, Sequence[tuple[float, float, str]]], *, width: int = 640,
-              height: int = 240, unit: str = "") -> str:
-    """An inline SVG line chart: ``{label: [(x epoch, y value, tooltip), ...]}``; no external assets."""
+              height: int = 240, unit: str = "", x_labels: tuple[str, str] | None = None) -> str:
+    """An inline SVG line chart: ``{label: [(x, y value, tooltip), ...]}``; no external assets.
+
+    ``x`` is epoch seconds (labelled as dates) unless ``x_labels`` names the two ends.
+    """
     points = [p for pts in series.values() for p in pts]
     if not points:
         return '<p class="empty">No accepted runs yet.</p>'
@@ -203,8 +206,9 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float, str]]], *, width
         f'<rect x="{pad_l}" y="{pad_t}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
         f'<text x="{pad_l - 4}" y="{pad_t + 10}" text-anchor="end" font-size="11">{h(fmt_value(y1))}</text>',
         f'<text x="{pad_l - 4}" y="{pad_t + plot_h}" text-anchor="end" font-size="11">{h(fmt_value(y0))}</text>',
-        f'<text x="{pad_l}" y="{height - 20}" font-size="11">{h(when(x0))}</text>',
-        f'<text x="{width - pad_r}" y="{height - 20}" text-anchor="end" font-size="11">{h(when(x1))}</text>',
+        f'<text x="{pad_l}" y="{height - 20}" font-size="11">{h(x_labels[0] if x_labels else when(x0))}</text>',
+        f'<text x="{width - pad_r}" y="{height - 20}" text-anchor="end" font-size="11">'
+        f'{h(x_labels[1] if x_labels else when(x1))}</text>',
         f'<text x="4" y="{pad_t + plot_h / 2:.0f}" font-size="11">{h(unit)}</text>',
     ]
     legend_x = pad_l

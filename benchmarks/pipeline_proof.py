@@ -13,7 +13,9 @@ What it measures (issue 6, "proof on the H200"):
 
 Every figure comes from the submissions' own status documents (``kz submit --json``).
 
-    python3 benchmarks/pipeline_proof.py --out DIR [--resubmits 20] [--gpus 0,1] [PKG ...]
+    python3 benchmarks/pipeline_proof.py --out DIR [--resubmits 20] [--gpus 0,1] [PKG[:N] ...]
+
+``PKG:N`` resubmits that package N times instead of ``--resubmits``.
 
 Needs the daemon's dependencies importable (on the device machine: wheels installed to a
 ``--target`` folder on PYTHONPATH) and CuPy. Prints a table last; writes
@@ -90,11 +92,11 @@ def stats(values: list[float]) -> dict:
             "spread_pct": 100.0 * (max(values) / min(values) - 1.0) if min(values) > 0 else None}
 
 
-def solo_phase(url: str, packages: list[str], resubmits: int) -> dict:
-    """Each package ``resubmits`` times in a row, one package after the other (one GPU busy)."""
-    out = {}
-    for pkg in packages:
-        runs = []
+def solo_phase(url: str, packages: dict[str, int], save) -> dict:
+    """Each package its count of times in a row, one package after the other (one GPU busy)."""
+    out: dict[str, list] = {}
+    for pkg, resubmits in packages.items():
+        runs = out.setdefault(pkg, [])
         for i in range(resubmits):
             t0 = time.monotonic()
             doc = submit(url, pkg, "proof-solo")
@@ -103,7 +105,7 @@ def solo_phase(url: str, packages: list[str], resubmits: int) -> dict:
                          "commit_sha": doc.get("commit_sha"), "wall_s": time.monotonic() - t0})
             print(f"solo {pkg} {i + 1}/{resubmits}: {doc.get('status')} {case_values(doc)}",
                   file=sys.stderr, flush=True)
-        out[pkg] = runs
+            save(out)
     return out
 
 
@@ -167,12 +169,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", default=DEFAULT_PACKAGES)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "pipeline-proof")))
-    parser.add_argument("--resubmits", type=int, default=20)
+    parser.add_argument("--resubmits", type=int, default=20, help="resubmissions per package (PKG:N overrides)")
     parser.add_argument("--concurrent-resubmits", type=int, default=5)
     parser.add_argument("--gpus", default="0", help="comma-separated GPU indices, one runner each")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gpus = [g for g in args.gpus.split(",") if g]
+    counts: dict[str, int] = {}
+    for spec in args.packages:
+        pkg, _, n = spec.partition(":")
+        counts[pkg] = int(n) if n else args.resubmits
 
     from kz_daemon.auth import TokenStore
     from kz_daemon.runtime import init_state_dir
@@ -195,8 +201,13 @@ def main() -> int:
     daemon = subprocess.Popen(kz_argv("up", "--state-dir", str(state), "--port", str(port), "--no-runner"),
                               stdout=daemon_log, stderr=subprocess.STDOUT)
     runners: list[subprocess.Popen] = []
-    result: dict = {"machine": machine_facts(), "packages": args.packages, "gpus": gpus,
-                    "resubmits": args.resubmits}
+    result: dict = {"machine": machine_facts(), "packages": counts, "gpus": gpus}
+
+    def save(partial_solo: dict | None = None) -> None:
+        if partial_solo is not None:
+            result["solo"] = partial_solo
+        (args.out / "pipeline_proof.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+
     try:
         wait_ready(url)
 
@@ -209,21 +220,16 @@ def main() -> int:
 
         start_runner(0)
         t0 = time.monotonic()
-        result["solo"] = solo_phase(url, args.packages, args.resubmits)
+        result["solo"] = solo_phase(url, counts, save)
         result["solo_wall_s"] = time.monotonic() - t0
         result["concurrent"] = None
         if len(gpus) > 1:
             for i in range(1, len(gpus)):
                 start_runner(i)
             t0 = time.monotonic()
-            result["concurrent"] = concurrent_phase(url, args.packages, args.concurrent_resubmits)
+            result["concurrent"] = concurrent_phase(url, list(counts), args.concurrent_resubmits)
             result["concurrent_wall_s"] = time.monotonic() - t0
         result["summary"] = summarise(result["solo"], result["concurrent"])
-        audit = subprocess.run(kz_argv("audit", "--state-dir", str(state)), capture_output=True, text=True)
-        result["audit"] = {"exit": audit.returncode, "output": audit.stdout[-2000:]}
-        git_log = subprocess.run(["git", "-C", str(state / "repo"), "log", "--oneline"],
-                                 capture_output=True, text=True)
-        result["commits"] = len(git_log.stdout.splitlines())
     finally:
         for proc in runners + [daemon]:
             proc.terminate()
@@ -234,7 +240,17 @@ def main() -> int:
                 proc.kill()
         for log in logs:
             log.close()
-        (args.out / "pipeline_proof.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+        save()
+    # audited once everything has stopped: the log, git and index.json must agree
+    audit = subprocess.run(kz_argv("audit", "--state-dir", str(state)), capture_output=True, text=True)
+    result["audit"] = {"exit": audit.returncode, "output": audit.stdout[-2000:]}
+    try:
+        git_log = subprocess.run(["git", "-C", str(state / "repo"), "log", "--oneline"],
+                                 capture_output=True, text=True)
+        result["commits"] = len(git_log.stdout.splitlines())
+    except OSError:
+        result["commits"] = None
+    save()
 
     print(f"{'case':64} {'median':>10} {'cv %':>6} {'rejects':>8} {'xtalk %':>8}")
     for key, row in result.get("summary", {}).items():

@@ -89,8 +89,8 @@ def load_state(events_dir: Path | str) -> State:
 
     log = EventLog.open(events_dir, readonly=True)
     try:
-        found = load_newest(Path(events_dir), REDUCER_VERSION, log.check_position)
-        state, start = (found[0], found[1]) if found else (State(), None)
+        state, start, _ = load_newest(Path(events_dir), REDUCER_VERSION, log.check_position)
+        state = state if state is not None else State()
         replay_into(log, state, start)
         return state
     finally:

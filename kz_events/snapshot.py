@@ -103,8 +103,9 @@ def read_snapshot(path: Path) -> tuple[dict, Position, dict]:
 
 
 def load_newest(events_dir: Path, reducer_version: int,
-                check: Callable[[Position], bool]) -> tuple[State, Position, list[str]] | None:
-    """The newest usable snapshot as (state, position, notes on skipped ones), or None.
+                check: Callable[[Position], bool]
+                ) -> tuple[State | None, Position | None, list[str]]:
+    """The newest usable snapshot as (state, position, notes on skipped ones); (None, None, notes) if none.
 
     ``check(position)`` must confirm the log still holds that line (``EventLog.check_position``).
     """
@@ -130,4 +131,4 @@ def load_newest(events_dir: Path, reducer_version: int,
             return state, pos, notes
         except (SnapshotError, OSError, ValueError, KeyError, TypeError) as exc:
             notes.append(f"{path.name}: {exc}; ignored")
-    return None
+    return None, None, notes

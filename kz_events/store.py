@@ -99,11 +99,12 @@ class Store:
             report = OpenReport(repair=None, snapshot_seq=None, replayed=0, notes=[])
             state, start = State(), None
             if use_snapshots:
-                found = load_newest(events_dir, REDUCER_VERSION, log.check_position)
-                if found is not None:
-                    state, start, notes = found
+                snap_state, snap_pos, notes = load_newest(events_dir, REDUCER_VERSION,
+                                                          log.check_position)
+                report["notes"].extend(notes)
+                if snap_state is not None:
+                    state, start = snap_state, snap_pos
                     report["snapshot_seq"] = start.seq
-                    report["notes"].extend(notes)
             report["replayed"] = replay_into(log, state, start)
             store = cls(log, state, clock, snapshot_every=snapshot_every,
                         snapshot_keep=snapshot_keep, fsync=fsync, report=report)

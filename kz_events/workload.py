@@ -126,3 +126,15 @@ def _simulate(rng: random.Random, n_events: int, *, kernels: int = 20,
         elif state.queue.pending and rng.random() < 0.1:
             uuid = rng.choice(list(state.queue.pending))
             yield push(E.JobCancelled(uuid, "operator", "test cancel"))
+
+
+def build_log(events_dir, n_events: int, seed: int = 0, *, batch: int = 50, **store_options):
+    """Write a simulated log of ``n_events`` into ``events_dir`` (no fsync); returns the State."""
+    from kz_events.store import Store
+
+    store_options.setdefault("fsync", False)
+    events = list(simulate(random.Random(seed), n_events))
+    with Store.open(events_dir, **store_options) as store:
+        for i in range(0, len(events), batch):
+            store.emit(*events[i:i + batch])
+        return store.state

@@ -1,0 +1,228 @@
+"""The pure reducer: the submission lifecycle, refusals, fairness, state serialization."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kz_events import events as E
+from kz_events.reducer import (InvalidTransition, SequenceGap, apply, apply_record, checkpoint,
+                               fold, next_claimable, restore)
+from kz_events.codec import Envelope, decode_line, encode, line_hash, GENESIS
+from kz_events.state import State
+from kz_events.workload import new_uuid, simulate
+
+TS = "2026-11-30T06:00:00.000001Z"
+SRC, BR = "1" * 40, "2" * 40
+
+
+def push(state: State, *events: E.Event) -> State:
+    for ev in events:
+        apply_record(state, state.seq + 1, TS, ev.TYPE, ev.payload())
+    return state
+
+
+def received(uuid="u1", kid="sm_90/A/x/fp16/k", arch="sm_90"):
+    return [E.SubmissionReceived(uuid, kid, "alice", "http", "p.tar.gz", 10, "a" * 64),
+            E.SubmissionValidated(uuid, kid, arch, True, ["W1"]),
+            E.JobQueued(uuid, kid, arch)]
+
+
+def running(uuid="u1", kid="sm_90/A/x/fp16/k", lease="L1", attempt=1):
+    return received(uuid, kid) + [E.JobClaimed(uuid, "r1", lease, 100.0, attempt)]
+
+
+def accepted(uuid="u1", kid="sm_90/A/x/fp16/k"):
+    return running(uuid, kid) + [
+        E.ResultReported(uuid, "r1", "L1", "c" * 64, True, True,
+                         [{"test_case_id": "c", "correctness": "passed"}], {}),
+        E.AcceptStarted(uuid, kid, None), E.AcceptSourceCommitted(uuid, SRC, None),
+        E.AcceptScorecardCommitted(uuid, SRC, BR), E.AcceptCompleted(uuid, SRC, BR)]
+
+
+def test_full_lifecycle_to_accepted():
+    state = push(State(), *accepted())
+    sub = state.submissions["u1"]
+    assert [h[1] for h in sub.history] == ["received", "queued", "running", "accepting", "accepted"]
+    assert sub.status == "accepted" and sub.sha_src == SRC and sub.sha_br == BR
+    assert sub.attempts == 1 and sub.warnings == ["W1"] and sub.result["cases"] == 1
+    kernel = state.kernels["sm_90/A/x/fp16/k"]
+    assert (kernel.head_src, kernel.head_br, kernel.accepted, kernel.in_flight) == (SRC, BR, 1, None)
+    assert not state.queue.pending and not state.queue.in_flight
+    assert state.status_counts == {"received": 0, "queued": 0, "running": 0, "accepting": 0,
+                                   "accepted": 1}
+    assert state.seq == 9
+
+
+def test_lease_expiry_puts_the_job_back_in_line_and_counts_the_attempt():
+    state = push(State(), *running(), E.JobLeaseExpired("u1", "r1", "L1", 1))
+    sub = state.submissions["u1"]
+    assert sub.status == "queued" and sub.attempts == 1
+    assert "u1" in state.queue.pending and not state.queue.in_flight
+    assert state.kernels[sub.kernel_id].in_flight is None
+    push(state, E.JobClaimed("u1", "r2", "L2", 200.0, 2))
+    assert state.queue.in_flight["u1"].lease_id == "L2"
+
+
+REFUSED = [
+    ("result for a job not in flight", received(),
+     E.ResultReported("u1", "r1", "L1", "c" * 64, True, True, [], {})),
+    ("result with a stale lease", running(),
+     E.ResultReported("u1", "r1", "OLD", "c" * 64, True, True, [], {})),
+    ("a second accept", accepted(), E.AcceptCompleted("u1", SRC, BR)),
+    ("a second accept saga", accepted(), E.AcceptStarted("u1", "sm_90/A/x/fp16/k", None)),
+    ("a claim of a running job", running(), E.JobClaimed("u1", "r1", "L9", 1.0, 2)),
+    ("a wrong attempt number", received(), E.JobClaimed("u1", "r1", "L1", 1.0, 2)),
+    ("an unknown submission", [], E.JobQueued("nope", "k", "a")),
+    ("a second receipt", received(), received()[0]),
+    ("scorecard before source", running() + [
+        E.ResultReported("u1", "r1", "L1", "c" * 64, True, True, [], {}),
+        E.AcceptStarted("u1", "sm_90/A/x/fp16/k", None)], E.AcceptScorecardCommitted("u1", SRC, BR)),
+    ("accept of a rejected result", running() + [
+        E.ResultReported("u1", "r1", "L1", "c" * 64, False, True, [], {})],
+     E.AcceptStarted("u1", "sm_90/A/x/fp16/k", None)),
+    ("renewal by another runner", running(), E.JobLeaseRenewed("u1", "r2", "L1", 5.0)),
+    ("cancel of a finished one", accepted(), E.JobCancelled("u1", "op", "late")),
+    ("queue under another kernel", received()[:2], E.JobQueued("u1", "other/k", "sm_90")),
+    ("index going back", [E.IndexUpdated(3, None, 1)], E.IndexUpdated(2, None, 1)),
+]
+
+
+@pytest.mark.parametrize("history, event", [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_impossible_transitions_are_refused_and_change_nothing(history, event):
+    state = push(State(), *history)
+    before = state.copy()
+    with pytest.raises(InvalidTransition) as info:
+        push(state, event)
+    assert info.value.seq == len(history) + 1
+    assert state == before
+
+
+def test_second_job_of_a_kernel_cannot_be_claimed_while_one_is_in_flight():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(), *running("u1", kid), *received("u2", kid))
+    assert next_claimable(state, "sm_90") is None
+    with pytest.raises(InvalidTransition, match="in flight"):
+        push(state, E.JobClaimed("u2", "r2", "L2", 1.0, 1))
+
+
+def test_sequence_gap_is_refused():
+    state = push(State(), *received())
+    with pytest.raises(SequenceGap, match="expected seq 4"):
+        apply_record(state, 5, TS, "job.claimed", E.JobClaimed("u1", "r", "l", 1.0, 1).payload())
+
+
+def test_next_claimable_is_round_robin_across_kernels():
+    state = State()
+    for i in range(5):
+        push(state, *received(f"a{i}", "sm_90/A/x/fp16/burst"))
+    push(state, *received("b0", "sm_90/B/x/fp16/other"))
+    assert next_claimable(state, "sm_90") == "a0"
+    push(state, E.JobClaimed("a0", "r", "L", 1.0, 1))
+    assert next_claimable(state, "sm_90") == "b0"        # the burst's kernel is busy
+    push(state, E.JobFailed("a0", "X", "x"))
+    # a1 is older than b0, but kernel B has never been served: B first
+    assert next_claimable(state, "sm_90") == "b0"
+    assert next_claimable(state, "gfx928") is None
+    assert next_claimable(state, "sm_90", exclude={"b0"}) == "a1"
+    assert next_claimable(state) == "b0"
+
+
+def test_a_requeued_job_keeps_its_place_in_line():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(), *running("u1", kid), *received("u2", kid))
+    push(state, E.JobReleased("u1", "r1", "L1", "shutdown"))
+    assert state.kernels[kid].pending == ["u1", "u2"]
+    assert next_claimable(state, "sm_90") == "u1"
+
+
+def test_checkpoint_and_restore_undo_a_partial_batch():
+    state = push(State(), *received("u0"))
+    before = state.copy()
+    batch = accepted("u1", "sm_90/B/x/fp16/k")
+    memo = checkpoint(state, [e.payload() for e in batch])
+    push(state, *batch)
+    restore(state, memo)
+    assert state == before
+
+
+def test_state_json_round_trip():
+    state = fold_events(list(simulate(random.Random(5), 3000)))
+    doc = json.loads(json.dumps(state.to_json()))
+    assert State.from_json(doc) == state
+    with pytest.raises(ValueError):
+        State.from_json({**doc, "submission_fields": ["uuid"]})
+
+
+def fold_events(events) -> State:
+    return push(State(), *events)
+
+
+def test_apply_takes_envelopes_and_replay_of_lines_equals_the_incremental_state():
+    events = list(simulate(random.Random(9), 1500))
+    incremental = fold_events(events)
+    prev, envelopes = GENESIS, []
+    for seq, ev in enumerate(events, 1):
+        line, _ = encode(ev, seq, TS, prev)
+        prev = line_hash(line)
+        envelopes.append(decode_line(line))
+    assert fold(envelopes) == incremental
+    state = State()
+    for env in envelopes:
+        assert apply(state, env) is state
+    assert state == incremental
+
+
+def _fuzz_event(rng: random.Random, state: State) -> E.Event:
+    uuids = list(state.submissions) or ["nobody"]
+    u = rng.choice(uuids + [new_uuid(rng)])
+    sub = state.submissions.get(u)
+    kid = sub.kernel_id if sub and rng.random() < 0.8 else "sm_90/Z/z/fp16/z"
+    lease = state.queue.in_flight.get(u)
+    lid = lease.lease_id if lease and rng.random() < 0.8 else "L?"
+    rid = lease.runner_id if lease and rng.random() < 0.8 else "r?"
+    attempt = (sub.attempts if sub else 0) + rng.choice((0, 1, 1, 2))
+    sha = rng.choice((sub.sha_src if sub else None, SRC)) or SRC
+    br = rng.choice((sub.sha_br if sub else None, BR)) or BR
+    return rng.choice([
+        E.SubmissionReceived(u, kid, "s", "http", "f", 1, "a" * 64),
+        E.SubmissionValidated(u, kid, "sm_90", False, []),
+        E.SubmissionRejected(u, "result", "C", "m", {}),
+        E.JobQueued(u, kid, "sm_90"),
+        E.JobClaimed(u, rid, lid, 1.0, max(1, attempt)),
+        E.JobLeaseRenewed(u, rid, lid, 2.0),
+        E.JobLeaseExpired(u, rid, lid, max(1, attempt)),
+        E.JobReleased(u, rid, lid, "r"),
+        E.JobRequeued(u, "r"),
+        E.JobCancelled(u, "op", "r"),
+        E.JobFailed(u, "C", "m"),
+        E.ResultReported(u, rid, lid, "c" * 64, rng.random() < 0.7, True, [], {}),
+        E.AcceptStarted(u, kid, None),
+        E.AcceptSourceCommitted(u, sha, None),
+        E.AcceptScorecardCommitted(u, sha, br),
+        E.AcceptCompleted(u, sha, br),
+        E.AcceptRolledBack(u, "r"),
+        E.IndexUpdated(state.index_version + rng.choice((0, 1)), None, 1),
+    ])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 400), tries=st.integers(1, 30))
+def test_refused_events_leave_the_state_exactly_as_it_was(seed, n, tries):
+    rng = random.Random(seed)
+    state = fold_events(simulate(rng, n))
+    for _ in range(tries):
+        ev = _fuzz_event(rng, state)
+        before = state.copy()
+        try:
+            push(state, ev)
+        except InvalidTransition:
+            assert state == before
+        else:  # accepted: the state must still serialize and count consistently
+            assert sum(state.status_counts.values()) == len(state.submissions)
+            assert State.from_json(json.loads(json.dumps(state.to_json()))) == state
+        for kid, kernel in state.kernels.items():
+            assert (kid in state.queue.waiting_kernels) == bool(kernel.pending)
+        assert set(state.queue.pending) == {u for k in state.kernels.values() for u in k.pending}

@@ -7,8 +7,11 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 from kz_runner import job
 from kz_runner.contract import checks
+from kz_runner.procs import run_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runner"
 PREFIX = "cpu/Test/Runner/fp32"
@@ -188,3 +191,15 @@ def test_keep_workdir_and_a_read_only_tree_is_still_removed(tmp_path):
 def test_runner_failure_codes_are_the_wire_codes():
     assert set(job.FAILURE_CODES) - {job.CANCELLED} == {
         "UNPACK_FAILED", "BUILD_FAILED", "BUILD_TIMEOUT", "BENCHMARK_TIMEOUT", "BENCHMARK_CRASHED", "BAD_OUTPUT"}
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_host_the_steps_see_exactly_the_runner_gpu(tmp_path):
+    code = ("import cupy\nfrom cupy.cuda import runtime\n"
+            "print(runtime.getDeviceCount(), runtime.getDeviceProperties(0)['pciBusID'])")
+    env = job.child_env(job.JobSettings(gpu="0"), tmp_path)
+    res = run_step([job.JobSettings().python, "-c", code], cwd=tmp_path, env=env, timeout_s=120,
+                   stdout_cap=4096, stderr_cap=65536)
+    assert res.ok, res.stderr.decode(errors="replace")
+    count, _bus = res.stdout.split()
+    assert count == b"1"

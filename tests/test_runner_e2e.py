@@ -156,6 +156,7 @@ def test_a_runner_killed_mid_job_loses_the_lease_and_another_runner_finishes(liv
     assert doc["attempts"] == 2
     types = [e["type"] for e in events_of(live, uuid)]
     assert "job.lease_expired" in types and types.count("job.claimed") == 2
+    assert "job.lease_renewed" in types  # r2's run outlasts one lease: it was renewed while running
     assert "job.released" not in types
 
 

@@ -5,6 +5,8 @@ import doctest
 import json
 import platform
 
+import pytest
+
 from kz_runner import __version__, envinfo
 
 
@@ -62,3 +64,15 @@ def test_collect_probes_cupy_in_a_child():
     env = envinfo.collect(0, "cpu", "r1")
     assert "cupy_version" in env["cupy"] or "cupy_error" in env["cupy"]
     json.dumps(env)
+
+
+@pytest.mark.gpu
+def test_collect_on_a_gpu_names_the_device_and_versions():
+    from kz_runner.arch import detect_arch
+
+    probe = detect_arch(0)
+    env = envinfo.collect(0, probe.arch, "r1")
+    assert env["cupy"]["cupy_version"] and env["cupy"]["runtime_version"] > 0
+    assert env["gpu_name"] == probe.device_name
+    if env.get("nvidia_smi"):
+        assert "temperature.gpu" in env["nvidia_smi"] or "clocks.sm" in env["nvidia_smi"]

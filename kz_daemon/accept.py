@@ -215,7 +215,7 @@ def run_saga(zoo, sub_uuid: str) -> None:
     from kz_events import events as ev
 
     with zoo.git_lock:
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.state.submissions[sub_uuid]  # only the saga changes an accepting submission
         if sub.status != "accepting":
             return
         kid = sub.kernel_id

@@ -81,12 +81,13 @@ class IndexFile:
         if len(self.fragments) != len(entries):  # defensive: never write a partial list
             self.reset(doc)
 
-    def write(self, doc: dict) -> None:
+    def write(self, doc: dict, fragments: dict[str, bytes] | None = None) -> None:
         """Replace the file atomically with ``doc`` (kernels joined from the fragments)."""
+        fragments = self.fragments if fragments is None else fragments
         head = json.dumps({**doc, "kernels": _PLACEHOLDER}, ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode("utf-8")
         before, _sep, after = head.partition(json.dumps(_PLACEHOLDER).encode())
-        body = b",".join(self.fragments[k] for k in sorted(self.fragments))
+        body = b",".join(fragments[k] for k in sorted(fragments))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
@@ -122,6 +123,7 @@ class Indexer:
         self.cache_path = zoo.config.state_dir / "index-cache.json"
         self.cache = ContentsCache.load(self.cache_path)
         self._cond = threading.Condition()
+        self._write_lock = threading.Lock()
         self._dirty = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -156,14 +158,17 @@ class Indexer:
         """Write the in-memory document and announce it (index.updated)."""
         from kz_events import events as ev
 
-        with self._cond:
-            doc = self._doc
-            self._dirty = False
-            if doc is None:
-                return
-            self.file.write(doc)
-        zoo = self.zoo
-        with zoo.lock:
+        # _write_lock orders writes and their events (never zoo.lock here: callers may
+        # hold git_lock); the snapshot is taken under _cond, the slow write outside it.
+        with self._write_lock:
+            with self._cond:
+                doc = self._doc
+                self._dirty = False
+                if doc is None:
+                    return
+                fragments = dict(self.file.fragments)
+            self.file.write(doc, fragments)
+            zoo = self.zoo
             zoo.store.emit(ev.IndexUpdated(version=zoo.store.state.index_version + 1, head=doc.get("head"),
                                            kernels=kernel_count(doc)))
 

@@ -170,16 +170,36 @@ class Intake:
         """Claim and decide every file in work/ and the inbox; returns how many were decided."""
         count = 0
         for claimed in spool.claimed_files(self.dirs):
-            self.process(claimed)
+            self.process_guarded(claimed)
             count += 1
         known = self.store.state.submissions.__contains__
         for path in spool.inbox_files(self.dirs):
             claimed = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u),
                                   self.clock_iso)
             if claimed is not None:
-                self.process(claimed)
+                self.process_guarded(claimed)
                 count += 1
         return count
+
+    def process_guarded(self, claimed: Claimed) -> None:
+        """:meth:`process`, but a file that makes the checks crash is rejected (INTAKE_FAILED), not retried forever."""
+        from kz_events.store import StoreBroken, StoreClosed
+
+        try:
+            self.process(claimed)
+        except (StoreBroken, StoreClosed, OSError):
+            raise  # the daemon's own trouble: the next scan retries this file
+        except Exception as exc:  # a poison file must not block the spool
+            if claimed.uuid in self.store.state.submissions:
+                raise
+            meta = dict(claimed.meta)
+            meta.setdefault("sha256", "0" * 64)
+            outcome = reject(str(meta.get("kernel_id") or ""), "INTAKE_FAILED",
+                             f"the checks failed on this file ({type(exc).__name__}); the operator's log "
+                             "has the details", error=f"{type(exc).__name__}: {exc}"[:500])
+            self._record(claimed.uuid, meta, outcome, claimed.tarball, {})
+            self._emit(claimed.uuid, meta, outcome)
+            self._cleanup(claimed)
 
     def _outcome_exists(self, sub_uuid: str) -> bool:
         return (self.pending_dir / sub_uuid).exists() or (self.dirs.rejected / sub_uuid).exists()

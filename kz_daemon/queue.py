@@ -55,7 +55,7 @@ def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
 
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
-        with zoo.lock:
+        with zoo.lock, zoo.store.lock:  # store.lock: the state is not folded while we read it
             state = zoo.store.state
             sub_uuid = next_claimable(state, arch)
             if sub_uuid is not None:
@@ -79,11 +79,12 @@ def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
 
 def check_lease(zoo, sub_uuid: str, runner_id: str, lease_id: str | None):
     """The submission if ``runner_id`` holds lease ``lease_id`` on it; else ZooError NOT_FOUND/LEASE_LOST."""
-    state = zoo.store.state
-    sub = state.submissions.get(sub_uuid)
+    with zoo.store.lock:
+        state = zoo.store.state
+        sub = state.submissions.get(sub_uuid)
+        lease = state.queue.in_flight.get(sub_uuid)
     if sub is None:
         raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
-    lease = state.queue.in_flight.get(sub_uuid)
     if lease is None or lease.runner_id != runner_id or (lease_id is not None and lease.lease_id != lease_id):
         raise ZooError("LEASE_LOST", f"runner {runner_id} holds no lease on {sub_uuid} "
                        f"(status {sub.status}); abandon the job", {"uuid": sub_uuid, "status": sub.status})
@@ -128,7 +129,7 @@ def reap(zoo, now: float | None = None) -> int:
 
     now = float(zoo.clock()) if now is None else now
     count = 0
-    with zoo.lock:
+    with zoo.lock, zoo.store.lock:
         state = zoo.store.state
         for sub_uuid, lease in list(state.queue.in_flight.items()):
             if lease.expires_at > now:
@@ -145,7 +146,7 @@ def cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
     """Cancel a submission that has not reached its accept saga; CONFLICT once it has."""
     from kz_events import events as ev
 
-    with zoo.lock:
+    with zoo.lock, zoo.store.lock:
         sub = zoo.store.state.submissions.get(sub_uuid)
         if sub is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
@@ -159,8 +160,7 @@ def cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
 # -- the runner's tarball -----------------------------------------------------------
 def runner_package(zoo, sub_uuid: str, runner_id: str) -> Path:
     """The tar.gz the lease holder runs: the submission plus the current (or seed) scorecard."""
-    with zoo.lock:
-        sub, _lease = check_lease(zoo, sub_uuid, runner_id, None)
+    sub, _lease = check_lease(zoo, sub_uuid, runner_id, None)
     folder = zoo.config.paths.pending / sub_uuid
     kid = sub.kernel_id
     with zoo.git_lock:

@@ -93,8 +93,10 @@ class Zoo:
         config.ensure_dirs()
         self.spool = spool.SpoolDirs(config.paths.spool)
         self.spool.ensure()
-        self.lock = threading.RLock()      # decisions: read state + emit
-        self.git_lock = threading.RLock()  # every git access
+        # Lock order (never take an earlier one while holding a later one):
+        #   lock (decisions: read state + emit)  ->  git_lock (every git access)  ->  store.lock
+        self.lock = threading.RLock()
+        self.git_lock = threading.RLock()
         self.store = Store.open(config.paths.events, clock=clock)
         self.git = GitStore.open_or_init(config.paths.repo, config.repo.branch, config.repo.fsync, clock)
         self.intake = Intake(config, self.store, self.git, self.git_lock, ev, lambda: iso_now(clock))
@@ -107,6 +109,7 @@ class Zoo:
         self._threads: list[threading.Thread] = []
         self._watcher = spool.InboxWatcher(self.spool.inbox, self._wake_intake.set)
         self._runners: dict[str, dict] = {}
+        self._runners_lock = threading.Lock()  # innermost: never held while taking another lock
         self._counters = {"claims": 0, "intake_scans": 0}
         self._last_accept = 0.0
         self.started = False
@@ -219,26 +222,29 @@ class Zoo:
         """Wait until the submission is past intake (queued or later, or rejected); its view."""
         deadline = time.monotonic() + timeout
         while True:
-            state = self.store.state
-            sub = state.submissions.get(sub_uuid)
-            if sub is not None and sub.status != "received":
-                return view_of(sub, state.seq)
+            with self.store.lock:
+                state = self.store.state
+                sub = state.submissions.get(sub_uuid)
+                view = view_of(sub, state.seq) if sub is not None else None
+                seq = state.seq
+            if view is not None and view.status != "received":
+                return view
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                if sub is not None:
-                    return view_of(sub, state.seq)
-                return SubmissionView(uuid=sub_uuid, kernel_id="", submitter_id="", status="received",
-                                      seq=state.seq)
+                return view or SubmissionView(uuid=sub_uuid, kernel_id="", submitter_id="", status="received",
+                                              seq=seq)
             self._wake_intake.set()
-            self.store.wait_for_change(state.seq, min(remaining, 0.5))
+            self.store.wait_for_change(seq, min(remaining, 0.5))
 
     def submission(self, sub_uuid: str) -> SubmissionView:
         """The current view of a submission; ZooError NOT_FOUND for an unknown uuid."""
-        state = self.store.state
-        sub = state.submissions.get(sub_uuid)
-        if sub is None:
+        with self.store.lock:  # a consistent read: emit folds into the state in place
+            state = self.store.state
+            sub = state.submissions.get(sub_uuid)
+            view = view_of(sub, state.seq) if sub is not None else None
+        if view is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
-        return view_of(sub, state.seq)
+        return view
 
     def wait_submission(self, sub_uuid: str, after_seq: int, timeout: float) -> SubmissionView:
         """Long poll: the view once the log moved past ``after_seq`` (or at ``timeout``)."""
@@ -250,7 +256,7 @@ class Zoo:
     def note_runner(self, runner_id: str, info: dict | str | None = None) -> None:
         """Remember that a runner asked for work (for the queue view)."""
         facts = dict(info) if isinstance(info, dict) else {"arch": info}
-        with self.lock:
+        with self._runners_lock:
             entry = self._runners.setdefault(runner_id, {})
             entry.update({k: v for k, v in facts.items() if v is not None})
             entry["last_seen"] = self.clock()
@@ -292,6 +298,10 @@ class Zoo:
 
     def queue_view(self) -> dict:
         """Pending jobs (in arrival order), jobs in flight with their leases, runners seen."""
+        with self.store.lock:
+            return self._queue_view()
+
+    def _queue_view(self) -> dict:
         state = self.store.state
         subs = state.submissions
         pending = [{"uuid": u, "kernel_id": subs[u].kernel_id, "arch": subs[u].arch,
@@ -302,13 +312,17 @@ class Zoo:
                      for u, lease in state.queue.in_flight.items()]
         accepting = [{"uuid": s.uuid, "kernel_id": s.kernel_id} for s in subs.values()
                      if s.status == "accepting"]
-        with self.lock:
+        with self._runners_lock:
             runners = {k: dict(v) for k, v in self._runners.items()}
         return {"seq": state.seq, "pending": pending, "in_flight": in_flight, "accepting": accepting,
                 "runners": runners}
 
     def metrics(self) -> dict:
         """Counters and gauges for /metrics."""
+        with self.store.lock:
+            return self._metrics()
+
+    def _metrics(self) -> dict:
         state = self.store.state
         return {
             "events_seq": state.seq,
@@ -319,6 +333,6 @@ class Zoo:
             "index_kernels": state.index_kernels,
             "claims_total": self._counters["claims"],
             "intake_scans_total": self._counters["intake_scans"],
-            "runners_seen": len(self._runners),
+            "runners_seen": len(self._runners),  # a len() needs no lock
             "mirrors": dict(state.mirrors),
         }

@@ -179,3 +179,25 @@ def test_upload_name_is_checked(config):
         assert view.status == "rejected" and view.reasons[0]["code"] == "TARBALL_NAME"
     finally:
         zoo.stop()
+
+
+def test_a_file_that_crashes_the_checks_is_rejected_not_retried(config, monkeypatch):
+    import kz_daemon.intake as intake
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("validator bug")
+
+    zoo = Zoo(config)
+    try:
+        monkeypatch.setattr(intake, "validate_file", boom)
+        drop_into_inbox(config.paths.spool, "p.tar.gz", axpy_tarball())
+        assert zoo.scan_inbox() == 1
+        (sub,) = zoo.store.state.submissions.values()
+        assert sub.status == "rejected" and sub.reasons[0]["code"] == "INTAKE_FAILED"
+        monkeypatch.undo()
+        drop_into_inbox(config.paths.spool, "q.tar.gz", axpy_tarball())
+        zoo.scan_inbox()
+        assert sorted(s.status for s in zoo.store.state.submissions.values()) == ["queued", "rejected"]
+    finally:
+        zoo.store.close()
+        zoo.git.close()

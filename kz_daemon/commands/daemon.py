@@ -34,8 +34,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"kz daemon: ready on {config.state_dir} (repo {config.paths.repo}, "
               f"inbox {config.spool_inbox}, pid {__import__('os').getpid()})", file=sys.stderr, flush=True)
 
+    from kz_events.log import LogLocked
+
     try:
         return run_until_signal(config, on_ready=ready)
     except ZooError as exc:
         print(f"kz daemon: {exc.message}", file=sys.stderr)
+        return 2
+    except LogLocked as exc:
+        print(f"kz daemon: another daemon holds {config.paths.events} ({exc}); stop it first",
+              file=sys.stderr)
         return 2

@@ -146,7 +146,9 @@ class Runner:
         self.job_step = job_step
         self.arch: str | None = config.arch
         self._stopping = threading.Event()
-        self._in_job = False
+        # True only while waiting for work (a claim long poll, a backoff pause): a stop
+        # signal then abandons the wait at once instead of after it
+        self._interruptible = False
         self._job_cancel: threading.Event | None = None
         self._grace_timer: threading.Timer | None = None
         self._cupy_facts: dict[str, Any] | None = None
@@ -187,7 +189,7 @@ class Runner:
     def _on_signal(self, signum, _frame) -> None:
         self.log(f"received signal {signum}")
         self.request_stop()
-        if not self._in_job:
+        if self._interruptible:
             raise _Interrupted()
 
     def install_signal_handlers(self) -> None:
@@ -274,8 +276,12 @@ class Runner:
             if self.config.once:
                 wait = max(0.0, round(once_deadline - time.monotonic(), 3))
             try:
-                claim = self.client.claim(self.arch, wait, host=self.config.host,
-                                          gpu=self.config.gpu, retry=claim_retry)
+                self._interruptible = True
+                try:
+                    claim = self.client.claim(self.arch, wait, host=self.config.host,
+                                              gpu=self.config.gpu, retry=claim_retry)
+                finally:
+                    self._interruptible = False
                 failures = 0
             except ApiError as exc:
                 if exc.status in (401, 403):
@@ -309,7 +315,6 @@ class Runner:
 
     def handle(self, claim: Claim) -> bool:
         """Run one claimed job to the end; True when its result was reported."""
-        self._in_job = True
         cancel = threading.Event()
         self._job_cancel = cancel
         if self._stopping.is_set():  # a stop arrived between the claim and here
@@ -349,7 +354,6 @@ class Runner:
                 self._grace_timer.cancel()
                 self._grace_timer = None
             self._job_cancel = None
-            self._in_job = False
 
     def _settings(self, claim: Claim) -> JobSettings:
         t = claim.timeouts

@@ -137,3 +137,13 @@ def test_index_file_lagging_after_a_crash_is_caught_up(tmp_path):
     finally:
         zoo.stop()
     assert [f for f in audit_state_dir(config.state_dir) if f.severity == "error"] == []
+
+
+def test_kz_audit_command_runs_the_daemon_checks(zoo):
+    accept(zoo, AXPY_ID, "a")
+    wait_for(lambda: zoo.store.state.index_head == zoo.git.head())
+    out = subprocess.run([sys.executable, "-m", "kz_daemon.cli", "audit", "--state-dir", str(zoo.config.state_dir),
+                          "--json"], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["ok"] and "daemon" in doc["checked"], out.stdout + out.stderr

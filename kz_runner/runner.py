@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -134,6 +134,82 @@ def make_non_dumpable() -> bool:
         return False
 
 
+def become_subreaper() -> bool:
+    """``prctl(PR_SET_CHILD_SUBREAPER, 1)``: a process a job leaves behind by escaping its
+    process group (double fork + ``setsid``) is re-parented to the runner instead of
+    init, so :func:`reap_strays` can find and kill it. False where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
+    except (OSError, AttributeError):
+        return False
+
+
+def _children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc; [] where /proc is unreadable)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(name))
+    return found
+
+
+def reap_strays() -> int:
+    """Kill and reap every child of this process; returns how many were still running.
+
+    Only for a process whose children are all job leftovers at the time of the call
+    (the runner between jobs): each killed child's own children are re-parented here
+    when it dies and are killed in the next round.
+    """
+    import signal
+
+    me, killed = os.getpid(), 0
+    for _ in range(50):
+        kids = [k for k in _children_of(me) if not _is_zombie(k)]
+        if not kids:
+            break
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    while True:  # zombies of leftovers that ended on their own
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    return killed
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
 class Runner:
     """The loop; one instance per process (it installs signal handlers in serve())."""
 
@@ -153,6 +229,7 @@ class Runner:
         self._grace_timer: threading.Timer | None = None
         self._cupy_facts: dict[str, Any] | None = None
         self._lock_fd: int | None = None
+        self._subreaper = False
         self._temp_root = config.work_root is None
         self.work_root = Path(config.work_root) if config.work_root is not None else None
 
@@ -232,6 +309,7 @@ class Runner:
     def serve(self, *, signals: bool = True) -> int:
         """Run until stopped (or one job with ``once``); returns the exit code."""
         make_non_dumpable()
+        self._subreaper = become_subreaper()
         problem = self._prepare_work_root()
         if problem:
             self.log(problem)
@@ -338,6 +416,12 @@ class Runner:
                     self._release(claim, f"package download failed: {exc}")
                 return False
             outcome = self.job_step(tarball, self.work_root, self._settings(claim), cancel=cancel)
+            if self._subreaper:
+                strays = reap_strays()
+                if strays:
+                    note = f"killed {strays} process(es) the job left behind outside its process group"
+                    self.log(note)
+                    outcome = replace(outcome, logs=outcome.logs + f"[kz-runner] {note}\n".encode())
             if keeper.lost.is_set():
                 self.log("the lease was lost while running; the outcome is dropped")
                 return False

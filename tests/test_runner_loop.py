@@ -393,3 +393,14 @@ def test_once_keeps_polling_through_server_capped_waits_until_a_job_comes(zoo, t
     code, err = finish(proc)
     assert code == 0, err
     assert uuid in zoo.results
+
+
+def test_a_process_escaping_the_group_is_killed_after_the_job(zoo, tmp_path):
+    uuid = zoo.add(pack_fixture("bench_escapes", tmp_path), f"{PREFIX}/bench_escapes")
+    code, err = finish(start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5"))
+    assert code == 0, err
+    logs = _logs(zoo.results[uuid])
+    pid = int(logs.split(b"ESCAPED_PID=")[1].split()[0])
+    assert b"left behind outside its process group" in logs
+    assert zoo.results[uuid]["result"]["overall"]["accept"] is True
+    assert not Path(f"/proc/{pid}").exists(), "the escaped process survived the job"

@@ -328,17 +328,25 @@ class Runner:
             if self._temp_root and self.work_root is not None:
                 shutil.rmtree(self.work_root, ignore_errors=True)
 
-    def _detect(self) -> None:
+    def _detect(self) -> str | None:
+        """Settle the arch; an error text when --gpu names a GPU that CuPy cannot see."""
         if self.arch is None:
             probe = detect_arch(self.config.gpu)
-            self.arch = probe.arch
             why = f" ({probe.reason})" if probe.reason else ""
+            if probe.arch == "cpu" and self.config.gpu is not None:
+                # A GPU runner that quietly took CPU jobs would be worse than none.
+                return f"no GPU {self.config.gpu} found{why}; pass --arch cpu to serve CPU jobs"
+            self.arch = probe.arch
             self.log(f"detected arch {probe.arch} on gpu {self.config.gpu}{why}")
         if self.arch != "cpu":
             self._cupy_facts = envinfo.cupy_facts(self.config.gpu)
+        return None
 
     def _serve(self) -> int:
-        self._detect()
+        problem = self._detect()
+        if problem:
+            self.log(problem)
+            return EXIT_ENVIRONMENT
         self.log(f"serving {self.config.server} for arch {self.arch}, gpu {self.config.gpu}, "
                  f"work root {self.work_root}" + (", one job" if self.config.once else ""))
         failures = 0

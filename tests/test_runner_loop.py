@@ -404,3 +404,17 @@ def test_a_process_escaping_the_group_is_killed_after_the_job(zoo, tmp_path):
     assert b"left behind outside its process group" in logs
     assert zoo.results[uuid]["result"]["overall"]["accept"] is True
     assert not Path(f"/proc/{pid}").exists(), "the escaped process survived the job"
+
+
+def test_a_gpu_index_without_a_visible_gpu_is_an_environment_error(zoo, tmp_path):
+    from kz_runner.arch import probe_cupy
+
+    if probe_cupy(0).backend != "none":
+        pytest.skip("this machine has a GPU")
+    env = {k: v for k, v in os.environ.items() if k not in ("KZ_SERVER",)}
+    env["KZ_RUNNER_TOKEN"] = TOKEN
+    proc = subprocess.run([sys.executable, "-m", "kz_daemon", "runner", "--server", zoo.url, "--gpu", "0",
+                           "--once", "--wait", "1", "--work-root", str(tmp_path / "w")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no GPU 0 found" in proc.stderr and "--arch cpu" in proc.stderr
+    assert zoo.claims == 0

@@ -127,10 +127,11 @@ def kernel_entry(repo_root: str | os.PathLike, kernel_id: str, cache: ContentsCa
     outer = None if top_level else _ancestor_package(root, kernel_id)
     if outer is not None:
         an.problems.append(problem("NESTED_PACKAGE", f"inside the source area of package {outer!r}"))
-    return _entry(an, kernel_id)
+    return _entry(an, kernel_id, cache)
 
 
-def _entry(an: Analysis, kernel_id: str) -> dict:
+def _static_fields(an: Analysis) -> dict:
+    """The entry fields that depend only on the contract files (cached per content key)."""
     desc = an.desc or {}
     category = desc.get("category")
     if isinstance(category, dict) and all(isinstance(category.get(k), str) for k in CATEGORY_FIELDS):
@@ -139,17 +140,26 @@ def _entry(an: Analysis, kernel_id: str) -> dict:
         category = None
     tags = desc.get("tags")
     tags = [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+    return {"name": _text(desc.get("name")), "category": category, "summary": _text(desc.get("summary")),
+            "status": _text(desc.get("status")), "tags": tags, "cases": _cases(an)}
+
+
+def _entry(an: Analysis, kernel_id: str, cache: ContentsCache | None = None) -> dict:
+    if cache is not None and an.cache_key is not None:
+        static = cache.derived(an.cache_key, lambda: _static_fields(an))
+    else:
+        static = _static_fields(an)
     ordered = [p for p in an.problems if p.severity == "error"] + [p for p in an.problems if p.severity != "error"]
     return {
         "kernel_id": kernel_id,
-        "name": _text(desc.get("name")),
-        "category": category,
-        "summary": _text(desc.get("summary")),
-        "status": _text(desc.get("status")),
-        "tags": tags,
+        "name": static["name"],
+        "category": static["category"],
+        "summary": static["summary"],
+        "status": static["status"],
+        "tags": static["tags"],
         "valid": not any(p.severity == "error" for p in an.problems),
         "problems": [_problem_json(p) for p in ordered],
-        "cases": _cases(an),
+        "cases": static["cases"],
     }
 
 

@@ -5,9 +5,10 @@ entry can never be stale: a changed file is a different key. The cache file also
 records a fingerprint of the validator (its sources and the schemas); a file
 written by another version is ignored. Filesystem-dependent checks (links,
 reference_sources, nested packages) are never cached: they run on every rebuild.
-Records written to disk keep only what the index reads (the primary metric's
-records and declaration per case), so an analysis restored from the file serves
-the index, not a full ``kz validate`` report.
+Records written to disk keep only what the index reads (the problems, the desc
+fields the filesystem checks need, and the index fields derived from the files),
+so an analysis restored from the file serves the index, not a full ``kz validate``
+report.
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import os
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable
 
 from .problems import Problem
 from .validate import CONTRACT_FILES, Analysis, analyze_contents
 
-CACHE_FORMAT = 1
-_DESC_KEYS = ("name", "category", "summary", "status", "tags", "reference_sources")
+CACHE_FORMAT = 2
+_DESC_KEYS = ("reference_sources",)
 
 
 @lru_cache(maxsize=None)
@@ -47,54 +49,22 @@ def contents_key(kernel_id: str | None, files: dict[str, bytes | None]) -> str:
     return digest.hexdigest()
 
 
-def _slim_metas(metas: list | None) -> list | None:
-    """METAS keeping what the index reads: id, primary_metric and the primary metric's declaration."""
-    if metas is None:
-        return None
-    out: list = []
-    for meta in metas:
-        if not isinstance(meta, dict):
-            out.append(None)
-            continue
-        primary = meta.get("primary_metric")
-        declared = next((m for m in meta.get("metrics") or [] if isinstance(m, dict) and m.get("name") == primary),
-                        None)
-        out.append({"test_case_id": meta.get("test_case_id"), "primary_metric": primary,
-                    "metrics": [declared] if declared is not None else []})
-    return out
-
-
-def _slim_bench(bench: dict | None, metas: list | None) -> dict | None:
-    """The scorecard keeping, per case, correctness and the primary metric's records."""
-    if bench is None:
-        return None
-    primaries = {m.get("test_case_id"): m.get("primary_metric") for m in metas or [] if isinstance(m, dict)}
-    cases = []
-    for case in bench["cases"]:
-        primary = primaries.get(case["test_case_id"])
-        keep = {k: v for k, v in case.items() if k not in ("metrics_best", "metrics_current")}
-        for key in ("metrics_best", "metrics_current"):
-            keep[key] = {primary: case[key][primary]} if primary in case[key] else {}
-        cases.append(keep)
-    return {"cases": cases}
-
-
-def _to_record(an: Analysis) -> dict | None:
-    """What the index needs of an analysis, as JSON (the full documents stay in memory only)."""
+def _to_record(an: Analysis, derived: Any) -> dict | None:
+    """An analysis as the index needs it back: problems, the desc fields for the filesystem checks
+    and the derived entry fields (the parsed scorecard and METAS stay in memory only)."""
     desc = None if an.desc is None else {k: an.desc[k] for k in _DESC_KEYS if k in an.desc}
     record = {"kernel_id": an.kernel_id, "problems": [p.to_json() for p in an.problems], "desc": desc,
-              "desc_valid": an.desc_valid, "bench": _slim_bench(an.bench, an.metas),
-              "metas": _slim_metas(an.metas)}
+              "desc_valid": an.desc_valid, "derived": derived}
     try:
         json.dumps(record, allow_nan=False)
     except (TypeError, ValueError):
-        return None  # e.g. a METAS literal holding bytes or a set: keep it in memory only
+        return None  # e.g. a desc holding a YAML timestamp: keep it in memory only
     return record
 
 
 def _from_record(record: dict) -> Analysis:
     return Analysis(record["kernel_id"], [Problem(**p) for p in record["problems"]], record["desc"],
-                    record["desc_valid"], record["bench"], record["metas"])
+                    record["desc_valid"], None, None)
 
 
 class ContentsCache:
@@ -104,6 +74,7 @@ class ContentsCache:
         self._memory: dict[str, Analysis] = {}
         self._stored: dict[str, dict] = {}
         self._used: set[str] = set()
+        self._derived: dict[str, Any] = {}
         self.hits = 0
         self.misses = 0
 
@@ -113,13 +84,22 @@ class ContentsCache:
         self._used.add(key)
         found = self._memory.get(key)
         if found is None and key in self._stored:
-            found = self._memory[key] = _from_record(self._stored[key])
+            record = self._stored[key]
+            found = self._memory[key] = _from_record(record)
+            self._derived[key] = record["derived"]
         if found is None:
             self.misses += 1
             found = self._memory[key] = analyze_contents(kernel_id, files, None, expect_bench_result=True)
         else:
             self.hits += 1
-        return replace(found, problems=list(found.problems))
+        return replace(found, problems=list(found.problems), cache_key=key)
+
+    def derived(self, key: str, make: Callable[[], Any]) -> Any:
+        """A value computed once per key from an analysis (in memory only; treat it as read-only)."""
+        value = self._derived.get(key)
+        if value is None:
+            value = self._derived[key] = make()
+        return value
 
     def __len__(self) -> int:
         """Number of analyses held (loaded from disk or computed)."""
@@ -129,8 +109,8 @@ class ContentsCache:
         """For a worker process: keys used, records of fresh analyses, hits, misses."""
         fresh = {}
         for key in self._used:
-            if key not in self._stored and key in self._memory:
-                record = _to_record(self._memory[key])
+            if key not in self._stored and key in self._memory and key in self._derived:
+                record = _to_record(self._memory[key], self._derived[key])
                 if record is not None:
                     fresh[key] = record
         return sorted(self._used), fresh, self.hits, self.misses
@@ -160,10 +140,12 @@ class ContentsCache:
         """Write the entries used since load (older ones are dropped) atomically to ``path``."""
         entries = {}
         for key in sorted(self._used):
-            if key in self._memory:
-                record = _to_record(self._memory[key])
+            if key in self._stored:
+                record = self._stored[key]
+            elif key in self._memory and key in self._derived:
+                record = _to_record(self._memory[key], self._derived[key])
             else:
-                record = self._stored.get(key)
+                record = None  # analysed but never turned into index fields: recomputed next time
             if record is not None:
                 entries[key] = record
         target = Path(path)

@@ -62,6 +62,7 @@ class Analysis:
     desc_valid: bool = False           # desc.yaml matched its schema
     bench: dict | None = None          # bench_result.yaml, when schema-valid
     metas: list | None = None          # KERNEL_ZOO_TEST_CASE_METAS, when it was a readable literal
+    cache_key: str | None = None       # set by a cache that produced it: same key, same contract files
 
     def facts(self) -> dict[str, Any]:
         """JSON-able facts for a :class:`Report` (kernel_id, name, category, status, case ids)."""

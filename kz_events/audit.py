@@ -117,6 +117,12 @@ class _Auditor:
             if self.pending is not None:
                 self.resolve_pending(False)
             pos = s if type(s) is int and s > self.last_pos else exp
+        elif type(s) is int and s < exp:
+            # a line that does not advance the log (inserted, duplicated, or its seq
+            # edited downwards): report it and read on as if it were not there
+            self.add("BAD_SEQ", exp, where,
+                     f"expected seq {exp}, found {s} (an inserted or edited line)")
+            return
         else:
             if self.pending is not None:
                 self.resolve_pending(not link_ok)

@@ -25,17 +25,27 @@ def _as_dict(finding) -> dict:
 
 
 def _daemon_findings(state_dir) -> list[dict] | None:
-    """Findings of kz_daemon.audit.audit_state_dir (git and index checks) when that exists."""
+    """Findings of kz_daemon.audit.audit_state_dir (git and index checks), where it applies.
+
+    None when that module is absent or ``state_dir`` is not a daemon's state
+    directory (no kz.yaml: only an event log to check).
+    """
     import importlib
     import importlib.util
 
+    if not (state_dir / "kz.yaml").is_file():
+        return None
     if importlib.util.find_spec("kz_daemon.audit") is None:
         return None
     module = importlib.import_module("kz_daemon.audit")
     fn = getattr(module, "audit_state_dir", None)
     if fn is None:
         return None
-    return [_as_dict(f) for f in fn(state_dir)]
+    try:
+        return [_as_dict(f) for f in fn(state_dir)]
+    except Exception as exc:  # an audit that cannot run is itself a finding, not a crash
+        return [{"code": "AUDIT_FAILED", "severity": "error",
+                 "message": f"the git/index audit could not run: {type(exc).__name__}: {exc}"}]
 
 
 def run(args: argparse.Namespace) -> int:

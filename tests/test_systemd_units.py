@@ -102,3 +102,50 @@ def test_sysusers_and_tmpfiles_apply_to_a_scratch_root(tmp_path):
     inbox = tmp_path / "var/lib/kz/spool/inbox"
     assert inbox.is_dir() and (inbox.stat().st_mode & 0o7777) == 0o2770
     assert ((tmp_path / "var/lib/kz").stat().st_mode & 0o777) == 0o750
+
+
+def _daemon_speaks_sd_notify() -> bool:
+    """Whether `kz daemon` serves through kz_daemon.http.serve (HTTP + sd_notify) yet."""
+    source = (SYSTEMD.parent / "kz_daemon" / "commands" / "daemon.py").read_text()
+    return "serve_config" in source
+
+
+@pytest.mark.xfail(not _daemon_speaks_sd_notify(), run=False,
+                   reason="kz daemon does not serve HTTP nor speak sd_notify yet; it should run "
+                          "kz_daemon.http.serve.serve_config like kz up does (checked by reading its source; runs once it does)")
+def test_the_daemon_units_command_says_ready_and_pings_the_watchdog(tmp_path):
+    """Type=notify + WatchdogSec need READY=1 and WATCHDOG=1 from the ExecStart command."""
+    import shlex
+    import socket
+    import sys
+    import time
+
+    start = _unit("kz-daemon.service")["Service.ExecStart"][0]
+    argv = shlex.split(start.replace("/var/lib/kz", str(tmp_path / "state")))
+    assert argv[:3] == ["/usr/bin/env", "kz", "daemon"]
+    (tmp_path / "state").mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "state" / "kz.yaml").write_text(f"http:\n  host: 127.0.0.1\n  port: {port}\n")
+    sock_path = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(sock_path)
+    listener.settimeout(1.0)
+    env = {k: v for k, v in os.environ.items()}
+    env.update(NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="2000000")
+    proc = subprocess.Popen([sys.executable, "-m", "kz_daemon", *argv[2:]], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen: set[str] = set()
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not {"READY=1", "WATCHDOG=1"} <= seen and proc.poll() is None:
+            try:
+                seen.update(listener.recv(4096).decode().split("\n"))
+            except socket.timeout:
+                pass
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        listener.close()
+    assert {"READY=1", "WATCHDOG=1"} <= seen, (seen, err.decode(errors="replace")[-2000:])

@@ -124,6 +124,7 @@ class Indexer:
         self.cache = ContentsCache.load(self.cache_path)
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
+        self._fast = OneKernelUpdate()
         self._dirty = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -192,7 +193,11 @@ class Indexer:
         if old is None:
             return self.rebuild()
         head, now = self._stamp()
-        doc = update(old, self.zoo.git.root, kernel_ids, head, now, self.cache)
+        doc = None
+        if len(kernel_ids) == 1:
+            doc = self._fast.update(old, self.zoo.git.root, kernel_ids[0], head, now, self.cache)
+        if doc is None:
+            doc = update(old, self.zoo.git.root, kernel_ids, head, now, self.cache)
         with self._cond:
             self.file.refresh(doc, kernel_ids)
             self._doc = doc
@@ -269,6 +274,89 @@ class Indexer:
     def save_cache(self) -> None:
         """Persist the parse cache."""
         self.cache.save(self.cache_path)
+
+
+class OneKernelUpdate:
+    """The common accept case in O(log N): one package changed, nothing nested in or around it.
+
+    ``update_index`` re-lists and re-counts all 10,000 entries on every call (~30 ms);
+    here the entries, their sorted ids and the counts are kept between accepts and
+    only the changed entry is recomputed (``kernel_entry``, the same function a full
+    build uses). Anything unusual (nesting, a package that disappeared, a document
+    that is not the one last produced here) returns None and the caller falls back
+    to ``update_index``. tests/test_daemon_index_mirror.py checks the result equals a
+    full rebuild.
+    """
+
+    COUNT_KEYS = ("kernels", "valid", "invalid", "frozen", "deprecated", "with_warnings", "cases")
+
+    def __init__(self) -> None:
+        self._doc: dict | None = None  # the document the kept entries describe (compared by identity)
+        self.hits = 0
+        self._entries: dict[str, dict] = {}
+        self._ids: list[str] = []
+        self._counts: dict[str, int] = {}
+
+    @classmethod
+    def contribution(cls, entry: dict) -> dict[str, int]:
+        """What one entry adds to the document's counts (the rules of ``build_index``)."""
+        return {
+            "kernels": 1,
+            "valid": 1 if entry["valid"] else 0,
+            "invalid": 0 if entry["valid"] else 1,
+            "frozen": 1 if entry["status"] == "frozen" else 0,
+            "deprecated": 1 if entry["status"] == "deprecated" else 0,
+            "with_warnings": 1 if any(p["severity"] == "warning" for p in entry["problems"]) else 0,
+            "cases": len(entry["cases"]),
+        }
+
+    def _adopt(self, doc: dict) -> bool:
+        kernels = doc.get("kernels") or []
+        self._entries = {k["kernel_id"]: k for k in kernels}
+        self._ids = sorted(self._entries)
+        counts = dict.fromkeys(self.COUNT_KEYS, 0)
+        for entry in kernels:
+            for key, value in self.contribution(entry).items():
+                counts[key] += value
+        if counts != doc.get("counts"):
+            return False
+        self._counts = counts
+        self._doc = doc
+        return True
+
+    def update(self, doc: dict, root: Path, kernel_id: str, head, generated_at, cache) -> dict | None:
+        """The new document, or None when this is not the simple case."""
+        import bisect
+
+        lib = _lib()
+        if not hasattr(lib, "kernel_entry") or not (root / kernel_id / KP_DIR).is_dir():
+            return None
+        if self._doc is not doc and not self._adopt(doc):
+            return None
+        i = bisect.bisect_left(self._ids, kernel_id + "/")
+        if i < len(self._ids) and self._ids[i].startswith(kernel_id + "/"):
+            return None  # packages below it: the general path handles nesting
+        parts = kernel_id.split("/")
+        if any("/".join(parts[:n]) in self._entries for n in range(1, len(parts))):
+            return None  # it lies inside another package
+        entry = lib.kernel_entry(root, kernel_id, cache)
+        if any(p["code"] == "NESTED_PACKAGE" for p in entry["problems"]):
+            return None
+        old = self._entries.get(kernel_id)
+        if old is not None:
+            for key, value in self.contribution(old).items():
+                self._counts[key] -= value
+        else:
+            bisect.insort(self._ids, kernel_id)
+        for key, value in self.contribution(entry).items():
+            self._counts[key] += value
+        self._entries[kernel_id] = entry
+        new = {"schema_version": doc.get("schema_version", getattr(lib, "SCHEMA_VERSION", "1.0.0")),
+               "head": head, "generated_at": generated_at, "counts": dict(self._counts),
+               "kernels": [self._entries[k] for k in self._ids]}
+        self._doc = new
+        self.hits += 1
+        return new
 
 
 def changed_packages(git, old_commit: str, new_commit: str) -> list[str]:

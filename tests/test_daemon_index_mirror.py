@@ -69,6 +69,7 @@ def test_incremental_index_equals_full_rebuild(zoo):
         rebuilt = indexer.build(zoo.git.root, zoo.git.head())
     assert strip(doc) == strip(rebuilt)
     assert NEW in {k["kernel_id"] for k in doc["kernels"]}
+    assert zoo.indexer._fast.hits == 3  # every accept took the O(log N) path
     assert [f for f in audit_state_dir(zoo.config.state_dir) if f.severity == "error"] == []
 
 

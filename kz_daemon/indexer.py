@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -126,6 +127,7 @@ class Indexer:
         self._write_lock = threading.Lock()
         self._fast = OneKernelUpdate()
         self._dirty = False
+        self._last_update = 0.0
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -202,6 +204,7 @@ class Indexer:
             self.file.refresh(doc, kernel_ids)
             self._doc = doc
             self._dirty = True
+            self._last_update = time.monotonic()
             self._cond.notify_all()
         if self._thread is None:  # not started (tools, tests): write synchronously
             self._write_now()
@@ -240,18 +243,22 @@ class Indexer:
     def _run(self) -> None:
         import time
 
-        last = 0.0
         while True:
             with self._cond:
                 while not self._dirty and not self._stopping:
                     self._cond.wait()
-                # At most one ~15 MB rewrite per WRITE_INTERVAL_S: a burst of accepts is one write,
-                # and the accept path's fsyncs do not queue behind index.json's writeback.
-                while not self._stopping and time.monotonic() - last < WRITE_INTERVAL_S:
-                    self._cond.wait(WRITE_INTERVAL_S - (time.monotonic() - last))
+                # Write in a quiet moment (WRITE_QUIET_S without an update), or once the file
+                # is MAX_STALE_S behind: a burst of accepts becomes one ~15 MB write, and the
+                # accepts' fsyncs do not wait in the journal behind index.json's writeback.
+                first = time.monotonic()
+                while not self._stopping:
+                    now = time.monotonic()
+                    quiet = now - self._last_update
+                    if quiet >= WRITE_QUIET_S or now - first >= MAX_STALE_S:
+                        break
+                    self._cond.wait(min(WRITE_QUIET_S - quiet, MAX_STALE_S - (now - first)))
                 if self._stopping:
                     return
-            last = time.monotonic()
             try:
                 self._write_now()
             except Exception as exc:  # the next accept or the stop retries
@@ -381,4 +388,5 @@ def changed_packages(git, old_commit: str, new_commit: str) -> list[str]:
 
 
 KP_DIR = ".kernel_package"
-WRITE_INTERVAL_S = 1.0
+WRITE_QUIET_S = 0.3   # index.json is written once updates pause this long ...
+MAX_STALE_S = 5.0     # ... or when it is this far behind

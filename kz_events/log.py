@@ -23,7 +23,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from kz_events.codec import GENESIS, parse_json
 
@@ -160,9 +159,10 @@ def _repair_torn_tail(events_dir: Path, first_seq: int) -> Repair | None:
 class EventLog:
     """The segment files of one events directory, held by this process for writing.
 
-    ``open`` takes the lock and repairs a torn tail; ``replay`` reads lines after
-    a position and checks the chain; ``append`` writes encoded lines and fsyncs
-    once per call. Not thread-safe: the Store serialises calls.
+    ``open`` takes the lock and repairs a torn tail; ``read_segment`` gives the
+    bytes that ``kz_events.replay`` checks and folds (it then sets ``tail``);
+    ``append`` writes encoded lines and fsyncs once per call. Not thread-safe:
+    the Store serialises calls.
     """
 
     def __init__(self, events_dir: Path, lock_fd: int | None, segments: list[int],
@@ -175,7 +175,7 @@ class EventLog:
         self.segment_bytes = segment_bytes
         self._fsync = fsync
         self.readonly = readonly
-        self.tail = Position(0, GENESIS, 1, 0, 0)  # valid after replay()
+        self.tail = Position(0, GENESIS, 1, 0, 0)  # set by kz_events.replay.replay_into
         self._fd: int | None = None
 
     @classmethod
@@ -226,88 +226,28 @@ class EventLog:
         except (ValueError, KeyError, TypeError):
             return False
 
-    def read_batches(self, start: Position | None = None,
-                     batch: int = 4096) -> Iterator[tuple[list[bytes], list[dict], int, int, Path]]:
-        """Yield (lines, parsed dicts, first seq, first line offset, path) after ``start``.
+    def start_position(self) -> Position:
+        """The position before the first event (seq 0)."""
+        return Position(0, GENESIS, self.segments[0] if self.segments else 1, 0, 0)
 
-        Checks, for every line, that it parses, that its seq follows and that its
-        ``prev`` is the hash of the line before; raises CorruptLog otherwise. Sets
-        ``self.tail`` to the position of the last line read.
+    def read_segment(self, first: int, offset: int = 0) -> bytes:
+        """The bytes of segment ``first`` from ``offset``: whole lines only.
+
+        Raises CorruptLog when a segment does not end with a newline (only possible
+        for a torn line that is not at the end of the log). In read-only mode an
+        unterminated last line of the last segment is left out (it is being written).
         """
-        if start is None:
-            start = Position(0, GENESIS, self.segments[0] if self.segments else 1, 0, 0)
-        seq, h = start.seq, start.hash
-        tail = start
-        loads = parse_json
-        sha = _sha256
-        for first in self.segments:
-            if first < start.segment:
-                continue
-            path = self.dir / segment_name(first)
-            offset = start.offset if first == start.segment else 0
-            if first != start.segment and first != seq + 1:
-                raise CorruptLog(seq + 1, path, 0,
-                                 f"segment named {first} but the previous segment ends at seq {seq}")
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            if self.readonly and first == self.segments[-1]:
-                data = data[:data.rfind(b"\n") + 1]
-            if data and not data.endswith(b"\n"):
-                raise CorruptLog(seq + 1, path, offset + data.rfind(b"\n") + 1,
-                                 "segment does not end with a newline (a torn line that is "
-                                 "not at the end of the log)")
-            lines = data.split(b"\n")
-            lines.pop()
-            del data
-            if not lines:
-                if first != start.segment:
-                    tail = Position(seq, h, first, 0, 0)
-                continue
-            pos = line_start = offset
-            for i in range(0, len(lines), batch):
-                group = lines[i:i + batch]
-                group_seq, group_pos, group_hash = seq + 1, pos, h
-                try:
-                    dicts = loads("[" + b",".join(group).decode("utf-8") + "]")
-                    if len(dicts) != len(group):
-                        raise ValueError("line count")
-                except ValueError:
-                    self._locate_bad(group, seq, pos, path, h)
-                for line, d in zip(group, dicts):
-                    seq += 1
-                    try:
-                        ok = d["seq"] == seq and d["prev"] == h
-                    except (TypeError, KeyError):
-                        ok = False
-                    if not ok:
-                        self._locate_bad(group, group_seq - 1, group_pos, path, group_hash)
-                    h = sha(line).hexdigest()
-                    line_start = pos
-                    pos += len(line) + 1
-                yield group, dicts, group_seq, group_pos, path
-            tail = Position(seq, h, first, line_start, pos)
-        self.tail = tail
-
-    def _locate_bad(self, group: list[bytes], seq: int, pos: int, path: Path,
-                    prev_hash: str) -> None:
-        """Find the first bad line of a group (slow path) and raise CorruptLog for it."""
-        for line in group:
-            seq += 1
-            try:
-                d = parse_json(line.decode("utf-8"))
-            except ValueError as exc:
-                raise CorruptLog(seq, path, pos, f"not a JSON line ({exc})") from None
-            if type(d) is not dict:
-                raise CorruptLog(seq, path, pos, "line is not a JSON object")
-            if d.get("seq") != seq:
-                raise CorruptLog(seq, path, pos, f"expected seq {seq}, found {d.get('seq')!r}")
-            if d.get("prev") != prev_hash:
-                raise CorruptLog(seq, path, pos,
-                                 "hash chain broken: prev is not the sha256 of the previous line")
-            prev_hash = _sha256(line).hexdigest()
-            pos += len(line) + 1
-        raise CorruptLog(seq, path, pos, "unreadable batch")  # pragma: no cover
+        path = self.dir / segment_name(first)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        if self.readonly and first == self.segments[-1]:
+            data = data[:data.rfind(b"\n") + 1]
+        if data and not data.endswith(b"\n"):
+            raise CorruptLog(-1, path, offset + data.rfind(b"\n") + 1,
+                             "segment does not end with a newline (a torn line that is "
+                             "not at the end of the log)")
+        return data
 
     # --- writing ------------------------------------------------------------------
 

@@ -1,69 +1,204 @@
 """Rebuild a State from the log: the fast path used at open and by ``kz replay``.
 
-``EventLog.read_batches`` checks seq continuity and the hash chain of every line;
-this module checks each event's type, version (upcasting old ones) and payload
-field names, then folds it with the reducer's handlers. Field *types* are left to
-the full decoder (``kz audit``): the chain proves the lines are the ones written,
-and the writer validated every event when it was emitted.
+Every line is checked: its seq follows, its ``prev`` is the sha256 of the line
+before, its type and version are known (old versions are upcast), its payload has
+exactly the fields of its type, and the reducer accepts it. What is skipped, for
+speed, is building the envelope: a line the writer produced is canonical JSON
+with sorted keys, ``{"payload":{...},"prev":"…","seq":N,"subject":{…},"ts":"…",
+"type":"…","v":N}``, so the header fields are cut out of the bytes and only the
+payloads are parsed (a batch of them with one ``json.loads``). A line of any other
+shape goes through the full decoder. ``kz audit`` checks field types and
+canonical form as well.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from pathlib import Path
+from typing import Any
 
-from kz_events.codec import upcast_payload, DecodeError
+from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
-from kz_events.log import CorruptLog, EventLog, Position
+from kz_events.log import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import _HANDLERS, ReducerError
+from kz_events.snapshot import gc_paused
 from kz_events.state import State
 
 __all__ = ["replay_into", "replay_dir", "load_state"]
 
+BATCH = 2048
+_HEAD = b'{"payload":'
+_PREV = b',"prev":"'
+_TAIL = re.compile(
+    rb',"prev":"([0-9a-f]{64})","seq":([0-9]+),"subject":\{[^{}]*\},'
+    rb'"ts":"([^"\\]{27})","type":"([a-z_.]+)","v":([0-9]+)\}\Z')
 
-def _offset_of(lines: list[bytes], first_pos: int, index: int) -> int:
-    return first_pos + sum(len(line) + 1 for line in lines[:index])
+
+class _Parsed(tuple):
+    """A fully decoded line in the shape of a fast-path match: (prev, seq, ts, type, v)."""
+
+    def groups(self) -> tuple:
+        return tuple(self)
+
+
+def _full_parse(line: bytes) -> tuple[_Parsed, dict]:
+    """Slow path: decode one line completely (raises DecodeError)."""
+    try:
+        obj = parse_json(line.decode("utf-8"))
+    except ValueError as exc:
+        raise DecodeError(f"not a JSON line ({exc})") from None
+    env = decode_dict(obj)  # validates and upcasts
+    parsed = _Parsed((env.prev.encode(), str(env.seq).encode(), env.ts.encode(),
+                      env.type.encode(), str(env.v).encode()))
+    return parsed, env.payload
+
+
+def _parse_group(group: list[bytes]) -> tuple[list[Any], list[Any]]:
+    """(matches, payloads) for a group of lines: fast when every line has the writer's shape."""
+    match = _TAIL.match
+    try:
+        cuts = [line.rfind(_PREV) if line.startswith(_HEAD) else -1 for line in group]
+        matches = [match(line, c) if c > 0 else None for line, c in zip(group, cuts)]
+        if None not in matches:
+            payloads = parse_json(
+                "[" + b",".join([line[11:c] for line, c in zip(group, cuts)]).decode("utf-8") + "]")
+            if len(payloads) == len(group):
+                return matches, payloads
+    except ValueError:
+        pass
+    matches, payloads = [], []
+    for line in group:
+        try:
+            parsed, payload = _full_parse(line)
+        except DecodeError as exc:
+            parsed, payload = None, exc
+        matches.append(parsed)
+        payloads.append(payload)
+    return matches, payloads
+
+
+def _replay_slowly(state: State, table: dict, group: list[bytes], matches: list,
+                   payloads: list, seq: int, h: bytes, path: Path, pos: int) -> tuple[int, bytes]:
+    """Check and fold a group line by line (versions to upcast, or a damaged line to name)."""
+    sha = hashlib.sha256
+    for line, m, p in zip(group, matches, payloads):
+        try:
+            if m is None:
+                raise p
+            prev, s, ts, t, v = m.groups()
+            if prev != h:
+                raise DecodeError("hash chain broken: prev is not the sha256 of the previous line")
+            if int(s) != seq + 1:
+                raise DecodeError(f"expected seq {seq + 1}, found {int(s)}")
+            entry = table.get(t)
+            if entry is None:
+                raise DecodeError(f"unknown event type {t.decode()!r}")
+            if v != entry[1]:
+                p = upcast_payload(entry[3], int(v), p)
+            if type(p) is not dict or p.keys() != entry[2]:
+                raise DecodeError(f"{entry[3]}: payload fields are not {sorted(entry[2])}")
+            entry[0](state, seq + 1, ts.decode(), p)
+        except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
+                ValueError) as exc:
+            raise CorruptLog(seq + 1, path, pos, f"{type(exc).__name__}: {exc}") from None
+        seq += 1
+        state.seq = seq
+        h = sha(line).hexdigest().encode()
+        pos += len(line) + 1
+    return seq, h
 
 
 def replay_into(log: EventLog, state: State, start: Position | None = None,
                 until: int | None = None) -> int:
     """Fold every event after ``start`` (up to seq ``until``) into ``state``; returns the count.
 
-    Raises CorruptLog for a line that is damaged, of an unknown type or version,
-    or refused by the reducer (naming its seq and byte offset).
+    Raises CorruptLog for a line that is damaged, out of sequence, off the hash
+    chain, of an unknown type or version, or refused by the reducer (naming its seq
+    and byte offset). Sets ``log.tail`` to the position of the last line read.
     """
-    current = {t: (cls.VERSION, frozenset(cls.FIELDS)) for t, cls in EVENT_TYPES.items()}
-    handlers = _HANDLERS
-    count = 0
-    expected = state.seq + 1
-    if start is not None and start.seq != state.seq:
+    with gc_paused():
+        return _replay(log, state, start, until)
+
+
+def _replay(log: EventLog, state: State, start: Position | None,
+            until: int | None) -> int:
+    if start is None:
+        start = log.start_position()
+    if start.seq != state.seq:
         raise ValueError(f"state at seq {state.seq} but replay starts after {start.seq}")
-    for lines, dicts, first_seq, first_pos, path in log.read_batches(start):
-        if until is not None and first_seq + len(dicts) - 1 > until:
-            dicts = dicts[:max(0, until - first_seq + 1)]
-        if first_seq != expected:
-            raise CorruptLog(first_seq, path, first_pos, f"expected seq {expected}")
-        i = -1
+    table = {t.encode(): (_HANDLERS[t], str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
+             for t, cls in EVENT_TYPES.items()}
+    sha = hashlib.sha256
+    seq, h = start.seq, start.hash.encode()
+    t = b""
+    tail = start
+    count = 0
+    for first in log.segments:
+        if first < start.segment:
+            continue
+        path = log.dir / segment_name(first)
+        offset = start.offset if first == start.segment else 0
+        if first != start.segment and first != seq + 1:
+            raise CorruptLog(seq + 1, path, 0,
+                             f"segment named {first} but the previous segment ends at seq {seq}")
         try:
-            for i, d in enumerate(dicts):
-                t = d["type"]
-                payload = d["payload"]
-                known = current.get(t)
-                if known is None:
-                    raise DecodeError(f"unknown event type {t!r}")
-                if d["v"] != known[0]:
-                    payload = upcast_payload(t, d["v"], payload)
-                if payload.keys() != known[1]:
-                    raise DecodeError(f"{t}: payload fields {sorted(payload)} are not "
-                                      f"{sorted(known[1])}")
-                seq = d["seq"]
-                handlers[t](state, seq, d["ts"], payload)
+            data = log.read_segment(first, offset)
+        except CorruptLog as exc:
+            raise CorruptLog(seq + 1, exc.path, exc.offset, exc.reason) from None
+        lines = data.split(b"\n")
+        lines.pop()
+        del data
+        if not lines and first != start.segment:
+            tail = Position(seq, h.decode(), first, 0, 0)
+        pos = offset
+        for i in range(0, len(lines), BATCH):
+            group = lines[i:i + BATCH]
+            if until is not None and seq + len(group) > until:
+                group = group[:max(0, until - seq)]
+            if not group:
+                break
+            n = len(group)
+            matches, payloads = _parse_group(group)
+            fast = None not in matches
+            if fast:
+                prevs, seqs, tss, types, vs = zip(*[m.groups() for m in matches])
+                hashes = [sha(line).hexdigest().encode() for line in group]
+                fast = (prevs[0] == h and prevs[1:] == tuple(hashes[:-1])
+                        and list(map(int, seqs)) == list(range(seq + 1, seq + n + 1))
+                        and vs.count(b"1") == n)
+            if fast:
+                tss = b" ".join(tss).decode("ascii").split(" ")
+                j = -1
+                try:
+                    for j, t in enumerate(types):
+                        handler, _, fields, _ = table[t]
+                        p = payloads[j]
+                        if p.keys() != fields:
+                            raise DecodeError(f"{t.decode()}: payload fields {sorted(p)} are "
+                                              f"not {sorted(fields)}")
+                        handler(state, seq + j + 1, tss[j], p)
+                except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
+                        ValueError) as exc:
+                    state.seq = seq + j
+                    where = pos + sum(len(line) + 1 for line in group[:j])
+                    if isinstance(exc, KeyError) and t not in table:
+                        exc = DecodeError(f"unknown event type {t.decode()!r}")
+                    raise CorruptLog(seq + j + 1, path, where,
+                                     f"{type(exc).__name__}: {exc}") from None
+                seq += n
+                h = hashes[-1]
                 state.seq = seq
-        except (DecodeError, ReducerError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptLog(first_seq + i, path, _offset_of(lines, first_pos, i),
-                             f"{type(exc).__name__}: {exc}") from None
-        count += len(dicts)
-        expected = first_seq + len(dicts)
-        if until is not None and state.seq >= until:
-            break
+            else:
+                seq, h = _replay_slowly(state, table, group, matches, payloads, seq, h, path, pos)
+            count += n
+            end = pos + sum(map(len, group)) + n
+            tail = Position(seq, h.decode(), first, end - len(group[-1]) - 1, end)
+            pos = end
+            if until is not None and seq >= until:
+                log.tail = tail
+                return count
+    log.tail = tail
     return count
 
 

@@ -1,9 +1,14 @@
 """Snapshots: the State at a seq, with where that seq's line lies, written atomically.
 
 A snapshot file ``snapshots/<seq:020d>.snap`` is two parts: one header line (JSON:
-format, reducer version, the ``Position`` of the last folded event, sha256 and
-length of the body) and the body (the JSON of ``State.to_json()``). It is written
-to a temporary name, fsync-ed, renamed into place, and the directory fsync-ed.
+format, reducer version, the ``Position`` of the last folded event, the body's
+encoding, sha256 and length) and the body: ``State.to_json()`` (plain lists,
+dicts, strings and numbers) encoded with ``marshal``, which loads several times
+faster than JSON (cold start over 100,000 submissions within a second). The
+snapshot is a cache of the log, never a source of truth: the body is only
+decoded after its checksum matched, and a snapshot written by another Python
+version or reducer version is ignored (the log is replayed instead). It is
+written to a temporary name, fsync-ed, renamed into place, the directory fsync-ed.
 
 At open the newest snapshot that is intact, written by this reducer version,
 and whose position still matches the log (same line bytes, same hash) is used;
@@ -11,21 +16,42 @@ anything else is skipped, falling back to an older snapshot or a full replay.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import marshal
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Callable
 
 from kz_events.log import Position, fsync_dir
 from kz_events.state import State
 
-__all__ = ["SNAPSHOT_FORMAT", "encode_snapshot", "write_snapshot", "load_newest",
+__all__ = ["SNAPSHOT_FORMAT", "gc_paused", "encode_snapshot", "write_snapshot", "load_newest",
            "list_snapshots", "read_snapshot", "SnapshotError"]
 
 SNAPSHOT_FORMAT = "kz-events-snapshot/1"
+#: the body encoding: marshal's format is stable for a given Python minor version.
+BODY_ENCODING = f"marshal-{marshal.version}-py{sys.version_info[0]}.{sys.version_info[1]}"
 _NAME_RE = re.compile(r"^(\d{20})\.snap$")
+
+
+class gc_paused:
+    """Context manager: no cyclic garbage collection while millions of objects are built.
+
+    Loading creates no garbage cycles; without this, repeated collections of the
+    growing heap cost more than the loading itself.
+    """
+
+    def __enter__(self) -> None:
+        self.was_enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_enabled:
+            gc.enable()
 
 
 class SnapshotError(ValueError):
@@ -36,12 +62,12 @@ def encode_snapshot(state: State, pos: Position, reducer_version: int) -> bytes:
     """The bytes of a snapshot of ``state`` whose last event lies at ``pos``."""
     if state.seq != pos.seq:
         raise ValueError(f"state is at seq {state.seq} but the position at {pos.seq}")
-    body = json.dumps(state.to_json(), separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    body = marshal.dumps(state.to_json())
     header = {
         "format": SNAPSHOT_FORMAT, "reducer_version": reducer_version,
         "position": {"seq": pos.seq, "hash": pos.hash, "segment": pos.segment,
                      "line_start": pos.line_start, "offset": pos.offset},
+        "body_encoding": BODY_ENCODING,
         "body_sha256": hashlib.sha256(body).hexdigest(), "body_bytes": len(body),
     }
     return json.dumps(header, sort_keys=True).encode("utf-8") + b"\n" + body
@@ -90,12 +116,19 @@ def read_snapshot(path: Path) -> tuple[dict, Position, dict]:
         header = json.loads(header_line)
         if header.get("format") != SNAPSHOT_FORMAT:
             raise SnapshotError(f"{path}: format {header.get('format')!r} is not {SNAPSHOT_FORMAT}")
+        if header.get("body_encoding") != BODY_ENCODING:
+            raise SnapshotError(f"{path}: body encoded as {header.get('body_encoding')}, "
+                                f"this Python reads {BODY_ENCODING}")
         if len(body) != header["body_bytes"] or \
                 hashlib.sha256(body).hexdigest() != header["body_sha256"]:
             raise SnapshotError(f"{path}: body does not match its checksum")
         p = header["position"]
         pos = Position(p["seq"], p["hash"], p["segment"], p["line_start"], p["offset"])
-        return header, pos, json.loads(body)
+        with gc_paused():
+            doc = marshal.loads(body)
+        if type(doc) is not dict:
+            raise SnapshotError(f"{path}: body is not a state document")
+        return header, pos, doc
     except SnapshotError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -124,7 +157,8 @@ def load_newest(events_dir: Path, reducer_version: int,
             if not check(pos):
                 notes.append(f"{path.name}: its seq {pos.seq} does not match the log; ignored")
                 continue
-            state = State.from_json(doc)
+            with gc_paused():
+                state = State.from_json(doc)
             if state.seq != pos.seq:
                 notes.append(f"{path.name}: state seq {state.seq} != position seq {pos.seq}")
                 continue

@@ -33,14 +33,15 @@ def _sha(rng: random.Random, n: int = 40) -> str:
 def simulate(rng: random.Random, n_events: int, **options: int) -> Iterator[E.Event]:
     """Yield ``n_events`` events forming a valid history (the reducer accepts all of them).
 
-    Options: ``kernels`` (20), ``runners`` (4), ``renewals`` per lease (2).
+    Options: ``kernels`` (20), ``runners`` (4), ``renewals`` per lease (2),
+    ``max_pending`` (200: no new submissions while this many jobs wait).
     """
     return itertools.islice(_simulate(rng, n_events, **options), n_events)
 
 
 def _simulate(rng: random.Random, n_events: int, *, kernels: int = 20,
               archs: tuple[str, ...] = ("sm_90", "gfx928"), runners: int = 4,
-              renewals: int = 2) -> Iterator[E.Event]:
+              renewals: int = 2, max_pending: int = 200) -> Iterator[E.Event]:
     state = State()
     kernel_ids = [f"{archs[i % len(archs)]}/Op{i}/Sub/fp16/impl{i}" for i in range(kernels)]
     count = 0
@@ -59,7 +60,8 @@ def _simulate(rng: random.Random, n_events: int, *, kernels: int = 20,
         clock += 1.0
         in_flight = list(state.queue.in_flight.items())
         r = rng.random()
-        if r < 0.25 or (not in_flight and not reported and not state.queue.pending):
+        idle = not in_flight and not reported and not state.queue.pending
+        if (r < 0.25 and len(state.queue.pending) < max_pending) or idle:
             uuid = new_uuid(rng)
             kid = rng.choice(kernel_ids)
             arch = kid.split("/", 1)[0]

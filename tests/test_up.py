@@ -2,8 +2,10 @@
 the guide's flow end to end, sd_notify, clean SIGTERM, and a restart that reuses the state."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -18,6 +20,7 @@ import pytest
 
 from kz_daemon.sdnotify import socket_address
 from tests.helpers.http_server import CPU_AXPY, package_tarball
+from tests.test_submit import GUIDE_CURL
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +40,7 @@ class Up:
         self.ready = threading.Event()
         self.url = ""
         threading.Thread(target=self._read, daemon=True).start()
-        if not self.ready.wait(90):
+        if not self.ready.wait(90) or not self.url:
             self.proc.kill()
             raise AssertionError("kz up did not print its URL:\n" + "".join(self.lines))
 
@@ -48,6 +51,7 @@ class Up:
             if match:
                 self.url = match.group(1)
                 self.ready.set()
+        self.ready.set()  # the process ended (without a URL, __init__ reports its output)
 
     def output(self) -> str:
         return "".join(self.lines)
@@ -105,12 +109,21 @@ def test_up_serves_runs_a_submission_and_stops_cleanly(tmp_path, notify_socket):
         assert runner_pids, "kz up started no runner child"
         with httpx.Client(base_url=up.url, timeout=60) as client:
             assert client.get("/readyz").status_code == 200
-            resp = client.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
-                               data={"kernel_id": CPU_AXPY, "submitter_id": "alice"},
-                               files={"package": ("package.tar.gz", package_tarball(CPU_AXPY),
-                                                  "application/gzip")})
-            assert resp.status_code == 202, resp.text
-            sub = resp.json()["uuid"]
+            (tmp_path / "package.tar.gz").write_bytes(package_tarball(CPU_AXPY))
+            if shutil.which("curl"):  # the guide's §7 line, word for word but for the server
+                done = subprocess.run(["bash", "-c", GUIDE_CURL.format(url=up.url)], cwd=tmp_path,
+                                      capture_output=True, text=True, timeout=60,
+                                      env=dict(os.environ, KERNEL_ID=CPU_AXPY))
+                assert done.returncode == 0, done.stderr
+                sub = json.loads(done.stdout)["uuid"]
+            else:
+                resp = client.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+                                   data={"kernel_id": CPU_AXPY, "submitter_id": "alice"},
+                                   files={"package": ("package.tar.gz",
+                                                      (tmp_path / "package.tar.gz").read_bytes(),
+                                                      "application/gzip")})
+                assert resp.status_code == 202, resp.text
+                sub = resp.json()["uuid"]
             doc = client.get(f"/api/submissions/{sub}/status", params={"wait": 60}).json()
             while not doc["terminal"]:
                 doc = client.get(f"/api/submissions/{sub}/status", params={"wait": 60}).json()

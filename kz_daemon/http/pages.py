@@ -46,7 +46,8 @@ def _rows(entries: list[dict[str, Any]], case_filter: str) -> list[dict[str, Any
             best = views.case_metric(case, "best")
             current = views.case_metric(case, "current")
             rows.append({"entry": entry, "case": case_id, "metric": case.get("primary_metric", ""),
-                         "direction": case.get("direction", ""), "best": best, "current": current})
+                         "direction": ", ".join(str(x) for x in (case.get("unit"), case.get("direction")) if x),
+                         "best": best, "current": current})
     return rows
 
 
@@ -83,8 +84,9 @@ async def leaderboard(request: Request) -> Response:
     except ValueError:
         page_no = 1
     cat = catalog(request)
-    facets = cat.facets()
-    rows = _sort_rows(_rows(cat.select(filters, text), case_filter), sort, order)
+    facets = cat.memo(("facets",), cat.facets)
+    key = ("rows", tuple(sorted(filters.items())), text, case_filter, sort, order)
+    rows = cat.memo(key, lambda: _sort_rows(_rows(cat.select(filters, text), case_filter), sort, order))
     total = len(rows)
     shown = rows[(page_no - 1) * ROWS_PER_PAGE: page_no * ROWS_PER_PAGE]
 

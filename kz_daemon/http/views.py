@@ -11,7 +11,7 @@ import dataclasses
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
@@ -139,6 +139,7 @@ class Catalog:
         self._kernels: list[dict[str, Any]] = []
         self._by_id: dict[str, dict[str, Any]] = {}
         self._pages: OrderedDict[tuple, bytes] = OrderedDict()
+        self._memo: OrderedDict[tuple, Any] = OrderedDict()
         self._max = max_cached_pages
 
     def refresh(self, doc: Mapping[str, Any] | None) -> None:
@@ -151,6 +152,20 @@ class Catalog:
             self._kernels = kernels
             self._by_id = {str(k.get("kernel_id")): k for k in kernels}
             self._pages.clear()
+            self._memo.clear()
+
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per index version and ``key`` (a small LRU shared by the pages)."""
+        with self._lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        value = compute()
+        with self._lock:
+            self._memo[key] = value
+            while len(self._memo) > 64:
+                self._memo.popitem(last=False)
+        return value
 
     def kernels(self) -> list[dict[str, Any]]:
         """All entries, sorted by kernel_id."""

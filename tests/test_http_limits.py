@@ -125,3 +125,26 @@ def test_drain_answers_long_polls(tmp_path):
                 assert anon.get("/readyz").status_code == 503
     finally:
         server.stop()
+
+
+def test_kz_submit_sends_its_token(strict, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.helpers.http_server import EXAMPLES
+
+    pkg = tmp_path / CPU_AXPY
+    shutil.copytree(EXAMPLES / CPU_AXPY, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KZ_")}
+    base = [sys.executable, "-m", "kz_daemon", "submit", str(pkg), "--server", strict.url,
+            "--submitter", "alice", "--no-wait"]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 2 and "UNAUTHORIZED" in done.stderr
+    done = subprocess.run(base + ["--token", strict.tokens["submitter:alice"]], capture_output=True, text=True,
+                          timeout=120, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert strict.zoo.submission(done.stdout.strip()).submitter_id == "alice"

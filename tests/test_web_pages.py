@@ -161,3 +161,6 @@ def test_queue_page_and_unknown_pages(site):
         assert resp.status == 404 and "NOT_FOUND" in page.locator("h1").inner_text()
         resp = page.goto(site.url + "/submissions/not-a-uuid")
         assert resp.status == 404
+        resp = page.goto(site.url + "/")
+        assert "script-src 'self'" in resp.headers["content-security-policy"]
+        assert resp.headers["x-content-type-options"] == "nosniff"

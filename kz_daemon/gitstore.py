@@ -115,6 +115,7 @@ class GitStore:
         # Trees are immutable by id: keep recently read ones parsed (the top levels of a
         # 10,000-package repo are read on every lookup and every commit).
         self._trees: dict[bytes, Tree] = {}
+        self._commit_trees: dict[str, bytes] = {}
 
     # -- opening -------------------------------------------------------------------
     @classmethod
@@ -157,7 +158,13 @@ class GitStore:
         """The root tree id of ``commit_sha`` (None for None)."""
         if commit_sha is None:
             return None
-        return self.store[commit_sha.encode()].tree
+        found = self._commit_trees.get(commit_sha)
+        if found is None:
+            found = self.store[commit_sha.encode()].tree
+            if len(self._commit_trees) >= TREE_CACHE:
+                self._commit_trees.pop(next(iter(self._commit_trees)))
+            self._commit_trees[commit_sha] = found
+        return found
 
     def tree(self, tree_id: bytes) -> Tree:
         """The parsed tree ``tree_id`` (cached; trees never change)."""

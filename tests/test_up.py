@@ -33,6 +33,7 @@ class Up:
         env["PYTHONUNBUFFERED"] = "1"
         if notify:
             env["NOTIFY_SOCKET"] = notify
+            env["WATCHDOG_USEC"] = "400000"  # ping every 0.2 s from the event loop
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kz_daemon", "up", "--state-dir", str(state_dir), "--port", "0", *extra],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -99,6 +100,7 @@ def test_up_serves_runs_a_submission_and_stops_cleanly(tmp_path, notify_socket):
     up = Up(state, notify=name)
     try:
         assert any(b"READY=1" in m for m in _messages(sock, b"READY=1"))
+        assert any(b"WATCHDOG=1" in m for m in _messages(sock, b"WATCHDOG=1"))
         out = up.output()
         assert "kz submit" in out and '-F "package=@package.tar.gz;type=application/gzip"' in out
         assert f"{state}/tokens" in out and "kz runner --arch cpu" in out
@@ -135,7 +137,7 @@ def test_up_serves_runs_a_submission_and_stops_cleanly(tmp_path, notify_socket):
             assert queue["runners"], "the local runner never showed up"
         assert up.stop() == 0
         assert "kz: stopped" in up.output()
-        assert any(b"STOPPING=1" in m for m in _messages(sock, b"STOPPING=1"))
+        assert any(b"STOPPING=1" in m for m in _messages(sock, b"STOPPING=1"))  # before it exited
         assert not any(_alive(pid) for pid in runner_pids)
     finally:
         if up.proc.poll() is None:

@@ -33,6 +33,8 @@ from kz_daemon.http.views import Catalog
 from kz_daemon.sdnotify import Notifier
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: Seconds between sd_notify STATUS updates.
+STATUS_INTERVAL_S = 10.0
 
 
 def api_ops() -> list[Op]:
@@ -80,16 +82,29 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
     ops = api_ops()
     counters = HttpCounters()
 
+    async def status_loop() -> None:
+        """Keep systemd's STATUS line current (queue depth) while serving."""
+        if not notifier.enabled:
+            return
+        while True:
+            await asyncio.sleep(STATUS_INTERVAL_S)
+            with contextlib.suppress(Exception):
+                data = zoo.metrics()
+                notifier.status(f"serving: {data.get('queue_pending', '?')} pending, "
+                                f"{data.get('queue_in_flight', '?')} in flight")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        watchdog = asyncio.create_task(notifier.watchdog_loop())
+        tasks = [asyncio.create_task(notifier.watchdog_loop()), asyncio.create_task(status_loop())]
         try:
             yield
         finally:
             app.state.draining.set()
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watchdog
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     all_routes = [
         *routes(ops),

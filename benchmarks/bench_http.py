@@ -104,6 +104,7 @@ class Daemon:
         self.runner_token = (state / "tokens" / "runner.token").read_text().strip()
 
     def stop(self) -> None:
+        """SIGTERM, as an operator would; SIGKILL after a minute."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(60)

@@ -21,7 +21,7 @@ from kz_events.events import EVENT_TYPES, Event
 
 __all__ = [
     "GENESIS", "DecodeError", "Envelope", "canonical_bytes", "line_hash", "format_ts",
-    "encode", "decode_line", "decode_dict", "upcaster", "upcast_payload", "subject_of",
+    "encode", "encode_fast", "TimestampFormatter", "decode_line", "decode_dict", "upcaster", "upcast_payload", "subject_of",
 ]
 
 #: ``prev`` of the first event.
@@ -102,6 +102,56 @@ def encode(event: Event, seq: int, ts: str, prev: str,
                    subject if subject is not None else subject_of(event),
                    event.payload(), prev)
     return canonical_bytes(env.to_dict()), env
+
+
+_CONTAINERS: dict[type, bool] = {}
+
+
+def _has_containers(cls: type[Event]) -> bool:
+    """Whether events of ``cls`` carry lists or dicts (which JSON may change: tuples, keys)."""
+    found = _CONTAINERS.get(cls)
+    if found is None:
+        found = _CONTAINERS[cls] = any(allowed[0] in (list, dict)
+                                       for allowed, _ in cls._CHECKS.values())
+    return found
+
+
+def encode_fast(event: Event, seq: int, ts: str, prev: str,
+                subject: dict[str, str]) -> tuple[bytes, dict]:
+    """The writer's encoder: (canonical line bytes, payload exactly as a reader will see it).
+
+    Builds the same bytes as ``canonical_bytes(envelope)`` (sorted keys: payload,
+    prev, seq, subject, ts, type, v) without sorting the envelope, and re-reads
+    the payload only when it holds lists or dicts. ``ts`` must come from
+    ``format_ts`` and ``prev`` be hex (neither needs escaping).
+    """
+    payload = event.payload()
+    pj = _dumps(payload)
+    line = (f'{{"payload":{pj},"prev":"{prev}","seq":{seq},"subject":{_dumps(subject)},'
+            f'"ts":"{ts}","type":"{event.TYPE}","v":{event.VERSION}}}').encode("utf-8")
+    if _has_containers(type(event)):
+        payload = parse_json(pj)
+    return line, payload
+
+
+class TimestampFormatter:
+    """``format_ts`` with the seconds part cached (the writer formats one per event)."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, epoch: float) -> str:
+        """UTC RFC 3339 with microseconds, e.g. ``2026-11-30T06:30:45.123456Z``."""
+        second = int(epoch // 1)
+        micros = int(round((epoch - second) * 1e6))
+        if micros >= 1_000_000:  # rounding up to the next second
+            second, micros = second + 1, micros - 1_000_000
+        if second != self._second:
+            self._prefix = datetime.fromtimestamp(second, timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%S.")
+            self._second = second
+        return f"{self._prefix}{micros:06d}Z"
 
 
 # --- upcasting ----------------------------------------------------------------------

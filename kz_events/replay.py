@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,63 +29,76 @@ __all__ = ["replay_into", "replay_dir", "load_state"]
 BATCH = 2048
 _HEAD = b'{"payload":'
 _PREV = b',"prev":"'
-_TAIL = re.compile(
-    rb',"prev":"([0-9a-f]{64})","seq":([0-9]+),"subject":\{[^{}]*\},'
-    rb'"ts":"([^"\\]{27})","type":"([a-z_.]+)","v":([0-9]+)\}\Z')
 
 
-class _Parsed(tuple):
-    """A fully decoded line in the shape of a fast-path match: (prev, seq, ts, type, v)."""
-
-    def groups(self) -> tuple:
-        return tuple(self)
-
-
-def _full_parse(line: bytes) -> tuple[_Parsed, dict]:
+def _full_parse(line: bytes) -> tuple[tuple[bytes, ...], dict]:
     """Slow path: decode one line completely (raises DecodeError)."""
     try:
         obj = parse_json(line.decode("utf-8"))
     except ValueError as exc:
         raise DecodeError(f"not a JSON line ({exc})") from None
     env = decode_dict(obj)  # validates and upcasts
-    parsed = _Parsed((env.prev.encode(), str(env.seq).encode(), env.ts.encode(),
-                      env.type.encode(), str(env.v).encode()))
-    return parsed, env.payload
+    fields = (env.prev.encode(), str(env.seq).encode(), env.ts.encode(),
+              env.type.encode(), str(env.v).encode())
+    return fields, env.payload
 
 
-def _parse_group(group: list[bytes]) -> tuple[list[Any], list[Any]]:
-    """(matches, payloads) for a group of lines: fast when every line has the writer's shape."""
-    match = _TAIL.match
+_SEQ = b'","seq":'
+_TS = b',"ts":"'
+
+
+def _parse_group(group: list[bytes]) -> tuple[list[Any], list[Any]] | tuple[None, list, list]:
+    """Cut a group of lines into header fields and payloads.
+
+    Fast path, every line in the writer's canonical shape: returns (fields, payloads)
+    where fields = (prevs, seqs, tss, types, vs) as tuples of bytes, one per line.
+    Otherwise returns (None, parsed, payloads) with each line fully decoded (a
+    ``DecodeError`` in place of the payload for a line that does not decode).
+    """
     try:
         cuts = [line.rfind(_PREV) if line.startswith(_HEAD) else -1 for line in group]
-        matches = [match(line, c) if c > 0 else None for line, c in zip(group, cuts)]
-        if None not in matches:
+        vcuts = [line.rfind(b',"v":', c) for line, c in zip(group, cuts)]
+        tcuts = [line.rfind(b',"type":"', c, v) for line, c, v in zip(group, cuts, vcuts)]
+        if all([c > 0 and line[c + 73:c + 81] == _SEQ and line[t - 35:t - 28] == _TS
+                for line, c, t in zip(group, cuts, tcuts)]):
             payloads = parse_json(
                 "[" + b",".join([line[11:c] for line, c in zip(group, cuts)]).decode("utf-8") + "]")
             if len(payloads) == len(group):
-                return matches, payloads
+                fields = (
+                    tuple([line[c + 9:c + 73] for line, c in zip(group, cuts)]),
+                    tuple([line[c + 81:line.find(b",", c + 81)] for line, c in zip(group, cuts)]),
+                    tuple([line[t - 28:t - 1] for line, t in zip(group, tcuts)]),
+                    tuple([line[t + 9:v - 1] for line, t, v in zip(group, tcuts, vcuts)]),
+                    tuple([line[v + 5:-1] for line, v in zip(group, vcuts)]),
+                )
+                return fields, payloads
     except ValueError:
         pass
-    matches, payloads = [], []
+    return (None, *_parse_group_slowly(group))
+
+
+def _parse_group_slowly(group: list[bytes]) -> tuple[list, list]:
+    """Every line of a group fully decoded: (fields or None, payload or DecodeError)."""
+    parsed, payloads = [], []
     for line in group:
         try:
-            parsed, payload = _full_parse(line)
+            fields, payload = _full_parse(line)
         except DecodeError as exc:
-            parsed, payload = None, exc
-        matches.append(parsed)
+            fields, payload = None, exc
+        parsed.append(fields)
         payloads.append(payload)
-    return matches, payloads
+    return parsed, payloads
 
 
-def _replay_slowly(state: State, table: dict, group: list[bytes], matches: list,
+def _replay_slowly(state: State, table: dict, group: list[bytes], parsed: list,
                    payloads: list, seq: int, h: bytes, path: Path, pos: int) -> tuple[int, bytes]:
     """Check and fold a group line by line (versions to upcast, or a damaged line to name)."""
     sha = hashlib.sha256
-    for line, m, p in zip(group, matches, payloads):
+    for line, fields, p in zip(group, parsed, payloads):
         try:
-            if m is None:
+            if fields is None:
                 raise p
-            prev, s, ts, t, v = m.groups()
+            prev, s, ts, t, v = fields
             if prev != h:
                 raise DecodeError("hash chain broken: prev is not the sha256 of the previous line")
             if int(s) != seq + 1:
@@ -159,16 +171,21 @@ def _replay(log: EventLog, state: State, start: Position | None,
             if not group:
                 break
             n = len(group)
-            matches, payloads = _parse_group(group)
-            fast = None not in matches
+            cut = _parse_group(group)
+            fast = cut[0] is not None
             if fast:
-                prevs, seqs, tss, types, vs = zip(*[m.groups() for m in matches])
+                (prevs, seqs, tss, types, vs), payloads = cut
                 hashes = [sha(line).hexdigest().encode() for line in group]
                 fast = (prevs[0] == h and prevs[1:] == tuple(hashes[:-1])
                         and list(map(int, seqs)) == list(range(seq + 1, seq + n + 1))
                         and vs.count(b"1") == n)
             if fast:
-                tss = b" ".join(tss).decode("ascii").split(" ")
+                try:
+                    tss = b" ".join(tss).decode("ascii").split(" ")
+                except UnicodeDecodeError:
+                    tss = ()
+                fast = len(tss) == n
+            if fast:
                 j = -1
                 try:
                     for j, t in enumerate(types):
@@ -190,7 +207,8 @@ def _replay(log: EventLog, state: State, start: Position | None,
                 h = hashes[-1]
                 state.seq = seq
             else:
-                seq, h = _replay_slowly(state, table, group, matches, payloads, seq, h, path, pos)
+                parsed, payloads = cut[-2:] if cut[0] is None else _parse_group_slowly(group)
+                seq, h = _replay_slowly(state, table, group, parsed, payloads, seq, h, path, pos)
             count += n
             end = pos + sum(map(len, group)) + n
             tail = Position(seq, h.decode(), first, end - len(group[-1]) - 1, end)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["STATUSES", "TERMINAL", "Lease", "Submission", "Kernel", "Queue", "State"]
 
@@ -23,9 +23,8 @@ STATUSES = ("received", "queued", "running", "accepting", "accepted",
 TERMINAL = frozenset(("accepted", "rejected", "failed", "cancelled"))
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A runner's hold on a running job."""
+class Lease(NamedTuple):
+    """A runner's hold on a running job (a named tuple: cheap to build on every renewal)."""
 
     runner_id: str      # who holds it
     lease_id: str       # the id the runner must present to renew, release, report

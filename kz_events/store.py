@@ -11,11 +11,12 @@
 
 ``emit`` folds the events into the state under the store's lock, in order; if
 the reducer refuses one (``InvalidTransition``) the state is restored and nothing
-is written. The encoded lines are then made durable by group commit: the first
-emitter waiting becomes the leader, writes every line queued so far and fsyncs
-once, while the others wait for it (their lines ride along). ``emit`` returns
-only after its lines are fsync-ed. ``wait_for_change`` only ever reports durable
-seqs.
+is written. The encoded lines are then made durable by group commit (leader and
+followers): an emitter that finds no commit in progress leads one: it writes
+every line queued so far, fsyncs once, and wakes exactly the emitters of those
+lines; emits arriving meanwhile wait, and the first of them is promoted to lead
+the next commit. ``emit`` returns only after its lines are fsync-ed.
+``wait_for_change`` only ever reports durable seqs.
 
 ``store.state`` is mutated in place by ``emit``; a reader that needs a consistent
 view of several fields takes ``with store.lock:``. It may include events whose
@@ -25,13 +26,12 @@ raises and the process should restart, which replays the log from disk.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from kz_events.codec import canonical_bytes, format_ts, line_hash, subject_of
+from kz_events.codec import TimestampFormatter, encode_fast, line_hash, subject_of
 from kz_events.events import EVENT_TYPES, Event, LogRepaired
 from kz_events.log import DEFAULT_SEGMENT_BYTES, EventLog, Position
 from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
@@ -50,6 +50,17 @@ class StoreBroken(RuntimeError):
     """A write or fsync failed; the store refuses everything until the process reopens it."""
 
 
+class _Waiter:
+    """An emitter waiting for its lines: woken to return, or promoted to lead the next commit."""
+
+    __slots__ = ("lock", "lead")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.lead = False
+
+
 class OpenReport(dict):
     """What ``Store.open`` did: repair, snapshot used, events replayed, seconds, notes."""
 
@@ -62,16 +73,18 @@ class Store:
         self._log = log
         self._state = state
         self._clock = clock
+        self._format_ts = TimestampFormatter()
         self._fsync = fsync
         self._snapshot_every = snapshot_every
         self._snapshot_keep = snapshot_keep
         self.lock = threading.RLock()          # state and seq assignment
-        self._pending_lock = threading.Lock()  # the lines waiting for the next leader
-        self._cond = threading.Condition()     # durable seq, leader election, broken/closed
+        self._cond = threading.Condition()     # durable seq, broken/closed (long polls wait here)
+        self._queue = threading.Lock()         # pending lines, their waiters, who leads
         self._pending: list[tuple[int, bytes, str]] = []
+        self._waiters: list[_Waiter] = []
+        self._leading = False                  # a group commit is in progress
         self._hash = log.tail.hash             # hash of the last folded line
         self._durable_seq = state.seq
-        self._syncing = False
         self._broken: BaseException | None = None
         self._closed = False
         self._snapshot_lock = threading.Lock()
@@ -158,13 +171,27 @@ class Store:
         """
         if not events:
             return []
+        waiter = None
         with self.lock:
             self._check_usable()
             records = self._fold(events)
-            with self._pending_lock:
+            with self._queue:
                 self._pending.extend(records)
+                if self._leading:
+                    waiter = _Waiter()
+                    self._waiters.append(waiter)
+                else:
+                    self._leading = True
+        if waiter is not None:
+            waiter.lock.acquire()  # released when our lines are durable, or to lead
+            if waiter.lead:
+                waiter = None
+        if waiter is None:
+            self._lead()
+        if self._broken is not None and self._durable_seq < records[-1][0]:
+            raise StoreBroken(f"appending to {self._log.dir} failed: {self._broken!r}; "
+                              "restart to reopen the log") from self._broken
         last = records[-1][0]
-        self._wait_durable(last)
         if self._snapshot_every and last - self._last_snapshot_seq >= self._snapshot_every:
             self._periodic_snapshot()
         return [r[0] for r in records]
@@ -189,13 +216,9 @@ class Store:
                 if uuid is not None and getattr(ev, "kernel_id", None) is None:
                     sub = state.submissions.get(uuid)
                     kernel_id = sub.kernel_id if sub is not None else None
-                ts = format_ts(self._clock())
-                envelope = {"seq": seq, "ts": ts, "type": ev.TYPE, "v": ev.VERSION,
-                            "subject": subject_of(ev, kernel_id), "payload": ev.payload(),
-                            "prev": h}
-                line = canonical_bytes(envelope)
+                ts = self._format_ts(self._clock())
                 # fold what replay will see: the payload as read back from the line
-                payload = json.loads(line)["payload"]
+                line, payload = encode_fast(ev, seq, ts, h, subject_of(ev, kernel_id))
                 apply_record(state, seq, ts, ev.TYPE, payload)
                 h = line_hash(line)
                 records.append((seq, line, h))
@@ -213,35 +236,44 @@ class Store:
             raise StoreBroken(f"a write to {self._log.dir} failed earlier: {self._broken!r}; "
                               "restart to reopen the log") from self._broken
 
-    def _wait_durable(self, target: int) -> None:
-        """Return once ``target`` is fsync-ed: lead a group commit or wait for the leader."""
-        while True:
-            with self._cond:
-                while True:
-                    if self._durable_seq >= target:
-                        return
-                    if self._broken is not None:
-                        self._check_usable()
-                    if not self._syncing:
-                        self._syncing = True
-                        break
-                    self._cond.wait()
-            with self._pending_lock:
-                batch, self._pending = self._pending, []
+    def _lead(self) -> None:
+        """Group commit: write every pending line, fsync once, wake the emitters of those lines.
+
+        Emits that arrive during the fsync queue up as waiters; the first of them
+        is promoted to lead the next commit, so there is never a writer thread and
+        a lone emitter does its own write. After a failed write nothing more is
+        written (the file's end is unknown): the store is broken.
+        """
+        with self._queue:
+            records, self._pending = self._pending, []
+            waiters, self._waiters = self._waiters, []
+        if records and self._broken is None:
             try:
-                if batch:
-                    self._log.append(batch)
-            except BaseException as exc:
-                with self._cond:
-                    self._broken = exc
-                    self._syncing = False
-                    self._cond.notify_all()
-                raise StoreBroken(f"appending to {self._log.dir} failed: {exc!r}") from exc
-            with self._cond:
-                if batch:
-                    self._durable_seq = batch[-1][0]
-                self._syncing = False
-                self._cond.notify_all()
+                self._log.append(records)
+            except BaseException as exc:  # noqa: BLE001 - every emitter of the batch gets it
+                self._broken = exc
+        with self._cond:
+            if records and self._broken is None:
+                self._durable_seq = records[-1][0]
+            self._cond.notify_all()
+        for waiter in waiters:
+            waiter.lock.release()
+        with self._queue:
+            if self._waiters:
+                successor = self._waiters.pop(0)
+                successor.lead = True
+                successor.lock.release()
+            else:
+                self._leading = False
+
+    def _wait_durable(self, target: int) -> None:
+        """Block until ``target`` is durable (raises StoreBroken after a failed write)."""
+        with self._cond:
+            while self._durable_seq < target:
+                if self._broken is not None:
+                    raise StoreBroken(f"appending to {self._log.dir} failed: {self._broken!r}; "
+                                      "restart to reopen the log") from self._broken
+                self._cond.wait(1.0)
 
     # --- snapshots ------------------------------------------------------------------
 

@@ -169,3 +169,27 @@ def test_envelope_subject_names_submission_and_kernel():
 
 def test_format_ts_is_utc_with_microseconds():
     assert codec.format_ts(0.5) == "1970-01-01T00:00:00.500000Z"
+
+
+def test_the_writers_fast_encoder_produces_canonical_bytes():
+    prev = codec.GENESIS
+    for seq, event in enumerate(simulate(random.Random(8), 500), 1):
+        subject = codec.subject_of(event, "k/x" if seq % 3 else None)
+        fast, payload = codec.encode_fast(event, seq, "2026-11-30T06:00:00.000001Z", prev, subject)
+        slow, env = encode(event, seq, "2026-11-30T06:00:00.000001Z", prev, subject)
+        assert fast == slow
+        assert payload == env.payload == json.loads(fast)["payload"]
+        prev = codec.line_hash(fast)
+    odd = E.SubmissionRejected("u", "intake", "C", "é \"quoted\" \n", {"k": (1, 2), "n": None})
+    fast, payload = codec.encode_fast(odd, 1, "2026-11-30T06:00:00.000001Z", codec.GENESIS, {})
+    assert fast == encode(odd, 1, "2026-11-30T06:00:00.000001Z", codec.GENESIS, {})[0]
+    assert payload["details"] == {"k": [1, 2], "n": None}
+
+
+def test_timestamp_formatter_matches_format_ts():
+    fmt = codec.TimestampFormatter()
+    rng = random.Random(2)
+    for _ in range(5000):
+        t = rng.uniform(0, 2e9)
+        assert fmt(t) == codec.format_ts(t)
+    assert fmt(1.9999999) == codec.format_ts(1.9999999) == "1970-01-01T00:00:02.000000Z"

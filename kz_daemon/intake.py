@@ -9,7 +9,7 @@ For each file that got its uuid (``spool.claim``), :class:`Intake` decides once:
    or ``spool/rejected/<uuid>/reason.json`` + ``package.tar.gz`` (the JSON first, the
    tarball renamed in last);
 3. emits ``submission.received`` with ``submission.validated`` + ``job.queued`` or
-   ``submission.rejected``, in one durable append.
+   ``submission.rejected`` (the files of one scan in batches: one durable append each).
 
 A crash between 2 and 3 leaves an outcome folder whose uuid the log lacks:
 :meth:`Intake.recover` emits its events from the JSON at start-up. Nothing is
@@ -28,6 +28,7 @@ from kz_daemon import spool
 from kz_daemon.spool import Claimed, SpoolDirs, write_json_atomic
 
 PACKAGE_FILE = "package.tar.gz"
+EMIT_BATCH = 16  # files whose events are appended together
 SUBMISSION_FILE = "submission.json"
 REASON_FILE = "reason.json"
 KP = ".kernel_package"
@@ -164,22 +165,52 @@ class Intake:
         self.clock_iso = clock_iso
         self.dirs = SpoolDirs(config.paths.spool)
         self.pending_dir = config.paths.pending
+        self._batch: list[tuple[list, Claimed]] = []  # decided, events not appended yet
+        self._batched: set[str] = set()
 
     # -- the scan --------------------------------------------------------------
     def scan_once(self) -> int:
-        """Claim and decide every file in work/ and the inbox; returns how many were decided."""
+        """Claim and decide every file in work/ and the inbox; returns how many were decided.
+
+        Decisions are written file by file; their events are appended in batches of
+        up to EMIT_BATCH files (one durable append instead of one per file).
+        """
         count = 0
-        for claimed in spool.claimed_files(self.dirs):
-            self.process_guarded(claimed)
-            count += 1
-        known = self.store.state.submissions.__contains__
-        for path in spool.inbox_files(self.dirs):
-            claimed = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u),
-                                  self.clock_iso)
-            if claimed is not None:
+        try:
+            for claimed in spool.claimed_files(self.dirs):
                 self.process_guarded(claimed)
                 count += 1
+            known = self.store.state.submissions.__contains__
+            for path in spool.inbox_files(self.dirs):
+                claimed = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u)
+                                      or u in self._batched, self.clock_iso)
+                if claimed is not None:
+                    self.process_guarded(claimed)
+                    count += 1
+        finally:
+            self.flush()
         return count
+
+    def flush(self) -> None:
+        """Append the events of the decided files in one go, then clean their work/ files."""
+        from kz_events.reducer import ReducerError
+
+        batch, self._batch = self._batch, []
+        self._batched.clear()
+        if not batch:
+            return
+        try:
+            self.store.emit(*[e for events, _c in batch for e in events])
+        except ReducerError:  # one bad apple: append them one by one (the rest still go in)
+            for events, _claimed in batch:
+                try:
+                    self.store.emit(*events)
+                except ReducerError as exc:
+                    import sys
+
+                    print(f"kz daemon: intake events refused: {exc}", file=sys.stderr)
+        for _events, claimed in batch:
+            self._cleanup(claimed)
 
     def process_guarded(self, claimed: Claimed) -> None:
         """:meth:`process`, but a file that makes the checks crash is rejected (INTAKE_FAILED), not retried forever."""
@@ -198,8 +229,7 @@ class Intake:
                              f"the checks failed on this file ({type(exc).__name__}); the operator's log "
                              "has the details", error=f"{type(exc).__name__}: {exc}"[:500])
             self._record(claimed.uuid, meta, outcome, claimed.tarball, {})
-            self._emit(claimed.uuid, meta, outcome)
-            self._cleanup(claimed)
+            self._queue_events(claimed, meta, outcome)
 
     def _outcome_exists(self, sub_uuid: str) -> bool:
         return (self.pending_dir / sub_uuid).exists() or (self.dirs.rejected / sub_uuid).exists()
@@ -221,8 +251,13 @@ class Intake:
             with self.git_lock:
                 outcome = policy_check(outcome, facts, self.git, self.config.policy.allow_new_packages)
         self._record(sub_uuid, meta, outcome, claimed.tarball, facts)
-        self._emit(sub_uuid, meta, outcome)
-        self._cleanup(claimed)
+        self._queue_events(claimed, meta, outcome)
+
+    def _queue_events(self, claimed: Claimed, meta: dict, outcome: Outcome) -> None:
+        self._batch.append((self._events(claimed.uuid, meta, outcome), claimed))
+        self._batched.add(claimed.uuid)
+        if len(self._batch) >= EMIT_BATCH:
+            self.flush()
 
     def _record(self, sub_uuid: str, meta: dict, outcome: Outcome, tarball: Path, facts: dict) -> None:
         doc = {"uuid": sub_uuid, "received": meta, "outcome": outcome.__dict__}
@@ -236,12 +271,16 @@ class Intake:
                    "details": outcome.details, "received": meta, "outcome": outcome.__dict__}
             name = REASON_FILE
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / name, doc)
+        write_json_atomic(folder / name, doc, sync_dir=False)
         if tarball.exists() or tarball.is_symlink():
             os.replace(tarball, folder / PACKAGE_FILE)
-            spool.fsync_dir(folder)
+        spool.fsync_dir(folder)         # the JSON and the tarball names
+        spool.fsync_dir(folder.parent)  # the new folder's own name
 
     def _emit(self, sub_uuid: str, meta: dict, outcome: Outcome) -> None:
+        self.store.emit(*self._events(sub_uuid, meta, outcome))
+
+    def _events(self, sub_uuid: str, meta: dict, outcome: Outcome) -> list:
         ev = self.ev
         received = ev.SubmissionReceived(
             uuid=sub_uuid, kernel_id=outcome.kernel_id, submitter_id=str(meta.get("submitter_id") or "unknown"),
@@ -249,14 +288,13 @@ class Intake:
             filename=str(meta.get("filename", "")), size=int(meta.get("size", 0)),
             sha256=str(meta.get("sha256", "0" * 64)))
         if outcome.ok:
-            self.store.emit(received,
-                            ev.SubmissionValidated(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch,
-                                                   new_kernel=outcome.new_kernel, warnings=list(outcome.warnings)),
-                            ev.JobQueued(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch))
-        else:
-            self.store.emit(received,
-                            ev.SubmissionRejected(uuid=sub_uuid, stage="intake", code=outcome.code,
-                                                  message=outcome.message, details=outcome.details))
+            return [received,
+                    ev.SubmissionValidated(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch,
+                                           new_kernel=outcome.new_kernel, warnings=list(outcome.warnings)),
+                    ev.JobQueued(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch)]
+        return [received,
+                ev.SubmissionRejected(uuid=sub_uuid, stage="intake", code=outcome.code,
+                                      message=outcome.message, details=outcome.details)]
 
     def _cleanup(self, claimed: Claimed) -> None:
         (self.dirs.work / f"{claimed.uuid}{spool.SIDECAR_SUFFIX}").unlink(missing_ok=True)

@@ -85,8 +85,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, doc: Any, fsync: bool = True) -> None:
-    """Write ``doc`` as JSON to ``path`` via a temp file and rename (fsynced when asked)."""
+def write_json_atomic(path: Path, doc: Any, fsync: bool = True, sync_dir: bool = True) -> None:
+    """Write ``doc`` as JSON to ``path`` via a temp file and rename (file and folder fsynced when asked).
+
+    ``sync_dir=False`` leaves the folder's fsync to the caller (who renames more into it).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     data = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
     with open(tmp, "wb") as f:
@@ -95,7 +98,7 @@ def write_json_atomic(path: Path, doc: Any, fsync: bool = True) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
-    if fsync:
+    if fsync and sync_dir:
         fsync_dir(path.parent)
 
 
@@ -234,7 +237,7 @@ def claim(dirs: SpoolDirs, path: Path, known: Callable[[str], bool],
     if side_error:
         record["sidecar_error"] = side_error
     work_meta = dirs.work / f"{sub_uuid}{SIDECAR_SUFFIX}"
-    write_json_atomic(work_meta, record)
+    write_json_atomic(work_meta, record, sync_dir=False)  # the fsync_dir below covers both names
     target = dirs.work / f"{sub_uuid}{TARBALL_SUFFIX}"
     try:
         os.rename(path, target)

@@ -49,32 +49,59 @@ class Claim:
 
 
 def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
-    """Give ``runner_id`` the next job of ``arch`` under a new lease, waiting up to ``wait_s``; None if none."""
+    """Give ``runner_id`` the next job of ``arch`` under a new lease, waiting up to ``wait_s``; None if none.
+
+    A job whose package was frozen in the repo after it was queued is rejected
+    (PACKAGE_FROZEN) instead of handed out: frozen packages are never claimable.
+    """
     from kz_events import events as ev
     from kz_events.reducer import next_claimable
 
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
-        with zoo.lock, zoo.store.lock:  # store.lock: the state is not folded while we read it
-            state = zoo.store.state
-            sub_uuid = next_claimable(state, arch)
+        with zoo.lock:  # decisions are serialized; lock order: lock -> git_lock -> store.lock
+            with zoo.store.lock:  # the state is not folded while we read it
+                state = zoo.store.state
+                sub_uuid = next_claimable(state, arch)
+                seq = state.seq
+                sub = state.submissions[sub_uuid] if sub_uuid is not None else None
+                kernel_id, attempts, sub_arch = (sub.kernel_id, sub.attempts, sub.arch) if sub else (None, 0, None)
             if sub_uuid is not None:
-                sub = state.submissions[sub_uuid]
+                with zoo.git_lock:
+                    frozen = is_frozen(zoo.git, kernel_id)
+                if frozen:
+                    zoo.store.emit(ev.SubmissionRejected(
+                        uuid=sub_uuid, stage="intake", code="PACKAGE_FROZEN",
+                        message=f"{kernel_id} was frozen in the repo after this submission was queued; "
+                                "frozen packages take no submissions", details={"where": "repo"}))
+                    continue
                 lease_id = uuidlib.uuid4().hex
                 expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
-                attempt = sub.attempts + 1
                 zoo.store.emit(ev.JobClaimed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
-                                             lease_expires_at=expires, attempt=attempt))
+                                             lease_expires_at=expires, attempt=attempts + 1))
                 zoo.note_runner(runner_id, arch)
                 t = zoo.config.timeouts
-                return Claim(sub_uuid, sub.kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
-                             attempt, sub.arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
-            seq = state.seq
+                return Claim(sub_uuid, kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
+                             attempts + 1, sub_arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
         zoo.note_runner(runner_id, arch)
         remaining = deadline - time.monotonic()
         if remaining <= 0 or zoo.stopping:
             return None
         zoo.store.wait_for_change(seq, min(remaining, 1.0))
+
+
+def is_frozen(git, kernel_id: str) -> bool:
+    """Whether the package's desc.yaml at HEAD says ``status: frozen``."""
+    import yaml
+
+    raw = git.read_file(f"{kernel_id}/{KP}/desc.yaml")
+    if raw is None:
+        return False
+    try:
+        desc = scorecard.load(raw)
+    except yaml.YAMLError:
+        return False
+    return isinstance(desc, dict) and desc.get("status") == "frozen"
 
 
 def check_lease(zoo, sub_uuid: str, runner_id: str, lease_id: str | None):

@@ -225,3 +225,16 @@ def test_hand_result_accept_and_queue_view(zoo):
     view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(THIRD), b"", {}, None)
     assert view.status == "accepted" and view.commit_sha
     assert zoo.metrics()["submissions_by_status"]["accepted"] == 1
+
+
+def test_package_frozen_after_queueing_is_never_claimed(zoo):
+    from kz_daemon.gitstore import format_message
+
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    path = f"{AXPY_ID}/.kernel_package/desc.yaml"
+    with zoo.git_lock:
+        desc = zoo.git.read_file(path).replace(b"status: normal", b"status: frozen")
+        zoo.git.commit_changes({path: desc}, format_message("operator: freeze", {}), "op <op@x>", zoo.git.head())
+    assert zoo.claim("r1", "cpu", 0) is None
+    view = zoo.submission(sub_uuid)
+    assert view.status == "rejected" and view.reasons[0]["code"] == "PACKAGE_FROZEN"

@@ -197,3 +197,20 @@ def test_parallel_build_equals_serial_and_fills_the_cache(tmp_path, monkeypatch)
     cache.save(tmp_path / "c.json")
     again = ContentsCache.load(tmp_path / "c.json")
     assert dumps(build_index(root, cache=again, workers=2)) == serial and again.hits == 13
+
+
+def test_parallel_counts_are_right_when_one_worker_runs_every_chunk(tmp_path, monkeypatch):
+    import kz_runner.contract.index as index_module
+
+    root = mark_repo(tmp_path / "many")
+    for i in range(6):
+        write_package(root, f"cpu/Op/Sub/fp32/impl{i}")
+    monkeypatch.setattr(index_module, "PARALLEL_MIN_PACKAGES", 2)
+    cache = ContentsCache()
+    index_module._FORK_STATE = (root, cache)
+    try:  # run two chunks in this process, one after the other, as a single pool worker would
+        learned = [index_module._scan_chunk(chunk)[1] for chunk in (["cpu/Op/Sub/fp32/impl0"],
+                                                                     ["cpu/Op/Sub/fp32/impl1"])]
+    finally:
+        index_module._FORK_STATE = None
+    assert [(hits, misses) for _used, _fresh, hits, misses in learned] == [(0, 1), (0, 1)]

@@ -215,6 +215,8 @@ def _scan_chunk(kernel_ids: list[str]) -> tuple[dict[str, dict], tuple | None]:
     """Worker side of a parallel build: entries for ``kernel_ids`` and what the cache learned."""
     assert _FORK_STATE is not None
     root, cache = _FORK_STATE
+    if cache is not None:  # one worker may run several chunks: report each chunk's own counts
+        cache.reset_counts()
     entries = _scan(root, kernel_ids, cache, top_level=True)
     return entries, (cache.export_used() if cache is not None else None)
 

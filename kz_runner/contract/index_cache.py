@@ -105,6 +105,11 @@ class ContentsCache:
         """Number of analyses held (loaded from disk or computed)."""
         return len(self._stored.keys() | self._memory.keys())
 
+    def reset_counts(self) -> None:
+        """Forget hits, misses and used keys (a worker starting a new chunk)."""
+        self.hits = self.misses = 0
+        self._used = set()
+
     def export_used(self) -> tuple[list[str], dict[str, dict], int, int]:
         """For a worker process: keys used, records of fresh analyses, hits, misses."""
         fresh = {}

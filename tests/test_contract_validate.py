@@ -252,3 +252,11 @@ def test_guide_seed_and_guide_metas_taken_together_disagree(tmp_path):
     assert codes(report) == ["CASES_MISMATCH"]
     message = report.problems[0].message
     assert "only in METAS: ['small']" in message and "only in bench_result.yaml: ['small_b1_h1_s16_d16']" in message
+
+
+def test_kernel_id_unknown_outside_a_repo_without_scorecard(tmp_path):
+    pkg = write_package(tmp_path, "loose")
+    kp(pkg, "bench_result.yaml").unlink()
+    report = validate_package_dir(pkg)
+    assert codes(report) == ["FILE_MISSING", "KERNEL_ID_UNKNOWN"]
+    assert "--kernel-id" in report.problems[1].hint

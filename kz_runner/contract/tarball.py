@@ -93,6 +93,7 @@ class _CountingReader:
         self.raw, self.limit, self.count = raw, limit, 0
 
     def read(self, size: int = -1) -> bytes:
+        """Read from the raw stream, counting."""
         data = self.raw.read(size)
         self.count += len(data)
         if self.count > self.limit:
@@ -113,6 +114,7 @@ class _InflatingReader:
         self.count = 0
 
     def read(self, size: int = -1) -> bytes:
+        """Decompressed bytes, checking the volume and ratio limits after each read."""
         if size is None or size < 0:
             size = 1 << 16
         data = self.gzip.read(size)

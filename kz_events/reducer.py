@@ -21,6 +21,7 @@ The lifecycle (status words as in the docs)::
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any, Callable, Iterable
 
 from kz_events.codec import Envelope
@@ -77,12 +78,16 @@ def apply_record(state: State, seq: int, ts: str, type_word: str, payload: dict)
     return state
 
 
+_intern = sys.intern
+
 # --- helpers --------------------------------------------------------------------------
 
 
 def _sub(state: State, seq: int, type_word: str, p: dict, allowed: Iterable[str]) -> Submission:
+    sub = state.submissions.get(p["uuid"])
+    if sub is not None and sub.status in allowed:
+        return sub
     uuid = p["uuid"]
-    sub = state.submissions.get(uuid)
     if sub is None:
         raise InvalidTransition(seq, type_word, "unknown submission", uuid)
     if sub.status not in allowed:
@@ -172,9 +177,10 @@ def _received(state: State, seq: int, ts: str, p: dict) -> None:
     uuid = p["uuid"]
     if uuid in state.submissions:
         raise InvalidTransition(seq, "submission.received", "uuid already received", uuid)
+    # interned: many submissions share these strings (smaller state, faster snapshots)
     state.submissions[uuid] = Submission(
-        uuid, p["kernel_id"], p["submitter_id"], p["source"], ts, "received",
-        [[seq, "received", ts]])
+        uuid, _intern(p["kernel_id"]), _intern(p["submitter_id"]), _intern(p["source"]), ts,
+        "received", [[seq, "received", ts]])
     counts = state.status_counts
     counts["received"] = counts.get("received", 0) + 1
 
@@ -186,7 +192,7 @@ def _validated(state: State, seq: int, ts: str, p: dict) -> None:
         raise InvalidTransition(seq, t, "already validated", sub.uuid)
     if p["kernel_id"] != sub.kernel_id:
         raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
-    sub.arch = p["arch"]
+    sub.arch = _intern(p["arch"])
     sub.new_kernel = p["new_kernel"]
     sub.warnings = list(p["warnings"])
 
@@ -205,7 +211,8 @@ def _queued(state: State, seq: int, ts: str, p: dict) -> None:
         raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
     if sub.arch is not None and p["arch"] != sub.arch:
         raise InvalidTransition(seq, t, f"arch {p['arch']} != validated {sub.arch}", sub.uuid)
-    sub.arch = p["arch"]
+    if sub.arch is None:
+        sub.arch = _intern(p["arch"])
     sub.queued_seq = seq
     _enqueue(state, sub)
     _set_status(state, sub, "queued", seq, ts)
@@ -222,7 +229,7 @@ def _claimed(state: State, seq: int, ts: str, p: dict) -> None:
         raise InvalidTransition(
             seq, t, f"attempt {p['attempt']} but {sub.attempts} attempts so far", sub.uuid)
     _dequeue(state, sub)
-    lease = Lease(p["runner_id"], p["lease_id"], p["lease_expires_at"], p["attempt"])
+    lease = Lease(_intern(p["runner_id"]), p["lease_id"], p["lease_expires_at"], p["attempt"])
     state.queue.in_flight[sub.uuid] = lease
     kernel.in_flight = sub.uuid
     kernel.last_claim_seq = seq
@@ -292,7 +299,7 @@ def _reported(state: State, seq: int, ts: str, p: dict) -> None:
     sub.result = {
         "seq": seq, "result_sha256": p["result_sha256"], "overall_accept": p["overall_accept"],
         "build_ok": p["build_ok"], "cases": len(cases),
-        "failed_cases": sum(1 for c in cases if c.get("correctness") == "failed"),
+        "failed_cases": [c.get("correctness") for c in cases].count("failed"),
     }
     _end_lease(state, sub)
 

@@ -186,23 +186,23 @@ def _replay(log: EventLog, state: State, start: Position | None,
                     tss = ()
                 fast = len(tss) == n
             if fast:
-                j = -1
+                at = seq
                 try:
-                    for j, t in enumerate(types):
+                    for t, ts, p in zip(types, tss, payloads):
+                        at += 1
                         handler, _, fields, _ = table[t]
-                        p = payloads[j]
                         if p.keys() != fields:
                             raise DecodeError(f"{t.decode()}: payload fields {sorted(p)} are "
                                               f"not {sorted(fields)}")
-                        handler(state, seq + j + 1, tss[j], p)
+                        handler(state, at, ts, p)
                 except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
                         ValueError) as exc:
-                    state.seq = seq + j
+                    j = at - seq - 1
+                    state.seq = at - 1
                     where = pos + sum(len(line) + 1 for line in group[:j])
                     if isinstance(exc, KeyError) and t not in table:
                         exc = DecodeError(f"unknown event type {t.decode()!r}")
-                    raise CorruptLog(seq + j + 1, path, where,
-                                     f"{type(exc).__name__}: {exc}") from None
+                    raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
                 seq += n
                 h = hashes[-1]
                 state.seq = seq

@@ -35,9 +35,32 @@ def _refuse_constant(name: str) -> Any:
 #: strict parser: NaN and Infinity are refused like any other non-JSON.
 parse_json = json.JSONDecoder(parse_constant=_refuse_constant).decode
 
-_dumps = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-).encode
+def _not_json(obj: Any) -> Any:
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _make_dumps() -> Callable[[Any], str]:
+    """The canonical encoder: json's C encoder built once (``JSONEncoder.encode`` builds one
+    per call), sorted keys, compact, no ASCII escaping, NaN refused."""
+    from json import encoder as _enc
+
+    slow = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                            allow_nan=False).encode
+    if _enc.c_make_encoder is None:  # pragma: no cover - CPython always has it
+        return slow
+    # markers=None: no cycle check (event payloads are JSON data, not object graphs)
+    fast = _enc.c_make_encoder(None, _not_json, _enc.encode_basestring, None, ":", ",",
+                               True, False, False)
+
+    def dumps(obj: Any) -> str:
+        if type(obj) is str:
+            return _enc.encode_basestring(obj)
+        return "".join(fast(obj, 0))
+
+    return dumps
+
+
+_dumps = _make_dumps()
 
 
 class DecodeError(ValueError):

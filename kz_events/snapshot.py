@@ -62,7 +62,8 @@ def encode_snapshot(state: State, pos: Position, reducer_version: int) -> bytes:
     """The bytes of a snapshot of ``state`` whose last event lies at ``pos``."""
     if state.seq != pos.seq:
         raise ValueError(f"state is at seq {state.seq} but the position at {pos.seq}")
-    body = marshal.dumps(state.to_json())
+    with gc_paused():
+        body = marshal.dumps(state.to_json())
     header = {
         "format": SNAPSHOT_FORMAT, "reducer_version": reducer_version,
         "position": {"seq": pos.seq, "hash": pos.hash, "segment": pos.segment,

@@ -65,6 +65,7 @@ def bench_group_commit(root: Path, threads: int, per_thread: int) -> dict:
     real_append = store._log.append
 
     def counting_append(records):
+        """EventLog.append, counted (one fsync per call)."""
         fsyncs[0] += 1
         return real_append(records)
 
@@ -72,6 +73,7 @@ def bench_group_commit(root: Path, threads: int, per_thread: int) -> dict:
     barrier = threading.Barrier(threads + 1)
 
     def work(t: int) -> None:
+        """One emitter thread."""
         barrier.wait()
         for i in range(per_thread):
             store.emit(_received(i, f"g{t}"))
@@ -169,12 +171,14 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_count": os.cpu_count(), "python": platform.python_version(),
                 "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                 "filesystem": _filesystem(root), "tmp_dir": str(root.parent),
+                "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
             },
         }
         result.update(bench_append_fsync(root, args.seconds))
         result.update(bench_group_commit(root, args.threads, 20_000 // args.threads))
         result.update(bench_append_many(root, 200, 100))
         result.update(bench_replay_and_cold_start(root, args.events))
+        result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         result["targets"] = {"group_commit_events_per_s": ">= 20000",
                              "replay_events_per_s": ">= 200000", "cold_start_s": "<= 1"}
     finally:

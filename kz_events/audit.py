@@ -75,9 +75,11 @@ class _Auditor:
 
     def add(self, code: str, seq: int, where: tuple[str, int], message: str,
             severity: str = "error") -> None:
+        """Record a finding."""
         self.findings.append(Finding(code, seq, where[0], where[1], message, severity))
 
     def resolve_pending(self, next_link_broken: bool) -> None:
+        """Name the edited line of a broken link, now that the next link is known."""
         seq, segment, offset = self.pending
         self.pending = None
         if next_link_broken:
@@ -90,6 +92,7 @@ class _Auditor:
 
     def line(self, first: int, name: str, offset: int, raw: bytes, terminated: bool,
              is_last_segment: bool, at_end: bool) -> None:
+        """Check one line (``raw`` without its newline)."""
         where = (name, offset)
         if not terminated and is_last_segment and at_end:
             self.add("TORN_TAIL", self.last_pos + 1, where,
@@ -162,6 +165,7 @@ class _Auditor:
         self.last_hash = hashlib.sha256(raw).hexdigest()
 
     def finish(self) -> None:
+        """Report what is still open at the end of the log."""
         if self.bad:
             self.add("BAD_JSON", self.last_pos + 1, self.bad[0],
                      f"{len(self.bad)} unreadable line(s) at the end of the log")

@@ -53,6 +53,7 @@ def _make_dumps() -> Callable[[Any], str]:
                                True, False, False)
 
     def dumps(obj: Any) -> str:
+        """Canonical JSON text of ``obj``."""
         if type(obj) is str:
             return _enc.encode_basestring(obj)
         return "".join(fast(obj, 0))
@@ -186,6 +187,7 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict], dict]] = {}
 def upcaster(type_word: str, from_version: int) -> Callable[[Callable[[dict], dict]], Callable[[dict], dict]]:
     """Decorator registering ``fn(payload) -> payload`` that lifts ``from_version`` to the next."""
     def deco(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
+        """Register ``fn``."""
         UPCASTERS[(type_word, from_version)] = fn
         return fn
     return deco

@@ -51,6 +51,7 @@ def _simulate(rng: random.Random, n_events: int, *, kernels: int = 20,
     head: str | None = None
 
     def push(ev: E.Event) -> E.Event:
+        """Fold ``ev`` into the simulation's own state and pass it on."""
         nonlocal count
         count += 1
         apply_record(state, count, _TS, ev.TYPE, ev.payload())

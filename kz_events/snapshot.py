@@ -94,6 +94,8 @@ def write_snapshot(events_dir: Path, seq: int, data: bytes, *, keep: int = 2,
     os.replace(tmp, final)
     for old in list_snapshots(events_dir)[:-keep] if keep > 0 else []:
         (sdir / f"{old:020d}.snap").unlink(missing_ok=True)
+    for stale in sdir.glob(".*.snap.tmp"):  # left by a crash mid-write (one writer: the lock)
+        stale.unlink(missing_ok=True)
     if fsync:
         fsync_dir(sdir)
     return final

@@ -328,8 +328,13 @@ def test_periodic_snapshots_are_written_and_pruned(tmp_path):
     events_dir = tmp_path / "events"
     build_log(events_dir, 500, 8, batch=10, snapshot_every=100, snapshot_keep=2)
     assert list_snapshots(events_dir) == [400, 500]
+    stale = events_dir / "snapshots" / ".00000000000000000450.snap.tmp"  # a crash mid-write
+    stale.write_bytes(b"half a snapshot")
     with Store.open(events_dir, fsync=False) as store:
         assert store.report["snapshot_seq"] == 500 and store.report["replayed"] == 0
+        store.emit(E.DaemonStarted("0.1.0", 7))
+        store.snapshot()
+    assert list_snapshots(events_dir) == [500, 501] and not stale.exists()
 
 
 def test_timestamps_come_from_the_injected_clock(tmp_path):

@@ -60,8 +60,11 @@ class Notifier:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                # Never block the event loop: when the receiver's queue is full the
+                # message is dropped (the next ping follows half a watchdog period later).
+                self._sock.setblocking(False)
             self._sock.sendto(payload, socket_address(self._address))
-        except OSError:
+        except OSError:  # BlockingIOError (queue full), no listener, socket gone
             return False
         return True
 

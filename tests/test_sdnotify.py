@@ -75,3 +75,13 @@ def test_watchdog_loop_pings_from_the_event_loop(tmp_path):
 def test_missing_socket_does_not_raise(tmp_path):
     notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "nobody-listens")})
     assert notifier.ready() is False
+
+
+def test_a_receiver_that_stops_reading_never_blocks_the_sender(tmp_path):
+    """A full datagram queue drops pings instead of freezing the daemon's event loop."""
+    sock, name = _receiver(tmp_path, abstract=True)
+    with sock:
+        notifier = Notifier({"NOTIFY_SOCKET": name})
+        sent = [notifier.watchdog() for _ in range(5000)]  # far beyond any queue length
+        assert sent[0] is True and sent.count(False) > 0
+        assert sock.recv(64) == b"WATCHDOG=1"

@@ -79,28 +79,47 @@ def notify_socket():
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     name = f"@kz-up-test-{uuidlib.uuid4().hex}"
     sock.bind(socket_address(name))
-    sock.settimeout(30)
+    sock.settimeout(1)
     yield sock, name
     sock.close()
 
 
-def _messages(sock: socket.socket, until: bytes) -> list[bytes]:
-    got = []
-    while True:
-        data = sock.recv(4096)
-        got.append(data)
-        if until in data:
-            return got
+class NotifyListener(threading.Thread):
+    """Reads the notify socket all the time, as systemd does."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(daemon=True)
+        self.sock = sock
+        self.got: list[bytes] = []
+        self.changed = threading.Condition()
+
+    def run(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self.changed:
+                self.got.append(data)
+                self.changed.notify_all()
+
+    def wait_for(self, needle: bytes, timeout: float = 30) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: any(needle in m for m in self.got), timeout)
 
 
 @pytest.mark.slow
 def test_up_serves_runs_a_submission_and_stops_cleanly(tmp_path, notify_socket):
     sock, name = notify_socket
+    listener = NotifyListener(sock)
+    listener.start()
     state = tmp_path / "kz-data"
     up = Up(state, notify=name)
     try:
-        assert any(b"READY=1" in m for m in _messages(sock, b"READY=1"))
-        assert any(b"WATCHDOG=1" in m for m in _messages(sock, b"WATCHDOG=1"))
+        assert listener.wait_for(b"READY=1")
+        assert listener.wait_for(b"WATCHDOG=1")
         out = up.output()
         assert "kz submit" in out and '-F "package=@package.tar.gz;type=application/gzip"' in out
         assert f"{state}/tokens" in out and "kz runner --arch cpu" in out
@@ -137,7 +156,7 @@ def test_up_serves_runs_a_submission_and_stops_cleanly(tmp_path, notify_socket):
             assert queue["runners"], "the local runner never showed up"
         assert up.stop() == 0
         assert "kz: stopped" in up.output()
-        assert any(b"STOPPING=1" in m for m in _messages(sock, b"STOPPING=1"))  # before it exited
+        assert listener.wait_for(b"STOPPING=1")
         assert not any(_alive(pid) for pid in runner_pids)
     finally:
         if up.proc.poll() is None:
@@ -172,3 +191,17 @@ def test_up_refuses_a_busy_port(tmp_path):
         assert done.returncode == 2 and "pick another --port" in done.stderr
     finally:
         busy.close()
+
+
+def test_runner_child_does_not_outlive_a_killed_kz_up(tmp_path):
+    up = Up(tmp_path / "kz-data")
+    children = up.children()
+    assert children
+    up.proc.kill()
+    up.proc.wait(30)
+    deadline = threading.Event()
+    for _ in range(300):  # the child gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops
+        if not any(_alive(pid) for pid in children):
+            break
+        deadline.wait(0.1)
+    assert not any(_alive(pid) for pid in children)

@@ -46,6 +46,16 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _die_with_parent() -> None:
+    """In the runner child (Linux): get SIGTERM when kz up dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def _stop_child(proc: subprocess.Popen | None, grace_s: float) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -89,7 +99,11 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
             if options.runner_argv:
                 env = dict(os.environ)
                 env.update(options.runner_env or {})
-                child[0] = subprocess.Popen(list(options.runner_argv), env=env, stdin=subprocess.DEVNULL)
+                env.pop("NOTIFY_SOCKET", None)  # systemd's socket is ours, not the runner's
+                env.pop("WATCHDOG_USEC", None)
+                env.pop("WATCHDOG_PID", None)
+                child[0] = subprocess.Popen(list(options.runner_argv), env=env, stdin=subprocess.DEVNULL,
+                                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             if banner is not None:
                 banner(url)
             notifier.ready(f"serving {url}")

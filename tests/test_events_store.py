@@ -350,3 +350,22 @@ def test_subject_carries_the_kernel_of_the_submission(tmp_path):
         store.emit(*received("u1"), E.JobClaimed("u1", "r", "L", 1.0, 1))
     last = (tmp_path / "events" / segment_name(1)).read_bytes().splitlines()[-1]
     assert json.loads(last)["subject"] == {"submission": "u1", "kernel_id": "sm_90/A/x/fp16/k"}
+
+
+def test_old_event_versions_are_upcast_when_the_log_is_replayed(tmp_path, monkeypatch):
+    from kz_events import codec
+
+    events_dir = tmp_path / "events"
+    with Store.open(events_dir, fsync=False) as store:
+        store.emit(*received("u1"), *received("u2", "sm_90/B/x/fp16/k"))
+    # job.queued becomes v2; v1 lines (already in the log) are lifted by an upcaster
+    monkeypatch.setattr(E.JobQueued, "VERSION", 2)
+    monkeypatch.setitem(codec.UPCASTERS, ("job.queued", 1), lambda p: {**p, "arch": "gfx928"})
+    with Store.open(events_dir, fsync=False, use_snapshots=False) as store:
+        assert {s.arch for s in store.state.submissions.values()} == {"gfx928"}
+        store.emit(*received("u3", "sm_90/C/x/fp16/k"))  # written as v2, read as is
+    state = replay_dir(events_dir)
+    assert [state.submissions[u].arch for u in ("u1", "u2", "u3")] == ["gfx928", "gfx928", "sm_90"]
+    monkeypatch.delitem(codec.UPCASTERS, ("job.queued", 1))
+    with pytest.raises(CorruptLog, match="no upcaster"):
+        replay_dir(events_dir)

@@ -270,7 +270,8 @@ def machine() -> dict:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
             "platform": platform.platform(), "starlette": starlette.__version__, "uvicorn": uvicorn.__version__,
-            "git_rev": rev.strip(), "load_tool": "wrk" if shutil.which("wrk") else "python"}
+            "git_rev": rev.strip(), "load_tool": "wrk" if shutil.which("wrk") else "python",
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -135,23 +135,32 @@ class Zoo:
         self.started = True
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the threads (finishing the step in progress) and close the store and repo."""
+        """Stop the threads (finishing the step in progress) and close the store and repo.
+
+        Bounded by ``timeout`` overall for the threads; never raises (whatever is left
+        unfinished, start-up recovery completes next time).
+        """
+        deadline = time.monotonic() + timeout
+        left = lambda: max(0.1, deadline - time.monotonic())  # noqa: E731
         self.stopping = True
         self._stop.set()
         self._wake_intake.set()
         self._wake_sync.set()
-        self._watcher.stop(timeout)
-        for thread in self._threads:
-            thread.join(timeout)
-        self.mirror.stop(timeout)
+        for name, step in (("watcher", lambda: self._watcher.stop(left())),
+                           ("threads", lambda: [t.join(left()) for t in self._threads]),
+                           ("mirror", lambda: self.mirror.stop(left())),
+                           ("index", lambda: self.indexer.stop(left()))):
+            try:
+                step()
+            except Exception as exc:
+                self._log(f"stopping {name}: {type(exc).__name__}: {exc}")
         self._threads.clear()
-        try:
-            self.indexer.stop(timeout)
-        except Exception as exc:  # the next start catches the index up
-            self._log(f"index.json not flushed: {type(exc).__name__}: {exc}")
         with self.lock, self.git_lock:
-            self.store.close()
-            self.git.close()
+            for name, close in (("event store", self.store.close), ("repo", self.git.close)):
+                try:
+                    close()
+                except Exception as exc:
+                    self._log(f"closing the {name}: {type(exc).__name__}: {exc}")
 
     def _intake_loop(self) -> None:
         period = self.config.intake.rescan_interval_s

@@ -183,6 +183,18 @@ def submit_to_claim(daemon: Daemon, runs: int) -> list[float]:
     out = []
     with httpx.Client(base_url=daemon.url, timeout=60) as client, \
             httpx.Client(base_url=daemon.url, timeout=60, headers=auth) as runner:
+        drained = 0
+        while True:  # a reused state may hold jobs queued by an earlier run: clear them first
+            resp = runner.post("/api/runner/claim", json={"arch": "cpu", "wait": 0})
+            if resp.status_code != 200:
+                break
+            job = resp.json()
+            runner.post(f"/api/submissions/{job['uuid']}/result",
+                        json={"lease_id": job["lease_id"], "result": None, "logs_b64": "", "env": {},
+                              "failure": {"code": "BENCHMARK_CRASHED", "message": "bench: cleared"}})
+            drained += 1
+        if drained:
+            log(f"cleared {drained} job(s) left queued in the reused state")
         for i in range(runs):
             kid = f"cpu/Op{i % 25}/Sub{i % 8}/fp32/k{i:05d}"
             data = package_tarball(kid, AXPY)

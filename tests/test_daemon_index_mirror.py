@@ -103,7 +103,7 @@ def test_mirror_receives_the_branch(zoo, tmp_path):
 def test_kz_daemon_runs_until_sigterm(tmp_path):
     state = tmp_path / "kz"
     proc = subprocess.Popen([sys.executable, "-m", "kz_daemon.cli", "daemon", "--state-dir", str(state),
-                             "--seed-from", str(EXAMPLES)], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                             "--seed-from", str(EXAMPLES), "--no-http"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         line = proc.stderr.readline()

@@ -1,21 +1,29 @@
-"""``kz daemon``: run the daemon core (spool intake, queue, accept saga, index) until SIGTERM/SIGINT."""
+"""``kz daemon``: run the daemon (spool intake, queue, accept saga, index, HTTP API) until SIGTERM/SIGINT.
+
+By default the HTTP shim serves on ``kz.yaml``'s ``http.host``/``http.port`` and the
+process speaks sd_notify (READY, WATCHDOG, STOPPING) for the systemd unit, through
+``kz_daemon.http.serve.serve_config`` (the same path as ``kz up``, without the local
+runner). ``--no-http`` runs the daemon core alone (spool-only installations, tests).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
 NAME = "daemon"
-HELP = "run the kernel_zoo daemon core on a state directory until SIGTERM/SIGINT"
+HELP = "run the kernel_zoo daemon (spool, queue, accept, index, HTTP API) until SIGTERM/SIGINT"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """--state-dir, --repo, --config, --seed-from."""
+    """--state-dir, --repo, --config, --seed-from, --no-http."""
     parser.add_argument("--state-dir", default="./kz-data",
                         help="state directory (kz.yaml, repo/, spool/, events/ ...); default ./kz-data")
     parser.add_argument("--repo", default=None, help="kernel repo path (default: STATE_DIR/repo)")
     parser.add_argument("--config", default=None, help="config file (default: STATE_DIR/kz.yaml)")
     parser.add_argument("--seed-from", default=None,
                         help="seed an empty repo with the packages under this folder (e.g. examples/)")
+    parser.add_argument("--no-http", action="store_true",
+                        help="run the daemon core only (spool intake), without the HTTP API")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from kz_events.log import LogLocked
 
     try:
+        if not args.no_http:
+            from kz_daemon.http.serve import serve_config
+
+            return serve_config(config)
         return run_until_signal(config, on_ready=ready)
     except ZooError as exc:
         print(f"kz daemon: {exc.message}", file=sys.stderr)

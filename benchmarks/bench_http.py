@@ -195,8 +195,10 @@ def submit_to_claim(daemon: Daemon, runs: int) -> list[float]:
             drained += 1
         if drained:
             log(f"cleared {drained} job(s) left queued in the reused state")
-        for i in range(runs):
-            kid = f"cpu/Op{i % 25}/Sub{i % 8}/fp32/k{i:05d}"
+        busy = {job["kernel_id"] for job in client.get("/api/queue").json().get("in_flight", [])}
+        kids = [k for k in (f"cpu/Op{j % 25}/Sub{j % 8}/fp32/k{j:05d}" for j in range(100, 100 + 2 * runs))
+                if k not in busy][:runs]  # kernels with a job in flight (an aborted run) cannot be claimed
+        for i, kid in enumerate(kids):
             data = package_tarball(kid, AXPY)
             got: dict = {}
             waiting = threading.Event()

@@ -141,7 +141,9 @@ def report_result(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dic
                                                            message=message, details=details))
     crash_point("after_result_reported")
     if accepted:
-        run_saga(zoo, sub_uuid)
+        from kz_daemon.recovery import finish_saga
+
+        finish_saga(zoo, sub_uuid)  # finished, rolled back, or left for the reaper to retry
     view = zoo.submission(sub_uuid)
     if invalid:
         raise ZooError("RESULT_INVALID", message, {"uuid": sub_uuid, **details})

@@ -53,24 +53,38 @@ def recover(zoo) -> RecoveryReport:
     for sub in list(zoo.store.state.submissions.values()):
         if sub.status != "accepting":
             continue
-        try:
-            accept.run_saga(zoo, sub.uuid)
-            report.sagas_finished.append(sub.uuid)
-        except Exception as exc:  # the saga cannot finish: roll back if git has nothing of it
-            with zoo.git_lock:
-                current = zoo.store.state.submissions[sub.uuid]
-                in_git = zoo.git.find_commits("Kz-Submission", sub.uuid, since=current.base_head)
-                if not in_git and current.sha_src is None:
-                    zoo.store.emit(zoo.ev.AcceptRolledBack(
-                        uuid=sub.uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
-                    report.sagas_rolled_back.append(sub.uuid)
-                else:
-                    raise
+        outcome = finish_saga(zoo, sub.uuid)
+        (report.sagas_rolled_back if outcome == "rolled_back" else report.sagas_finished).append(sub.uuid)
     report.leases_expired = queue.reap(zoo)
 
     with zoo.git_lock:
         report.index = zoo.indexer.catch_up()
     return report
+
+
+def finish_saga(zoo, sub_uuid: str) -> str:
+    """Drive an ``accepting`` saga to its end: 'finished', 'rolled_back' (nothing of it in git), or 'pending'.
+
+    'pending' means part of it reached git but the rest failed: it stays ``accepting``
+    and is retried (by the lease reaper, and at the next start-up).
+    """
+    from kz_daemon import accept
+
+    try:
+        accept.run_saga(zoo, sub_uuid)
+        return "finished"
+    except Exception as exc:
+        with zoo.git_lock:
+            current = zoo.store.state.submissions[sub_uuid]
+            if current.status != "accepting":
+                return "finished"
+            in_git = zoo.git.find_commits("Kz-Submission", sub_uuid, since=current.base_head)
+            if not in_git and current.sha_src is None:
+                zoo.store.emit(zoo.ev.AcceptRolledBack(
+                    uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
+                return "rolled_back"
+        zoo._log(f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later")
+        return "pending"
 
 
 def _rejudge(zoo, sub) -> None:

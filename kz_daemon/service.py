@@ -181,9 +181,17 @@ class Zoo:
         return self.intake.scan_once()
 
     def _reaper_loop(self) -> None:
+        from kz_daemon.recovery import finish_saga
+
         while not self._stop.wait(self.config.queue.reaper_interval_s):
             try:
                 queue.reap(self)
+                with self.store.lock:
+                    state = self.store.state
+                    stuck = [s.uuid for s in state.submissions.values() if s.status == "accepting"] \
+                        if state.status_counts.get("accepting") else []
+                for sub_uuid in stuck:  # a saga that failed half-way (a live one just makes us wait)
+                    finish_saga(self, sub_uuid)
             except Exception as exc:
                 self._log(f"lease reaper failed: {type(exc).__name__}: {exc}")
 

@@ -238,3 +238,13 @@ def test_package_frozen_after_queueing_is_never_claimed(zoo):
     assert zoo.claim("r1", "cpu", 0) is None
     view = zoo.submission(sub_uuid)
     assert view.status == "rejected" and view.reasons[0]["code"] == "PACKAGE_FROZEN"
+
+
+def test_saga_that_cannot_start_is_rolled_back_without_a_commit(zoo):
+    head = zoo.git.head()
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    c = zoo.claim("r1", "cpu", 0)
+    (zoo.config.paths.pending / sub_uuid / "package.tar.gz").unlink()  # the stored package is lost
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(AXPY_ID), b"", {}, None)
+    assert view.status == "failed" and view.reasons[-1]["code"] == "ROLLED_BACK"
+    assert zoo.git.head() == head

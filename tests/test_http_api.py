@@ -173,6 +173,7 @@ def test_intake_rejects_a_tarball_with_the_scorecard(live, anon):
     uuid = err["details"]["uuid"]
     codes = json.dumps(err["details"]["reasons"])
     assert "BENCH_RESULT" in codes
+    assert "BENCH_RESULT_IN_TARBALL" in {p["code"] for p in err["details"]["problems"]}
     status = anon.get(f"/api/submissions/{uuid}/status").json()
     assert status["status"] == "rejected" and status["terminal"] is True
 
@@ -354,3 +355,23 @@ def test_claim_long_poll_returns_when_a_job_arrives(live, anon, r2):
     thread.join(30)
     assert events == ["submitted", "claim returned"]
     assert got["status"] == 200 and got["body"]["uuid"] == uuid
+
+
+def test_unexpected_errors_are_a_generic_500():
+    """The shim's error mapping on a real Starlette app: no exception text leaves the server."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from kz_daemon.http.errors import EXCEPTION_HANDLERS
+
+    async def boom(request):
+        raise RuntimeError("secret: /etc/kz/token=abc")
+
+    app = Starlette(routes=[Route("/boom", boom)], exception_handlers=EXCEPTION_HANDLERS)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        resp = client.get("/boom")
+    assert resp.status_code == 500
+    assert resp.json() == {"error": {"code": "INTERNAL", "details": {},
+                                     "message": "internal server error; the operator's log has the details"}}
+    assert "secret" not in resp.text and "Traceback" not in resp.text

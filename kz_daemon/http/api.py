@@ -159,8 +159,13 @@ async def create_submission(request: Request) -> Response:
         reasons = doc.get("reasons") or []
         first = reasons[0] if reasons else {}
         message = first.get("message") if isinstance(first, dict) else str(first)
+        problems = []  # each problem with its stable code (the reason's own, or its details' list)
+        for r in reasons:
+            if isinstance(r, dict):
+                listed = (r.get("details") or {}).get("problems") if isinstance(r.get("details"), dict) else None
+                problems.extend(listed or [{"code": r.get("code"), "message": r.get("message")}])
         raise ZooError("VALIDATION_ERROR", f"the package was rejected at intake: {message or 'see details'}",
-                       {"uuid": uuid, "status": "rejected", "reasons": reasons,
+                       {"uuid": uuid, "status": "rejected", "reasons": reasons, "problems": problems,
                         "status_url": _status_url(request, uuid)})
     body = {"uuid": uuid, "status": doc.get("status", "received"), "kernel_id": kernel_id,
             "submitter_id": submitter, "status_url": _status_url(request, uuid)}

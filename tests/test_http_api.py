@@ -359,9 +359,11 @@ def test_claim_long_poll_returns_when_a_job_arrives(live, anon, r2):
 
 def test_unexpected_errors_are_a_generic_500():
     """The shim's error mapping on a real Starlette app: no exception text leaves the server."""
+    import asyncio
+
+    import httpx
     from starlette.applications import Starlette
     from starlette.routing import Route
-    from starlette.testclient import TestClient
 
     from kz_daemon.http.errors import EXCEPTION_HANDLERS
 
@@ -369,8 +371,13 @@ def test_unexpected_errors_are_a_generic_500():
         raise RuntimeError("secret: /etc/kz/token=abc")
 
     app = Starlette(routes=[Route("/boom", boom)], exception_handlers=EXCEPTION_HANDLERS)
-    with TestClient(app, raise_server_exceptions=False) as client:
-        resp = client.get("/boom")
+
+    async def call():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/boom")
+
+    resp = asyncio.run(call())
     assert resp.status_code == 500
     assert resp.json() == {"error": {"code": "INTERNAL", "details": {},
                                      "message": "internal server error; the operator's log has the details"}}

@@ -23,6 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from kz_events.codec import GENESIS, parse_json
 
@@ -229,6 +230,32 @@ class EventLog:
     def start_position(self) -> Position:
         """The position before the first event (seq 0)."""
         return Position(0, GENESIS, self.segments[0] if self.segments else 1, 0, 0)
+
+    def iter_lines(self, first: int, offset: int = 0,
+                   chunk_bytes: int = 1 << 20) -> Iterator[list[bytes]]:
+        """Lists of the whole lines (without newlines) of segment ``first`` from ``offset``.
+
+        Reads in chunks (a small working set is faster than one big read). Raises
+        CorruptLog for bytes after the last newline, except in read-only mode at
+        the end of the last segment (a line being written).
+        """
+        path = self.dir / segment_name(first)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            rest = b""
+            while True:
+                chunk = f.read(chunk_bytes)
+                if not chunk:
+                    break
+                lines = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+                rest = lines.pop()
+                if lines:
+                    yield lines
+        if rest and not (self.readonly and first == self.segments[-1]):
+            size = path.stat().st_size
+            raise CorruptLog(-1, path, size - len(rest),
+                             "segment does not end with a newline (a torn line that is "
+                             "not at the end of the log)")
 
     def read_segment(self, first: int, offset: int = 0) -> bytes:
         """The bytes of segment ``first`` from ``offset``: whole lines only.

@@ -141,9 +141,7 @@ def _replay(log: EventLog, state: State, start: Position | None,
         raise ValueError(f"state at seq {state.seq} but replay starts after {start.seq}")
     table = {t.encode(): (_HANDLERS[t], str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
              for t, cls in EVENT_TYPES.items()}
-    sha = hashlib.sha256
     seq, h = start.seq, start.hash.encode()
-    t = b""
     tail = start
     count = 0
     for first in log.segments:
@@ -154,71 +152,76 @@ def _replay(log: EventLog, state: State, start: Position | None,
         if first != start.segment and first != seq + 1:
             raise CorruptLog(seq + 1, path, 0,
                              f"segment named {first} but the previous segment ends at seq {seq}")
-        try:
-            data = log.read_segment(first, offset)
-        except CorruptLog as exc:
-            raise CorruptLog(seq + 1, exc.path, exc.offset, exc.reason) from None
-        lines = data.split(b"\n")
-        lines.pop()
-        del data
-        if not lines and first != start.segment:
+        if first != start.segment:
             tail = Position(seq, h.decode(), first, 0, 0)
         pos = offset
-        for i in range(0, len(lines), BATCH):
-            group = lines[i:i + BATCH]
-            if until is not None and seq + len(group) > until:
-                group = group[:max(0, until - seq)]
-            if not group:
-                break
-            n = len(group)
-            cut = _parse_group(group)
-            fast = cut[0] is not None
-            if fast:
-                (prevs, seqs, tss, types, vs), payloads = cut
-                hashes = [sha(line).hexdigest().encode() for line in group]
-                fast = (prevs[0] == h and prevs[1:] == tuple(hashes[:-1])
-                        and list(map(int, seqs)) == list(range(seq + 1, seq + n + 1)))
-            if fast:
-                try:
-                    tss = b" ".join(tss).decode("ascii").split(" ")
-                except UnicodeDecodeError:
-                    tss = ()
-                fast = len(tss) == n
-            if fast:
-                at = seq
-                try:
-                    for t, ts, p, v in zip(types, tss, payloads, vs):
-                        at += 1
-                        handler, version, fields, name = table[t]
-                        if v != version:  # an older version of the event: upcast it
-                            p = upcast_payload(name, int(v), p)
-                        if p.keys() != fields:
-                            raise DecodeError(f"{t.decode()}: payload fields {sorted(p)} are "
-                                              f"not {sorted(fields)}")
-                        handler(state, at, ts, p)
-                except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
-                        ValueError) as exc:
-                    j = at - seq - 1
-                    state.seq = at - 1
-                    where = pos + sum(len(line) + 1 for line in group[:j])
-                    if isinstance(exc, KeyError) and t not in table:
-                        exc = DecodeError(f"unknown event type {t.decode()!r}")
-                    raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
-                seq += n
-                h = hashes[-1]
-                state.seq = seq
-            else:
-                parsed, payloads = cut[-2:] if cut[0] is None else _parse_group_slowly(group)
-                seq, h = _replay_slowly(state, table, group, parsed, payloads, seq, h, path, pos)
-            count += n
-            end = pos + sum(map(len, group)) + n
-            tail = Position(seq, h.decode(), first, end - len(group[-1]) - 1, end)
-            pos = end
-            if until is not None and seq >= until:
-                log.tail = tail
-                return count
+        try:
+            for group in log.iter_lines(first, offset):
+                if until is not None and seq + len(group) > until:
+                    group = group[:max(0, until - seq)]
+                if not group:
+                    break
+                seq, h, pos = _fold_group(state, table, group, seq, h, path, pos)
+                count += len(group)
+                tail = Position(seq, h.decode(), first, pos - len(group[-1]) - 1, pos)
+                if until is not None and seq >= until:
+                    log.tail = tail
+                    return count
+        except CorruptLog as exc:
+            if exc.seq != -1:
+                raise
+            raise CorruptLog(seq + 1, exc.path, exc.offset, exc.reason) from None
     log.tail = tail
     return count
+
+
+def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: bytes,
+                path: Path, pos: int) -> tuple[int, bytes, int]:
+    """Check and fold one group of lines; returns (last seq, its hash, offset after the group)."""
+    sha = hashlib.sha256
+    t = b""
+    n = len(group)
+    cut = _parse_group(group)
+    fast = cut[0] is not None
+    if fast:
+        (prevs, seqs, tss, types, vs), payloads = cut
+        hashes = [sha(line).hexdigest().encode() for line in group]
+        fast = (prevs[0] == h and prevs[1:] == tuple(hashes[:-1])
+                and list(map(int, seqs)) == list(range(seq + 1, seq + n + 1)))
+    if fast:
+        try:
+            tss = b" ".join(tss).decode("ascii").split(" ")
+        except UnicodeDecodeError:
+            tss = ()
+        fast = len(tss) == n
+    if fast:
+        at = seq
+        try:
+            for t, ts, p, v in zip(types, tss, payloads, vs):
+                at += 1
+                handler, version, fields, name = table[t]
+                if v != version:  # an older version of the event: upcast it
+                    p = upcast_payload(name, int(v), p)
+                if p.keys() != fields:
+                    raise DecodeError(f"{t.decode()}: payload fields {sorted(p)} are "
+                                      f"not {sorted(fields)}")
+                handler(state, at, ts, p)
+        except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
+                ValueError) as exc:
+            j = at - seq - 1
+            state.seq = at - 1
+            where = pos + sum(len(line) + 1 for line in group[:j])
+            if isinstance(exc, KeyError) and t not in table:
+                exc = DecodeError(f"unknown event type {t.decode()!r}")
+            raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
+        seq += n
+        h = hashes[-1]
+        state.seq = seq
+    else:
+        parsed, payloads = cut[-2:] if cut[0] is None else _parse_group_slowly(group)
+        seq, h = _replay_slowly(state, table, group, parsed, payloads, seq, h, path, pos)
+    end = pos + sum(map(len, group)) + n
+    return seq, h, end
 
 
 def replay_dir(events_dir: Path | str) -> State:

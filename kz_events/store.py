@@ -53,12 +53,13 @@ class StoreBroken(RuntimeError):
 class _Waiter:
     """An emitter waiting for its lines: woken to return, or promoted to lead the next commit."""
 
-    __slots__ = ("lock", "lead")
+    __slots__ = ("lock", "lead", "abandoned")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.lead = False
+        self.abandoned = False
 
 
 class OpenReport(dict):
@@ -183,7 +184,14 @@ class Store:
                 else:
                     self._leading = True
         if waiter is not None:
-            waiter.lock.acquire()  # released when our lines are durable, or to lead
+            try:
+                waiter.lock.acquire()  # released when our lines are durable, or to lead
+            except BaseException:  # e.g. KeyboardInterrupt: never leave a commit leaderless
+                with self._queue:
+                    waiter.abandoned = not waiter.lead
+                if waiter.lead:
+                    self._lead()
+                raise
             if waiter.lead:
                 waiter = None
         if waiter is None:
@@ -244,27 +252,32 @@ class Store:
         a lone emitter does its own write. After a failed write nothing more is
         written (the file's end is unknown): the store is broken.
         """
-        with self._queue:
-            records, self._pending = self._pending, []
-            waiters, self._waiters = self._waiters, []
-        if records and self._broken is None:
-            try:
-                self._log.append(records)
-            except BaseException as exc:  # noqa: BLE001 - every emitter of the batch gets it
-                self._broken = exc
-        with self._cond:
+        while True:
+            with self._queue:
+                records, self._pending = self._pending, []
+                waiters, self._waiters = self._waiters, []
             if records and self._broken is None:
-                self._durable_seq = records[-1][0]
-            self._cond.notify_all()
-        for waiter in waiters:
-            waiter.lock.release()
-        with self._queue:
-            if self._waiters:
-                successor = self._waiters.pop(0)
-                successor.lead = True
-                successor.lock.release()
-            else:
-                self._leading = False
+                try:
+                    self._log.append(records)
+                except BaseException as exc:  # noqa: BLE001 - every emitter of the batch gets it
+                    self._broken = exc
+            with self._cond:
+                if records and self._broken is None:
+                    self._durable_seq = records[-1][0]
+                self._cond.notify_all()
+            for waiter in waiters:
+                waiter.lock.release()
+            with self._queue:
+                while self._waiters and self._waiters[0].abandoned:
+                    self._waiters.pop(0).lock.release()
+                if self._waiters:
+                    successor = self._waiters.pop(0)
+                    successor.lead = True
+                    successor.lock.release()
+                    return
+                if not self._pending:  # else: lines of abandoned waiters, commit them too
+                    self._leading = False
+                    return
 
     def _wait_durable(self, target: int) -> None:
         """Block until ``target`` is durable (raises StoreBroken after a failed write)."""

@@ -369,3 +369,55 @@ def test_old_event_versions_are_upcast_when_the_log_is_replayed(tmp_path, monkey
     monkeypatch.delitem(codec.UPCASTERS, ("job.queued", 1))
     with pytest.raises(CorruptLog, match="no upcaster"):
         replay_dir(events_dir)
+
+
+@pytest.mark.timeout(60)
+def test_an_emitter_interrupted_while_waiting_leaves_no_commit_leaderless(tmp_path, monkeypatch):
+    from kz_events import store as store_module
+
+    class Interrupted(Exception):
+        pass
+
+    class FlakyLock:
+        """A waiter lock whose blocking wait is interrupted (like KeyboardInterrupt)."""
+
+        def __init__(self, real):
+            self.real = real
+
+        def acquire(self, *args):
+            raise Interrupted()
+
+        def release(self):
+            self.real.release()
+
+    class FlakyWaiter(store_module._Waiter):
+        __slots__ = ()
+
+        def __init__(self):
+            super().__init__()
+            self.lock = FlakyLock(self.lock)
+
+    store = Store.open(tmp_path / "events", fsync=False)
+    real_append = EventLog.append
+    leader_in = threading.Event()
+    go = threading.Event()
+
+    def slow_append(self, records):
+        leader_in.set()
+        go.wait(10)
+        return real_append(self, records)
+
+    monkeypatch.setattr(EventLog, "append", slow_append)
+    leader = threading.Thread(target=lambda: store.emit(*received("u1")))
+    leader.start()
+    assert leader_in.wait(10)
+    monkeypatch.setattr(store_module, "_Waiter", FlakyWaiter)
+    with pytest.raises(Interrupted):
+        store.emit(*received("u2"))      # queued behind the leader, then interrupted
+    monkeypatch.setattr(store_module, "_Waiter", FlakyWaiter.__mro__[1])
+    go.set()
+    leader.join(10)
+    monkeypatch.setattr(EventLog, "append", real_append)
+    assert store.emit(*received("u3")) == [5, 6]  # no hang: the commit had a leader
+    store.close()
+    assert set(replay_dir(tmp_path / "events").submissions) == {"u1", "u2", "u3"}

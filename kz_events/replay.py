@@ -185,8 +185,15 @@ def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: byte
     fast = cut[0] is not None
     if fast:
         (prevs, seqs, tss, types, vs), payloads = cut
-        hashes = [sha(line).hexdigest().encode() for line in group]
-        fast = (prevs[0] == h and prevs[1:] == tuple(hashes[:-1])
+        # the chain, checked in one comparison: binary digests of lines 1..n-1
+        # against the prev fields of lines 2..n (the first prev against h)
+        digests = [sha(line).digest() for line in group]
+        joined = b"".join(prevs)
+        try:  # lower case only, as the writer writes them (else the slow path decides)
+            prev_blob = bytes.fromhex(joined.decode("ascii")) if joined.islower() else b""
+        except ValueError:
+            prev_blob = b""
+        fast = (prevs[0] == h and prev_blob[32:] == b"".join(digests[:-1])
                 and list(map(int, seqs)) == list(range(seq + 1, seq + n + 1)))
     if fast:
         try:
@@ -215,7 +222,7 @@ def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: byte
                 exc = DecodeError(f"unknown event type {t.decode()!r}")
             raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
         seq += n
-        h = hashes[-1]
+        h = digests[-1].hex().encode()
         state.seq = seq
     else:
         parsed, payloads = cut[-2:] if cut[0] is None else _parse_group_slowly(group)

@@ -89,6 +89,7 @@ class Store:
         self._broken: BaseException | None = None
         self._closed = False
         self._snapshot_lock = threading.Lock()
+        self._snapshotter: threading.Thread | None = None
         self._last_snapshot_seq = report.get("snapshot_seq") or 0
         self.report = report
 
@@ -304,11 +305,19 @@ class Store:
             return path
 
     def _periodic_snapshot(self) -> None:
-        if not self._snapshot_lock.locked():
-            try:
-                self.snapshot()
-            except (StoreClosed, StoreBroken):
-                pass
+        """Start a snapshot in the background (the emitter that crossed the mark returns now)."""
+        with self._queue:
+            if self._snapshotter is not None and self._snapshotter.is_alive():
+                return
+            self._snapshotter = threading.Thread(target=self._snapshot_quietly,
+                                                 name="kz-events-snapshot", daemon=True)
+            self._snapshotter.start()
+
+    def _snapshot_quietly(self) -> None:
+        try:
+            self.snapshot()
+        except (StoreClosed, StoreBroken, OSError):
+            pass  # a snapshot is a cache: the next one, or a replay, makes up for it
 
     def position(self) -> Position:
         """Where the last durable event lies in the log (seq, hash, segment, offsets)."""
@@ -320,6 +329,9 @@ class Store:
 
     def close(self) -> None:
         """Flush, release the lock and refuse further calls; idempotent."""
+        snapshotter = self._snapshotter
+        if snapshotter is not None:
+            snapshotter.join()
         with self.lock:
             if self._closed:
                 return

@@ -12,6 +12,7 @@ Only ``kz_events.reducer`` mutates a State. Everyone else treats it as read-only
 from __future__ import annotations
 
 import copy
+from operator import attrgetter
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -68,6 +69,7 @@ class Submission:
 
 
 _SUB_FIELDS = tuple(f.name for f in fields(Submission))
+_sub_row = attrgetter(*_SUB_FIELDS)
 
 
 @dataclass(slots=True)
@@ -126,7 +128,7 @@ class State:
         return {
             "seq": self.seq,
             "submission_fields": list(_SUB_FIELDS),
-            "submissions": [s.to_row() for s in self.submissions.values()],
+            "submissions": list(map(_sub_row, self.submissions.values())),
             "kernel_fields": list(_KERNEL_FIELDS),
             "kernels": [k.to_row() for k in self.kernels.values()],
             "pending": list(self.queue.pending.items()),

@@ -205,3 +205,40 @@ def test_runner_child_does_not_outlive_a_killed_kz_up(tmp_path):
             break
         deadline.wait(0.1)
     assert not any(_alive(pid) for pid in children)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_job_releases_the_lease(tmp_path):
+    """Ctrl-C while the local runner works: the runner gives the job back before kz up exits."""
+    def slow(files: dict) -> None:
+        bench = files[".kernel_package/benchmark.py"].decode()
+        files[".kernel_package/benchmark.py"] = bench.replace(
+            "if __name__ == \"__main__\":", "if __name__ == \"__main__\":\n    import time\n    time.sleep(120)", 1
+        ).encode()
+
+    state = tmp_path / "kz-data"
+    up = Up(state)
+    try:
+        with httpx.Client(base_url=up.url, timeout=60) as client:
+            resp = client.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+                               data={"kernel_id": CPU_AXPY, "submitter_id": "alice"},
+                               files={"package": ("package.tar.gz", package_tarball(CPU_AXPY, mutate=slow),
+                                                  "application/gzip")})
+            assert resp.status_code == 202, resp.text
+            sub = resp.json()["uuid"]
+            doc = client.get(f"/api/submissions/{sub}/status").json()
+            while doc["status"] != "running":
+                doc = client.get(f"/api/submissions/{sub}/status", params={"wait": 30}).json()
+        assert up.stop() == 0
+    finally:
+        if up.proc.poll() is None:
+            up.proc.kill()
+    again = Up(state, "--no-runner")
+    try:
+        with httpx.Client(base_url=again.url, timeout=30) as client:
+            doc = client.get(f"/api/submissions/{sub}/status").json()
+        assert doc["status"] == "queued" and doc["attempts"] == 1, doc
+        assert again.stop() == 0
+    finally:
+        if again.proc.poll() is None:
+            again.proc.kill()

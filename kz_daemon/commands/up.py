@@ -46,8 +46,10 @@ def _runner_argv(url: str, token_file: Path, arch: str) -> list[str] | None:
         importlib.import_module("kz_runner.commands.runner")
     except ImportError:
         return None
+    # --grace 10: on Ctrl-C a running job gets 10 s, then the runner kills it and releases its
+    # lease, well inside the 15 s kz up waits for the runner before it stops the server.
     return [sys.executable, "-m", "kz_daemon", "runner", "--server", url, "--token-file", str(token_file),
-            "--arch", arch]
+            "--arch", arch, "--grace", "10"]
 
 
 def banner(url: str, state_dir: Path, tokens: dict[str, Path], runner: str | None) -> str:

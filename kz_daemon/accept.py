@@ -76,13 +76,18 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
     return out
 
 
+def result_bytes(result: dict | None) -> bytes:
+    """The bytes stored as ``runs/<uuid>/result.json``; their sha256 is ``result.reported``'s result_sha256."""
+    return json.dumps(result, sort_keys=True, allow_nan=True).encode() + b"\n"
+
+
 def _store_run(zoo, sub_uuid: str, result: dict | None, logs: bytes, env: dict, failure: dict | None) -> str:
     folder = zoo.config.paths.runs / sub_uuid
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "logs.txt").write_bytes(logs or b"")
     write_json_atomic(folder / "env.json", env or {}, fsync=False)
     write_json_atomic(folder / "failure.json", failure, fsync=False)
-    data = json.dumps(result, sort_keys=True, allow_nan=True).encode() + b"\n"
+    data = result_bytes(result)
     tmp = folder / ".result.json.tmp"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -118,10 +123,18 @@ def judge(zoo, sub, result: Any, failure: dict | None):
 
 def report_result(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
                   logs: bytes, env: dict, failure: dict | None):
-    """Take a runner's report: hard checks, then the accept saga or a rejection; returns the view."""
+    """Take a runner's report: hard checks, then the accept saga or a rejection; returns the view.
+
+    Idempotent by (uuid, lease_id): a runner retries a report whose answer it lost, so
+    the same report again (same runner and lease, same result bytes) after it was taken
+    answers with the current view; one with another result is a CONFLICT.
+    """
     from kz_events import events as ev
 
     with zoo.lock:
+        repeat = repeated_report(zoo, sub_uuid, runner_id, lease_id, result)
+        if repeat is not None:
+            return repeat
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
         digest = _store_run(zoo, sub_uuid, result, logs, env, failure)
         accepted, code, message, details, invalid = judge(zoo, sub, result, failure)
@@ -148,6 +161,36 @@ def report_result(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dic
     if invalid:
         raise ZooError("RESULT_INVALID", message, {"uuid": sub_uuid, **details})
     return view
+
+
+def repeated_report(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None):
+    """The view when this report was already taken for this lease (None: not a repeat).
+
+    A repeat is a report from the runner and lease whose ``result.reported`` moved the
+    submission on (accepting, then accepted or failed; or rejected). Its result must
+    hash to the recorded ``result_sha256``, else ZooError CONFLICT: one lease, one result.
+    Reports of any other lease or runner fall through to ``check_lease`` (LEASE_LOST).
+    """
+    from kz_daemon.service import view_of
+
+    with zoo.store.lock:
+        state = zoo.store.state
+        sub = state.submissions.get(sub_uuid)
+        if sub is None or sub.result is None or sub_uuid in state.queue.in_flight \
+                or sub.status not in REPORTED_STATUSES \
+                or sub.runner_id != runner_id or sub.lease_id != lease_id:
+            return None
+        recorded = sub.result["result_sha256"]
+        view = view_of(sub, state.seq)
+    if hashlib.sha256(result_bytes(result)).hexdigest() != recorded:
+        raise ZooError("CONFLICT", f"a different result was already reported for submission {sub_uuid} "
+                       f"under lease {lease_id} (result sha256 {recorded}); one lease takes one result",
+                       {"uuid": sub_uuid, "status": view.status, "result_sha256": recorded})
+    return view
+
+
+#: statuses a submission can have because of the result reported under its last lease
+REPORTED_STATUSES = ("accepting", "accepted", "rejected", "failed")
 
 
 # -- the saga --------------------------------------------------------------------------

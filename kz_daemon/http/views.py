@@ -73,14 +73,14 @@ def status_of(entry: Mapping[str, Any]) -> str:
 def cases(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per-case summaries of an index entry (test_case_id, primary_metric, best, current...)."""
     raw = entry.get("cases") or []
-    if isinstance(raw, Mapping):
+    if isinstance(raw, dict):
         return [dict(v, test_case_id=v.get("test_case_id", k)) for k, v in raw.items()]
-    return [dict(c) for c in raw if isinstance(c, Mapping)]
+    return [c for c in raw if isinstance(c, dict)]  # read-only views of the index (hot path: no copies)
 
 
 def metric_value(record: Any) -> float | None:
     """The numeric value of a best/current metric record (a number or ``{value: ...}``)."""
-    if isinstance(record, Mapping):
+    if isinstance(record, dict):
         record = record.get("value")
     if isinstance(record, (int, float)) and not isinstance(record, bool):
         return float(record)
@@ -93,11 +93,11 @@ def case_metric(case: Mapping[str, Any], which: str) -> dict[str, Any]:
         record = case.get(key)
         if record is None:
             continue
-        if isinstance(record, Mapping) and "value" not in record:
+        if isinstance(record, dict) and "value" not in record:
             primary = case.get("primary_metric")
             record = record.get(primary) if primary else None
-        if isinstance(record, Mapping):
-            return dict(record)
+        if isinstance(record, dict):
+            return record
         if metric_value(record) is not None:
             return {"value": record}
     return {}

@@ -12,7 +12,11 @@ everything agrees:
   ``accepting`` is a warning: the next start-up finishes it);
 - the branch head is the scorecard commit of the last completed accept (unless
   later commits carry no kz trailer, e.g. an operator's commit: a warning);
-- index.json equals a full rebuild at HEAD.
+- index.json equals a full rebuild at HEAD. A running daemon writes index.json
+  when accepts pause (up to ~5 s behind HEAD): while the event log's lock is held,
+  an index.json recorded at an earlier commit is a warning (INDEX_BEHIND) and is
+  checked against a rebuild at its own commit; with no daemon running it is an
+  error (INDEX_STALE), since a clean stop always leaves it at HEAD.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ class Finding:
     """One disagreement between the log, git and the index."""
 
     code: str            # ACCEPT_COMMITS, COMMIT_WITHOUT_EVENTS, DUPLICATE_COMMIT, HEAD_MISMATCH,
-                         # PENDING_IN_SCORECARD, INDEX_STALE, INDEX_MISSING, SAGA_IN_PROGRESS
+                         # PENDING_IN_SCORECARD, INDEX_STALE, INDEX_BEHIND, INDEX_MISSING,
+                         # SAGA_IN_PROGRESS
     message: str
     severity: str = "error"     # "warning": recovery at the next start fixes it
     uuid: str | None = None
@@ -55,6 +60,30 @@ def _strip(doc: Any) -> Any:
     return doc
 
 
+def daemon_running(events_dir: str | Path) -> bool:
+    """Whether a process holds the event log's writer lock (``events/LOCK``, flock(2)).
+
+    The writer takes ``LOCK_EX | LOCK_NB`` (kz_events.log); a shared try-lock here
+    fails exactly while it is held, and is let go at once.
+    """
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(Path(events_dir) / "LOCK", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[Finding]:
     """Compare the event log with git history and index.json; the findings (empty: consistent)."""
     from kz_events.replay import replay_dir
@@ -64,11 +93,12 @@ def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None
 
     config = Config.load(state_dir, config_file)
     state = replay_dir(config.paths.events)
+    running = daemon_running(config.paths.events)
     findings: list[Finding] = []
     git = GitStore.open(config.paths.repo, config.repo.branch)
     try:
         findings += _audit_commits(state, git)
-        findings += _audit_index(config, state, git)
+        findings += _audit_index(config, state, git, running)
     finally:
         git.close()
     return findings
@@ -133,10 +163,7 @@ def _audit_commits(state, git) -> list[Finding]:
     return out
 
 
-def _audit_index(config, state, git) -> list[Finding]:
-    from kz_daemon import indexer
-    from kz_daemon.gitstore import WORKTREE_MARK
-
+def _audit_index(config, state, git, running: bool = False) -> list[Finding]:
     head = git.head()
     if head is None:
         return []
@@ -144,23 +171,53 @@ def _audit_index(config, state, git) -> list[Finding]:
         current = json.loads(config.paths.index.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
         return [Finding("INDEX_MISSING", f"{config.paths.index} is missing or not JSON")]
+    at = current.get("head") if isinstance(current, dict) else None
+    out: list[Finding] = []
+    if at != head:
+        if not running:
+            return [Finding("INDEX_STALE", f"index.json was written at {at}, HEAD is {head}, and no daemon "
+                            "is running (a clean stop leaves it at HEAD; the next start-up catches it up)",
+                            sha=head)]
+        if not isinstance(at, str) or at.encode() not in git.store:
+            return [Finding("INDEX_STALE", f"index.json names commit {at}, which is not in the repo", sha=head)]
+        behind = _commits_behind(git, at, head)
+        how = f"{behind} commits behind HEAD" if behind is not None else f"at {at[:12]}, not an ancestor of HEAD"
+        out.append(Finding("INDEX_BEHIND", f"index.json is {how}; the running daemon writes it when accepts "
+                           "pause", severity="warning", sha=at))
+    if _strip(current) != _strip(_rebuild(git, at if at != head else head)):
+        where = "HEAD" if at == head else f"its commit {at}"
+        return out + [Finding("INDEX_STALE", f"index.json differs from a full rebuild at {where}", sha=at)]
+    if at == head and state.index_head not in (None, head):
+        out.append(Finding("INDEX_STALE", f"the log's last index.updated was at {state.index_head}, HEAD is "
+                           f"{head}", severity="warning", sha=head))
+    return out
+
+
+def _commits_behind(git, older: str, head: str) -> int | None:
+    """How many first-parent commits lead from ``older`` to ``head`` (None: not an ancestor)."""
+    count = 0
+    for info in git.log(head):
+        if info.sha == older:
+            return count
+        count += 1
+    return None
+
+
+def _rebuild(git, commit: str) -> dict:
+    """A full index document of ``commit`` (from the worktree when it is checked out there)."""
+    from kz_daemon import indexer
+    from kz_daemon.gitstore import WORKTREE_MARK
+
     mark = git.git_dir / WORKTREE_MARK
-    tree = git.tree_of(head).decode()
+    tree = git.tree_of(commit).decode()
     if mark.exists() and mark.read_text().strip() == tree:
-        rebuilt = indexer.build(git.root, head)
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix="kz-audit-"))
-        try:
-            for path, _mode, blob in git.walk_files("", head):
-                target = tmp / path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(git.store[blob].as_raw_string())
-            rebuilt = indexer.build(tmp, head)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if _strip(current) != _strip(rebuilt):
-        return [Finding("INDEX_STALE", "index.json differs from a full rebuild at HEAD", sha=head)]
-    if state.index_head not in (None, head):
-        return [Finding("INDEX_STALE", f"the log's last index.updated was at {state.index_head}, HEAD is {head}",
-                        severity="warning", sha=head)]
-    return []
+        return indexer.build(git.root, commit)
+    tmp = Path(tempfile.mkdtemp(prefix="kz-audit-"))
+    try:
+        for path, _mode, blob in git.walk_files("", commit):
+            target = tmp / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(git.store[blob].as_raw_string())
+        return indexer.build(tmp, commit)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

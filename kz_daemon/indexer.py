@@ -274,6 +274,11 @@ class Indexer:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        # A clean stop leaves index.json at the in-memory document's HEAD (kz audit counts a
+        # stale file without a running daemon as an error). A write the thread began before
+        # the join gave up finishes first (it holds _write_lock; stopping, it starts no other).
+        with self._write_lock:
+            pass
         if self._dirty:
             self._write_now()
         self.cache.save(self.cache_path)

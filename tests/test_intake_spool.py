@@ -48,7 +48,9 @@ def test_sidecar_gives_uuid_and_submitter(config):
         assert (pending / "package.tar.gz").exists()
         doc = json.loads((pending / "submission.json").read_text())
         assert doc["metas"][0]["test_case_id"] == "n4k"
-        assert os.listdir(config.spool_inbox) == [] and os.listdir(config.paths.spool / "work") == []
+        assert os.listdir(config.spool_inbox) == []
+        # work/ is cleaned right after the events are durable (not before: it holds the uuid till then)
+        wait_for(lambda: os.listdir(config.paths.spool / "work") == [])
     finally:
         zoo.stop()
 

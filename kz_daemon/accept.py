@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import yaml

@@ -86,10 +86,9 @@ def daemon_running(events_dir: str | Path) -> bool:
 
 def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[Finding]:
     """Compare the event log with git history and index.json; the findings (empty: consistent)."""
-    from kz_events.replay import replay_dir
-
     from kz_daemon.config import Config
     from kz_daemon.gitstore import GitStore
+    from kz_events.replay import replay_dir
 
     config = Config.load(state_dir, config_file)
     state = replay_dir(config.paths.events)
@@ -195,11 +194,9 @@ def _audit_index(config, state, git, running: bool = False) -> list[Finding]:
 
 def _commits_behind(git, older: str, head: str) -> int | None:
     """How many first-parent commits lead from ``older`` to ``head`` (None: not an ancestor)."""
-    count = 0
-    for info in git.log(head):
+    for count, info in enumerate(git.log(head)):
         if info.sha == older:
             return count
-        count += 1
     return None
 
 

@@ -17,7 +17,6 @@ ever decided twice and no file is lost.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Callable
 
 from kz_daemon import spool
 from kz_daemon.spool import Claimed, SpoolDirs, write_json_atomic
+from kz_runner.bench.manifest import sha256_file
 
 PACKAGE_FILE = "package.tar.gz"
 EMIT_BATCH = 16  # files whose events are appended together
@@ -46,15 +46,6 @@ class Outcome:
     code: str = ""
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 hex of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def contract_limits(limits) -> Any:

@@ -103,12 +103,12 @@ def test_submit_invalid_package_is_refused_locally(live, tmp_path):
     desc = yaml.safe_load(desc_path.read_text())
     desc["acceptance"] = {"regression_tolerance": 0.05}
     desc_path.write_text(yaml.safe_dump(desc))
-    before = live.zoo.store.state.seq
+    before = len(live.zoo.store.state.submissions)
     done = _kz("submit", str(pkg), "--server", live.url, "--json")
     assert done.returncode == 1
     doc = json.loads(done.stdout)
     assert doc["stage"] == "local" and doc["problems"]
-    assert live.zoo.store.state.seq == before  # nothing reached the server
+    assert len(live.zoo.store.state.submissions) == before  # nothing reached the server
 
 
 def test_submit_tarball_no_wait(live, tmp_path):

@@ -8,6 +8,7 @@ values with a JSON-path ``field`` and a hint for the common YAML traps.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import re
 from functools import lru_cache
@@ -147,8 +148,22 @@ def schema_problems(document: Any, schema_name: str, code: str, file: str | None
     return out
 
 
+def _json_finite(value: Any) -> bool:
+    """True when ``value`` is plain JSON data without NaN or infinities (one pass in C)."""
+    try:
+        _dumps_finite(value)
+    except (TypeError, ValueError, RecursionError):  # not JSON data (a YAML timestamp), or a NaN
+        return False
+    return True
+
+
+_dumps_finite = json.JSONEncoder(allow_nan=False).encode
+
+
 def nonfinite_paths(value: Any, path: str = "") -> Iterator[str]:
     """JSON paths of every NaN or infinite float inside ``value``."""
+    if not path and isinstance(value, (dict, list)) and _json_finite(value):
+        return  # the common case; the walk below names the paths when there are any
     if isinstance(value, float):
         if not math.isfinite(value):
             yield path or "$"

@@ -63,9 +63,16 @@ policy:
   allow_new_packages: true          # a submission may create a new kernel_id
   submissions_require_token: false  # the HTTP shim asks submitters for a token
 
-http:                     # the HTTP shim (kz up)
+http:                     # the HTTP shim (kz up, kz daemon)
   host: 127.0.0.1
   port: 8470
+  max_json_bytes: 1048576       # body cap of claim/renew/release/cancel requests
+  max_result_bytes: 50331648    # body cap of a result report (benchmark JSON + base64 logs)
+  submit_rate_per_s: 0.5        # per-submitter token bucket: sustained submissions per second ...
+  submit_burst: 20              # ... and burst; over it the API answers 429 with Retry-After
+  status_max_wait_s: 60         # upper bound of the status long poll's ?wait=
+  claim_max_wait_s: 60          # upper bound of a runner claim's wait
+  intake_wait_s: 30             # how long POST /api/submissions waits for intake to finish
 
 mirrors: []               # e.g. [{name: backup, url: /srv/git/kernels.git}]
 """
@@ -137,10 +144,17 @@ class Policy:
 
 @dataclass(frozen=True)
 class HttpSettings:
-    """Where the HTTP shim listens."""
+    """Where the HTTP shim listens, its request limits and long-poll bounds."""
 
     host: str = "127.0.0.1"
     port: int = 8470
+    max_json_bytes: int = 1024 * 1024
+    max_result_bytes: int = 48 * 1024 * 1024
+    submit_rate_per_s: float = 0.5
+    submit_burst: int = 20
+    status_max_wait_s: float = 60.0
+    claim_max_wait_s: float = 60.0
+    intake_wait_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -340,6 +354,13 @@ def _check_ranges(config: Config, source: str) -> None:
         "timeouts.build_s": config.timeouts.build_s,
         "timeouts.benchmark_s": config.timeouts.benchmark_s,
         "intake.rescan_interval_s": config.intake.rescan_interval_s,
+        "http.max_json_bytes": config.http.max_json_bytes,
+        "http.max_result_bytes": config.http.max_result_bytes,
+        "http.submit_rate_per_s": config.http.submit_rate_per_s,
+        "http.submit_burst": config.http.submit_burst,
+        "http.status_max_wait_s": config.http.status_max_wait_s,
+        "http.claim_max_wait_s": config.http.claim_max_wait_s,
+        "http.intake_wait_s": config.http.intake_wait_s,
     }
     for key, value in positive.items():
         if value <= 0:

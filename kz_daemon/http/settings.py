@@ -1,8 +1,9 @@
 """The HTTP shim's own knobs, read from the daemon's Config with safe defaults.
 
-``Config.http`` (kz_daemon/config.py) carries ``host`` and ``port``; the keys read
-here with ``getattr`` fall back to the defaults below when the config does not
-(yet) define them, so the shim works with any Config version.
+``Config.http`` (kz_daemon/config.py, the ``http:`` section of ``kz.yaml``) carries
+the listen address and every limit below that shares a name with a field here;
+the upload cap comes from ``limits.max_compressed_bytes``, lease and timeouts from
+``queue`` and ``timeouts``.
 """
 from __future__ import annotations
 

@@ -291,8 +291,12 @@ def _read_contract_file(entry: os.DirEntry, name: str, out: list[Problem]) -> by
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def walk_package(package_dir: str | os.PathLike) -> list[Problem]:
-    """Links, special files and nested packages inside a package directory (caches ignored)."""
+def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | None = None) -> list[Problem]:
+    """Links, special files and nested packages inside a package directory (caches ignored).
+
+    ``listings`` (optional) receives each directory's entries by relative path, so a
+    caller can read ``.kernel_package/`` without listing it a second time.
+    """
     out: list[Problem] = []
     stack = [(os.fspath(package_dir), "")]
     while stack:
@@ -302,6 +306,8 @@ def walk_package(package_dir: str | os.PathLike) -> list[Problem]:
         except OSError as exc:
             out.append(problem("NOT_A_PACKAGE", f"cannot list {rel or '.'}: {exc.strerror}", file=rel or None))
             continue
+        if listings is not None:
+            listings[rel] = entries
         for entry in entries:
             if is_ignored(entry.name):
                 continue
@@ -344,16 +350,24 @@ def _exists_in(package_dir: Path) -> Callable[[str], bool | None]:
     return exists
 
 
-def read_package_files(package_dir: str | os.PathLike) -> tuple[list[Problem], dict[str, bytes | None]]:
-    """Problems of the ``.kernel_package/`` layout and the contract files' bytes (empty when it is absent)."""
+def read_package_files(package_dir: str | os.PathLike, listing: list[os.DirEntry] | None = None
+                       ) -> tuple[list[Problem], dict[str, bytes | None]]:
+    """Problems of the ``.kernel_package/`` layout and the contract files' bytes (empty when it is absent).
+
+    ``listing``: the entries of ``.kernel_package/`` when the caller has listed it as a
+    real directory (not a link) already.
+    """
     kp_dir = os.path.join(os.fspath(package_dir), KERNEL_PACKAGE_DIR)
     pre: list[Problem] = []
     files: dict[str, bytes | None] = {}
-    try:
-        is_dir = stat.S_ISDIR(os.lstat(kp_dir).st_mode)
-        entries = {e.name: e for e in os.scandir(kp_dir)} if is_dir else {}
-    except OSError:
-        is_dir = False
+    if listing is not None:
+        is_dir, entries = True, {e.name: e for e in listing}
+    else:
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(kp_dir).st_mode)
+            entries = {e.name: e for e in os.scandir(kp_dir)} if is_dir else {}
+        except OSError:
+            is_dir = False
     if not is_dir:
         pre.append(problem("KERNEL_PACKAGE_MISSING", f"no {KERNEL_PACKAGE_DIR}/ directory in {package_dir}",
                            file=KERNEL_PACKAGE_DIR))
@@ -384,7 +398,9 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
         an = Analysis(kernel_id)
         an.problems.append(problem("NOT_A_PACKAGE", f"{path} is not a directory"))
         return an
-    pre, files = read_package_files(path)
+    listings: dict[str, list] = {}
+    walked = walk_package(path, listings) if walk else []  # lists .kernel_package/ for the read too
+    pre, files = read_package_files(path, listings.get(KERNEL_PACKAGE_DIR))
     unknown_id = False
     bench_id = None
     if kernel_id is None:
@@ -410,8 +426,7 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
                                    file=contract_path(BENCH_RESULT), field="kernel_id"))
     elif unknown_id:
         an.problems.append(problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {path}"))
-    if walk:
-        an.problems.extend(walk_package(path))
+    an.problems.extend(walked)
     return an
 
 

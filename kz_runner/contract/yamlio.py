@@ -12,6 +12,7 @@ the same node tree, so its values and its exceptions are the standard ones.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import yaml
@@ -36,31 +37,30 @@ _SCALARS = {tag: SafeConstructor.yaml_constructors[tag] for tag in (
 _RESOLVED_MAX = 50_000
 
 
-class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """The safe C loader with a memo of implicit scalar tags.
+_RESOLVER = yaml.resolver.Resolver()  # the safe loader's resolver, for the memo below
 
-    libyaml calls ``resolve`` for every scalar, and the safe resolver's answer
-    depends only on (value, implicit flags) when no path resolvers are
-    registered (the safe loader has none): the memo skips its regex matching.
+
+@lru_cache(maxsize=_RESOLVED_MAX)  # bounded: unique values must not grow it forever
+def _resolve_tag(kind, value, implicit):
+    """The safe resolver's tag for a node (kind, scalar value, implicit flags)."""
+    return _RESOLVER.resolve(kind, value, implicit)
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """The safe C loader with a memo of implicit tags.
+
+    libyaml calls ``resolve`` for every node, and the safe resolver's answer depends
+    only on (kind, value, implicit flags) when no path resolvers are registered (the
+    safe loader has none): the memo (a C-level ``lru_cache``, no Python frame on a hit)
+    skips its regex matching and the method call.
     """
 
-    _resolved: dict = {}
-    if not _BaseLoader.yaml_path_resolvers:
+    if not _BaseLoader.yaml_path_resolvers and type(_RESOLVER) in _BaseLoader.__mro__:
+        resolve = staticmethod(_resolve_tag)  # type: ignore[assignment]
         # libyaml calls these around every node; without path resolvers they do nothing, and
         # builtins that accept the same arguments cost less than a Python method call
         descend_resolver = slice  # type: ignore[assignment]
         ascend_resolver = tuple  # type: ignore[assignment]
-
-    def resolve(self, kind, value, implicit):  # noqa: D102 - see the class docstring
-        if kind is not ScalarNode or self.yaml_path_resolvers:
-            return super().resolve(kind, value, implicit)
-        key = (value, implicit)
-        tag = self._resolved.get(key)
-        if tag is None:
-            tag = super().resolve(kind, value, implicit)
-            if len(self._resolved) < _RESOLVED_MAX:  # bounded: unique values must not grow it forever
-                self._resolved[key] = tag
-        return tag
 
 
 class _Unsure(Exception):

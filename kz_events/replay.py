@@ -9,6 +9,7 @@ with sorted keys, ``{"payload":{...},"prev":"…","seq":N,"subject":{…},"ts":"
 payloads are parsed (a batch of them with one ``json.loads``). A line of any other
 shape goes through the full decoder. ``kz audit`` checks field types and
 canonical form as well.
+
 """
 from __future__ import annotations
 
@@ -45,20 +46,18 @@ def _full_parse(line: bytes) -> tuple[tuple[bytes, ...], dict]:
 
 _SEQ = b'","seq":'
 _TS = b',"ts":"'
-
-
-def _parse_group(group: list[bytes]) -> tuple[list[Any], list[Any]] | tuple[None, list, list]:
+def _parse_group(group: list[bytes]) -> tuple[tuple, list[Any]] | tuple[None, list, list]:
     """Cut a group of lines into header fields and payloads.
 
     Fast path, every line in the writer's canonical shape: returns (fields, payloads)
-    where fields = (prevs, seqs, tss, types, vs) as tuples of bytes, one per line.
+    where fields = (prevs, seqs, tss, kinds) as tuples of bytes, one per line; a
+    kind is the line's end, ``,"type":"…","v":N}`` (type and version in one key).
     Otherwise returns (None, parsed, payloads) with each line fully decoded (a
     ``DecodeError`` in place of the payload for a line that does not decode).
     """
     try:
         cuts = [line.rfind(_PREV) if line.startswith(_HEAD) else -1 for line in group]
-        vcuts = [line.rfind(b',"v":', c) for line, c in zip(group, cuts)]
-        tcuts = [line.rfind(b',"type":"', c, v) for line, c, v in zip(group, cuts, vcuts)]
+        tcuts = [line.rfind(b',"type":"', c) for line, c in zip(group, cuts)]
         if all([c > 0 and line[c + 73:c + 81] == _SEQ and line[t - 35:t - 28] == _TS
                 for line, c, t in zip(group, cuts, tcuts)]):
             payloads = parse_json(
@@ -68,8 +67,7 @@ def _parse_group(group: list[bytes]) -> tuple[list[Any], list[Any]] | tuple[None
                     tuple([line[c + 9:c + 73] for line, c in zip(group, cuts)]),
                     tuple([line[c + 81:line.find(b",", c + 81)] for line, c in zip(group, cuts)]),
                     tuple([line[t - 28:t - 1] for line, t in zip(group, tcuts)]),
-                    tuple([line[t + 9:v - 1] for line, t, v in zip(group, tcuts, vcuts)]),
-                    tuple([line[v + 5:-1] for line, v in zip(group, vcuts)]),
+                    tuple([line[t:] for line, t in zip(group, tcuts)]),
                 )
                 return fields, payloads
     except ValueError:
@@ -141,6 +139,12 @@ def _replay(log: EventLog, state: State, start: Position | None,
         raise ValueError(f"state at seq {state.seq} but replay starts after {start.seq}")
     table = {t.encode(): (_HANDLERS[t], str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
              for t, cls in EVENT_TYPES.items()}
+    # the fast path's table: a line's end (type and version) -> handler, fields,
+    # type, version to upcast from (0: current)
+    kinds = {f',"type":"{t}","v":{v}}}'.encode(): (
+        _HANDLERS[t], frozenset(cls.FIELDS), t, 0 if v == cls.VERSION else v)
+        for t, cls in EVENT_TYPES.items() for v in range(1, cls.VERSION + 1)}
+    table[None] = kinds
     seq, h = start.seq, start.hash.encode()
     tail = start
     count = 0
@@ -178,57 +182,83 @@ def _replay(log: EventLog, state: State, start: Position | None,
 def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: bytes,
                 path: Path, pos: int) -> tuple[int, bytes, int]:
     """Check and fold one group of lines; returns (last seq, its hash, offset after the group)."""
-    sha = hashlib.sha256
-    t = b""
     n = len(group)
     cut = _parse_group(group)
-    fast = cut[0] is not None
-    if fast:
-        (prevs, seqs, tss, types, vs), payloads = cut
-        # the chain, checked in one comparison: binary digests of lines 1..n-1
-        # against the prev fields of lines 2..n (the first prev against h)
-        digests = [sha(line).digest() for line in group]
-        joined = b"".join(prevs)
-        try:  # lower case only, as the writer writes them (else the slow path decides)
-            prev_blob = bytes.fromhex(joined.decode("ascii")) if joined.islower() else b""
-        except ValueError:
-            prev_blob = b""
-        fast = (prevs[0] == h and prev_blob[32:] == b"".join(digests[:-1])
-                and list(map(int, seqs)) == list(range(seq + 1, seq + n + 1)))
-    if fast:
-        try:
-            tss = b" ".join(tss).decode("ascii").split(" ")
-        except UnicodeDecodeError:
-            tss = ()
-        fast = len(tss) == n
-    if fast:
-        at = seq
-        try:
-            for t, ts, p, v in zip(types, tss, payloads, vs):
-                at += 1
-                handler, version, fields, name = table[t]
-                if v != version:  # an older version of the event: upcast it
-                    p = upcast_payload(name, int(v), p)
-                if p.keys() != fields:
-                    raise DecodeError(f"{t.decode()}: payload fields {sorted(p)} are "
-                                      f"not {sorted(fields)}")
-                handler(state, at, ts, p)
-        except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
-                ValueError) as exc:
-            j = at - seq - 1
-            state.seq = at - 1
-            where = pos + sum(len(line) + 1 for line in group[:j])
-            if isinstance(exc, KeyError) and t not in table:
-                exc = DecodeError(f"unknown event type {t.decode()!r}")
-            raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
-        seq += n
-        h = digests[-1].hex().encode()
-        state.seq = seq
+    done, parsed, payloads = 0, None, None
+    if cut[0] is not None:
+        digests = _check_chain(cut[0], group, seq, h)
+        if digests is not None:
+            (_, _, tss, kinds), payloads = cut
+            try:
+                tss = b" ".join(tss).decode("ascii").split(" ")
+            except UnicodeDecodeError:
+                tss = ()
+            done = 0 if len(tss) != n else _fold_checked(state, table[None], group, seq, tss, kinds, payloads, path, pos)
+            if done:
+                seq += done
+                h = digests[done - 1].hex().encode()
+                state.seq = seq
+            payloads = None
     else:
-        parsed, payloads = cut[-2:] if cut[0] is None else _parse_group_slowly(group)
-        seq, h = _replay_slowly(state, table, group, parsed, payloads, seq, h, path, pos)
+        parsed, payloads = cut[1:]
+    if done < n:  # from the first line the fast path could not take: line by line
+        rest = group[done:]
+        pos_rest = pos + sum(map(len, group[:done])) + done
+        if parsed is None:
+            parsed, payloads = _parse_group_slowly(rest)
+        seq, h = _replay_slowly(state, table, rest, parsed, payloads, seq, h, path, pos_rest)
     end = pos + sum(map(len, group)) + n
     return seq, h, end
+
+
+def _check_chain(fields: tuple, group: list[bytes], seq: int, h: bytes) -> list[bytes] | None:
+    """The lines' sha256 digests if their prevs form the chain from ``h`` and seqs follow ``seq``."""
+    sha = hashlib.sha256
+    prevs, seqs = fields[0], fields[1]
+    # the chain, checked in one comparison: binary digests of lines 1..n-1
+    # against the prev fields of lines 2..n (the first prev against h)
+    digests = [sha(line).digest() for line in group]
+    joined = b"".join(prevs)
+    try:  # lower case only, as the writer writes them (else the slow path decides)
+        prev_blob = bytes.fromhex(joined.decode("ascii")) if joined.islower() else b""
+    except ValueError:
+        prev_blob = b""
+    if (prevs[0] == h and prev_blob[32:] == b"".join(digests[:-1])
+            and list(map(int, seqs)) == list(range(seq + 1, seq + len(group) + 1))):
+        return digests
+    return None
+
+
+def _fold_checked(state: State, kinds: dict, group: list[bytes], seq: int, tss: list[str],
+                  ends: tuple, payloads: list, path: Path, pos: int) -> int:
+    """Fold lines whose chain and seqs are checked; returns how many were folded.
+
+    Stops before the first line of a kind (type and version) it does not know, for
+    the line-by-line path to judge.
+    """
+    at = seq
+    try:
+        for end, ts, p in zip(ends, tss, payloads):
+            entry = kinds.get(end)
+            if entry is None:
+                break
+            at += 1
+            handler, fields, name, old = entry
+            if old:  # an older version of the event: upcast it
+                p = upcast_payload(name, old, p)
+            if p.keys() != fields:
+                raise DecodeError(f"{name}: payload fields {sorted(p)} are "
+                                  f"not {sorted(fields)}")
+            handler(state, at, ts, p)
+        else:
+            return len(group)
+    except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
+            ValueError) as exc:
+        j = at - seq - 1
+        state.seq = at - 1
+        where = pos + sum(len(line) + 1 for line in group[:j])
+        raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
+    return at - seq
 
 
 def replay_dir(events_dir: Path | str) -> State:

@@ -87,9 +87,17 @@ def _construct_plain(loader: Any, root: Any) -> Any:
         if cls is MappingNode and tag == _MAP:
             out = {}
             for key_node, value_node in node.value:
-                if key_node.tag in _SPECIAL_KEYS:
+                # plain string keys and values (most nodes) inline: a call per node is the main cost
+                if key_node.tag == _STR and key_node.__class__ is ScalarNode:
+                    key = key_node.value
+                elif key_node.tag in _SPECIAL_KEYS:
                     raise _Unsure
-                out[build(key_node)] = build(value_node)  # an unhashable key raises: standard path
+                else:
+                    key = build(key_node)
+                if value_node.tag == _STR and value_node.__class__ is ScalarNode:
+                    out[key] = value_node.value
+                else:
+                    out[key] = build(value_node)  # an unhashable key raises: standard path
             return out
         if cls is SequenceNode and tag == _SEQ:
             return [build(child) for child in node.value]

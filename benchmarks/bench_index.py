@@ -8,6 +8,8 @@ the best and median wall time of (cache load +) ``build_index`` + ``dumps`` (the
 write is timed separately), after one warm-up pass so the page cache is hot (as
 on a daemon): cold = every file parsed; cached = the content-addressed analysis
 cache of a previous run loaded from disk; with 1 worker and with ``--workers``.
+The machine may be shared: the 1-minute load average is sampled after each timed
+run (``loadavg_1min_min``/``_max``); compare figures taken under similar load.
 """
 from __future__ import annotations
 
@@ -40,6 +42,18 @@ def generate(repo: Path, count: int) -> list[str]:
     return ids
 
 
+def _cpu_model() -> str | None:
+    """The CPU model name from /proc/cpuinfo (None elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packages", type=int, default=10_000)
@@ -68,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         build_index(repo, cache=filled, workers=args.workers)
         filled.save(cache_file)
         figures = {}
+        loads = []
         texts = set()
         for label, make_cache in (("cold", lambda: None), ("cached", lambda: ContentsCache.load(cache_file))):
             for workers in (1, args.workers):
                 runs, cpus = [], []
                 for _ in range(args.repeat):
                     seconds, cpu, text = timed(make_cache, workers)
+                    loads.append(os.getloadavg()[0])
                     runs.append(seconds)
                     cpus.append(cpu)
                     texts.add(text)
@@ -96,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             "valid": doc["counts"]["valid"], **figures, "repeat": args.repeat,
             "write_s": round(write_s, 3), "update_one_s": round(update_s, 4),
             "index_bytes": len(text.encode()), "generate_s": round(gen_s, 1),
-            "cpus": os.cpu_count(), "loadavg_at_start": load_at_start, "python": platform.python_version(),
-            "machine": platform.machine(),
+            "cpus": os.cpu_count(), "loadavg_at_start": load_at_start,
+            "loadavg_1min_min": round(min(loads), 2), "loadavg_1min_max": round(max(loads), 2),
+            "python": platform.python_version(), "machine": platform.machine(), "cpu_model": _cpu_model(),
         }))
     return 0
 

@@ -7,7 +7,7 @@ Usage::
 
 Prints ONE JSON object: ``append_fsync_events_per_s`` (one emit and one fsync per
 event, one thread), ``group_commit_events_per_s`` (many threads emitting single
-events; concurrent emits share fsyncs), ``append_many_events_per_s`` (batches of
+events; concurrent emits share fsyncs; best of 3 rounds), ``append_many_events_per_s`` (batches of
 100 per emit), ``replay_events_per_s`` (full rebuild of the state from a log of
 ``--events`` simulated events, hash chain checked), ``cold_start_s`` (Store.open
 with a snapshot at the end of that log), plus machine facts. Work happens in a
@@ -58,9 +58,22 @@ def bench_append_fsync(root: Path, seconds: float) -> dict:
     return {"append_fsync_events_per_s": round(n / elapsed), "append_fsync_events": n}
 
 
-def bench_group_commit(root: Path, threads: int, per_thread: int) -> dict:
-    """``threads`` threads each emitting single events; fsyncs are shared."""
-    store = Store.open(root / "group", snapshot_every=0)
+def bench_group_commit(root: Path, threads: int, per_thread: int, rounds: int = 3) -> dict:
+    """``threads`` threads each emitting single events; fsyncs are shared.
+
+    Best of ``rounds`` rounds, each on a fresh log (one round is about a second, so one
+    burst of another process's work on this shared machine decides a single round);
+    every round's rate is reported too.
+    """
+    results = [_group_commit_round(root / f"group{r}", threads, per_thread) for r in range(rounds)]
+    best = max(results, key=lambda r: r["group_commit_events_per_s"])
+    best["group_commit_rounds_events_per_s"] = [r["group_commit_events_per_s"] for r in results]
+    return best
+
+
+def _group_commit_round(events_dir: Path, threads: int, per_thread: int) -> dict:
+    """One round of ``bench_group_commit``."""
+    store = Store.open(events_dir, snapshot_every=0)
     fsyncs = [0]
     real_append = store._log.append
 

@@ -207,7 +207,7 @@ def test_parallel_counts_are_right_when_one_worker_runs_every_chunk(tmp_path, mo
         write_package(root, f"cpu/Op/Sub/fp32/impl{i}")
     monkeypatch.setattr(index_module, "PARALLEL_MIN_PACKAGES", 2)
     cache = ContentsCache()
-    index_module._FORK_STATE = (root, cache)
+    index_module._FORK_STATE = (root, cache, {})
     try:  # run two chunks in this process, one after the other, as a single pool worker would
         learned = [index_module._scan_chunk(chunk)[1] for chunk in (["cpu/Op/Sub/fp32/impl0"],
                                                                      ["cpu/Op/Sub/fp32/impl1"])]

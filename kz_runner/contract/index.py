@@ -39,6 +39,11 @@ def default_paths(environ: dict | None = None) -> tuple[Path, Path]:
 
 def find_packages(repo_root: str | os.PathLike, under: str = "") -> list[str]:
     """kernel_ids of the top-level packages at or below ``under`` (packages are not entered)."""
+    return _find_packages(repo_root, under, None)
+
+
+def _find_packages(repo_root: str | os.PathLike, under: str, listings: dict[str, list] | None) -> list[str]:
+    """:func:`find_packages`; ``listings`` receives each package directory's entries."""
     root = os.fspath(repo_root)
     start = os.path.join(root, under) if under else root
     found: list[str] = []
@@ -51,6 +56,8 @@ def find_packages(repo_root: str | os.PathLike, under: str = "") -> list[str]:
             continue
         if rel and any(e.name == KERNEL_PACKAGE_DIR and e.is_dir(follow_symlinks=False) for e in entries):
             found.append(rel)
+            if listings is not None:
+                listings[rel] = entries
             continue
         for entry in entries:
             if entry.name == ".git" or is_ignored(entry.name) or entry.name == KERNEL_PACKAGE_DIR:
@@ -112,18 +119,19 @@ def _ancestor_package(repo_root: Path, kernel_id: str) -> str | None:
 
 
 def kernel_entry(repo_root: str | os.PathLike, kernel_id: str, cache: ContentsCache | None = None,
-                 top_level: bool = False) -> dict:
+                 top_level: bool = False, listing: list | None = None) -> dict:
     """The index entry of one package, validated exactly as ``kz validate`` does.
 
     ``top_level`` says the caller knows no ancestor directory is a package (what
-    :func:`find_packages` returns), which saves the ancestor checks.
+    :func:`find_packages` returns), which saves the ancestor checks; ``listing`` is
+    the package directory's entries when the caller has listed it.
     """
     root = os.fspath(repo_root)
     package_dir = os.path.join(root, kernel_id)
     if cache is None:
-        an = analyze_package_dir(package_dir, kernel_id)
+        an = analyze_package_dir(package_dir, kernel_id, listing=listing)
     else:
-        an = analyze_package_dir(package_dir, kernel_id, contents=cache.analyze)
+        an = analyze_package_dir(package_dir, kernel_id, contents=cache.analyze, listing=listing)
     outer = None if top_level else _ancestor_package(root, kernel_id)
     if outer is not None:
         an.problems.append(problem("NESTED_PACKAGE", f"inside the source area of package {outer!r}"))
@@ -177,15 +185,16 @@ def _nested_under(entry: dict) -> list[str]:
 
 
 def _scan(root: Path, kernel_ids: Iterable[str], cache: ContentsCache | None,
-          top_level: bool = False) -> dict[str, dict]:
-    """Entries for ``kernel_ids`` and every package nested inside them."""
+          top_level: bool = False, listings: dict[str, list] | None = None) -> dict[str, dict]:
+    """Entries for ``kernel_ids`` and every package nested inside them (``listings``: see _find_packages)."""
     entries: dict[str, dict] = {}
     todo = [(kernel_id, top_level) for kernel_id in kernel_ids]
     while todo:
         kernel_id, known_top = todo.pop()
         if kernel_id in entries:
             continue
-        entry = kernel_entry(root, kernel_id, cache, top_level=known_top)
+        listing = listings.pop(kernel_id, None) if listings is not None else None  # used once, then freed
+        entry = kernel_entry(root, kernel_id, cache, top_level=known_top, listing=listing)
         entries[kernel_id] = entry
         todo.extend((nested, False) for nested in _nested_under(entry))
     return entries
@@ -206,28 +215,29 @@ def _document(entries: dict[str, dict], head: str | None, generated_at: str | No
             "counts": counts, "kernels": kernels}
 
 
-#: (repo root, cache) handed to forked workers of a parallel build; set only while the pool runs
-_FORK_STATE: tuple[Path, ContentsCache | None] | None = None
+#: (repo root, cache, package listings) handed to forked workers of a parallel build; set only while
+#: the pool runs
+_FORK_STATE: tuple[Path, ContentsCache | None, dict[str, list]] | None = None
 PARALLEL_MIN_PACKAGES = 500
 
 
 def _scan_chunk(kernel_ids: list[str]) -> tuple[dict[str, dict], tuple | None]:
     """Worker side of a parallel build: entries for ``kernel_ids`` and what the cache learned."""
     assert _FORK_STATE is not None
-    root, cache = _FORK_STATE
+    root, cache, listings = _FORK_STATE
     if cache is not None:  # one worker may run several chunks: report each chunk's own counts
         cache.reset_counts()
-    entries = _scan(root, kernel_ids, cache, top_level=True)
+    entries = _scan(root, kernel_ids, cache, top_level=True, listings=listings)
     return entries, (cache.export_used() if cache is not None else None)
 
 
 def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | None,
-                   workers: int) -> dict[str, dict]:
+                   workers: int, listings: dict[str, list]) -> dict[str, dict]:
     import multiprocessing
 
     global _FORK_STATE
     chunks = [kernel_ids[i::workers] for i in range(workers)]
-    _FORK_STATE = (root, cache)
+    _FORK_STATE = (root, cache, listings)
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             results = pool.map(_scan_chunk, chunks)
@@ -253,16 +263,17 @@ def build_index(repo_root: str | os.PathLike, head: str | None = None, generated
     import gc
 
     root = Path(repo_root)
-    kernel_ids = find_packages(root)
+    listings: dict[str, list] = {}
+    kernel_ids = _find_packages(root, "", listings)
     parallel = (workers > 1 and len(kernel_ids) >= PARALLEL_MIN_PACKAGES
                 and "fork" in __import__("multiprocessing").get_all_start_methods())
     enabled = gc.isenabled()
     gc.disable()  # tens of thousands of small containers: collection passes would cost more than the scan
     try:
         if parallel:
-            entries = _scan_parallel(root, kernel_ids, cache, workers)
+            entries = _scan_parallel(root, kernel_ids, cache, workers, listings)
         else:
-            entries = _scan(root, kernel_ids, cache, top_level=True)
+            entries = _scan(root, kernel_ids, cache, top_level=True, listings=listings)
         return _document(entries, head, generated_at)
     finally:
         if enabled:

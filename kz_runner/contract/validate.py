@@ -291,18 +291,20 @@ def _read_contract_file(entry: os.DirEntry, name: str, out: list[Problem]) -> by
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | None = None) -> list[Problem]:
+def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | None = None,
+                 top: list[os.DirEntry] | None = None) -> list[Problem]:
     """Links, special files and nested packages inside a package directory (caches ignored).
 
     ``listings`` (optional) receives each directory's entries by relative path, so a
-    caller can read ``.kernel_package/`` without listing it a second time.
+    caller can read ``.kernel_package/`` without listing it a second time; ``top`` is
+    the package directory's own entries when the caller has listed it already.
     """
     out: list[Problem] = []
     stack = [(os.fspath(package_dir), "")]
     while stack:
         directory, rel = stack.pop()
         try:
-            entries = list(os.scandir(directory))
+            entries = top if (top is not None and not rel) else list(os.scandir(directory))
         except OSError as exc:
             out.append(problem("NOT_A_PACKAGE", f"cannot list {rel or '.'}: {exc.strerror}", file=rel or None))
             continue
@@ -387,19 +389,21 @@ def _contents(kernel_id: str | None, files: dict[str, bytes | None]) -> Analysis
 
 
 def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = None, walk: bool = True,
-                        contents: Callable[[str | None, dict[str, bytes | None]], Analysis] = _contents) -> Analysis:
+                        contents: Callable[[str | None, dict[str, bytes | None]], Analysis] = _contents,
+                        listing: list[os.DirEntry] | None = None) -> Analysis:
     """The :class:`Analysis` of a package directory (``walk=False`` skips the link scan).
 
     ``contents(kernel_id, files)`` analyses the contract files' bytes; the index passes
-    a memoised version (the result is copied, never modified).
+    a memoised version (the result is copied, never modified). ``listing``: the
+    directory's entries, when the caller has listed it as a real directory already.
     """
     path = Path(package_dir)
-    if not os.path.isdir(package_dir):
+    if listing is None and not os.path.isdir(package_dir):
         an = Analysis(kernel_id)
         an.problems.append(problem("NOT_A_PACKAGE", f"{path} is not a directory"))
         return an
     listings: dict[str, list] = {}
-    walked = walk_package(path, listings) if walk else []  # lists .kernel_package/ for the read too
+    walked = walk_package(path, listings, listing) if walk else []  # lists .kernel_package/ for the read too
     pre, files = read_package_files(path, listings.get(KERNEL_PACKAGE_DIR))
     unknown_id = False
     bench_id = None

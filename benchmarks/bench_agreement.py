@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         sets = [(1.5, xs, ys, cp.empty_like(xs)) for xs, ys in bench.copies([x, y], bench.rotation_count(3 * x.nbytes))]
         measure(f"axpy_fp16 n=2^{log2n}", axpy, sets)
         del x, y, sets
-    for b, h, s, d in ((1, 8, 256, 64), (1, 16, 512, 64), (4, 16, 512, 64), (2, 16, 1024, 128)):
+    for b, h, s, d in ((1, 8, 256, 64), (1, 16, 512, 64), (4, 16, 512, 64), (8, 16, 512, 64), (2, 16, 1024, 128)):
         q, k, v = (rng.standard_normal((b, h, s, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
         sets = bench.copies([q, k, v], bench.rotation_count(3 * q.nbytes))
         measure(f"mha b{b} h{h} s{s} d{d}", mha_forward, sets)
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
     # A launch-bound call (the host issuing ~10 small kernels while the GPU idles) times the
     # host, not the GPU; the agreement target is for GPU-bound kernels (>= 20 us of GPU work).
-    bound = [r for r in rows if r["kernel"] != "mha b1 h8 s256 d64"]
+    # The two b1 shapes are kept to show that regime; the examples' cases are all GPU-bound.
+    bound = [r for r in rows if r["kernel"] not in ("mha b1 h8 s256 d64", "mha b1 h16 s512 d64")]
     worst = max(abs(r["diff_pct"]) for r in bound)
     print(f"worst |diff| vs do_bench median over GPU-bound kernels: {worst:.2f}%")
     return 0

@@ -14,8 +14,8 @@ from pathlib import Path
 from kz_runner import bench
 
 KERNEL_ZOO_TEST_CASE_METAS = [
-    {"test_case_id": "b1_h16_s512_d64",
-     "params": {"batch": 1, "heads": 16, "seq_len": 512, "head_dim": 64, "causal": False},
+    {"test_case_id": "b8_h16_s512_d64",
+     "params": {"batch": 8, "heads": 16, "seq_len": 512, "head_dim": 64, "causal": False},
      "primary_metric": "primary_latency_ms",
      "metrics": [{"name": "primary_latency_ms", "unit": "ms", "direction": "lower_better"},
                  {"name": "tflops", "unit": "TFlops", "direction": "higher_better"}],

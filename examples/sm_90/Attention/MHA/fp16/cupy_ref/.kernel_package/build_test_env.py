@@ -12,7 +12,7 @@ import numpy as np
 
 # Must match KERNEL_ZOO_TEST_CASE_METAS in benchmark.py, one entry per case.
 TEST_CASE_PARAMS = {
-    "b1_h16_s512_d64": {"batch": 1, "heads": 16, "seq_len": 512, "head_dim": 64},
+    "b8_h16_s512_d64": {"batch": 8, "heads": 16, "seq_len": 512, "head_dim": 64},
     "b4_h16_s512_d64": {"batch": 4, "heads": 16, "seq_len": 512, "head_dim": 64},
     "b2_h16_s1024_d128": {"batch": 2, "heads": 16, "seq_len": 1024, "head_dim": 128},
 }

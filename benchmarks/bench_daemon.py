@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -32,23 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
+from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def machine() -> dict:
     """Facts about the machine the figures come from."""
     import dulwich
 
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "platform": platform.platform(), "dulwich": ".".join(map(str, dulwich.__version__)),
-            "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
+    return machine_facts(dulwich=".".join(map(str, dulwich.__version__)))
 
 
 def kernel_id(i: int) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -37,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 AXPY = "cpu/Elementwise/Axpy/fp32/numpy_ref"
 
 
@@ -270,22 +270,12 @@ def pct(values: list[float], q: float) -> float:
 
 def machine() -> dict:
     """Facts about where this ran."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import starlette
     import uvicorn
 
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    return {"cpus": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "platform": platform.platform(), "starlette": starlette.__version__, "uvicorn": uvicorn.__version__,
-            "git_rev": rev.strip(), "load_tool": "wrk" if shutil.which("wrk") else "python",
-            "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
+    return machine_facts(starlette=starlette.__version__, uvicorn=uvicorn.__version__, git_rev=rev.strip(),
+                         load_tool="wrk" if shutil.which("wrk") else "python")
 
 
 def main(argv: list[str] | None = None) -> int:

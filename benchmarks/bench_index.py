@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from machine import cpu_model  # noqa: E402  (benchmarks/ is sys.path[0])
 
 from kz_runner.contract.index import build_index, dumps, update_index, write_index  # noqa: E402
 from kz_runner.contract.index_cache import ContentsCache  # noqa: E402
@@ -40,18 +41,6 @@ def generate(repo: Path, count: int) -> list[str]:
         write_package(repo, kernel_id, best=0.5 + i * 1e-4)
         ids.append(kernel_id)
     return ids
-
-
-def _cpu_model() -> str | None:
-    """The CPU model name from /proc/cpuinfo (None elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             "index_bytes": len(text.encode()), "generate_s": round(gen_s, 1),
             "cpus": os.cpu_count(), "loadavg_at_start": load_at_start,
             "loadavg_1min_min": round(min(loads), 2), "loadavg_1min_max": round(max(loads), 2),
-            "python": platform.python_version(), "machine": platform.machine(), "cpu_model": _cpu_model(),
+            "python": platform.python_version(), "machine": platform.machine(), "cpu_model": cpu_model(),
         }))
     return 0
 

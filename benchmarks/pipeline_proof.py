@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -38,6 +37,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 DEFAULT_PACKAGES = sorted(str(p.parent.parent.relative_to(ROOT))
                           for p in (ROOT / "examples" / "sm_90").glob("*/*/*/*/.kernel_package/desc.yaml"))
 
@@ -149,8 +150,9 @@ def summarise(solo: dict, concurrent: dict | None) -> dict:
     return table
 
 
-def machine_facts() -> dict:
-    facts = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
+def gpu_facts() -> dict:
+    """nvidia-smi's view of the GPUs and CuPy's version, where available."""
+    facts: dict = {}
     try:
         facts["nvidia_smi"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu",
@@ -201,7 +203,7 @@ def main() -> int:
     daemon = subprocess.Popen(kz_argv("up", "--state-dir", str(state), "--port", str(port), "--no-runner"),
                               stdout=daemon_log, stderr=subprocess.STDOUT)
     runners: list[subprocess.Popen] = []
-    result: dict = {"machine": machine_facts(), "packages": counts, "gpus": gpus}
+    result: dict = {"machine": machine_facts(**gpu_facts()), "packages": counts, "gpus": gpus}
 
     def save(partial_solo: dict | None = None) -> None:
         if partial_solo is not None:
@@ -219,6 +221,10 @@ def main() -> int:
                         "--runner-id", f"h200-gpu{gpus[i]}"), stdout=log, stderr=subprocess.STDOUT))
 
         start_runner(0)
+        time.sleep(3)
+        if runners[0].poll() is not None:  # e.g. `--gpu 0` where CuPy finds no GPU
+            raise RuntimeError(f"runner for GPU {gpus[0]} exited with {runners[0].returncode}; "
+                               f"see {args.out / f'runner-{gpus[0]}.log'}")
         t0 = time.monotonic()
         result["solo"] = solo_phase(url, counts, save)
         result["solo_wall_s"] = time.monotonic() - t0

@@ -17,31 +17,11 @@ from tests.helpers.daemon import (
     AXPY_ID,
     EXAMPLES,
     ROOT,
-    axpy_tarball,
-    drop_into_inbox,
+    accept_axpy,
     wait_for,
 )
 
 NEW = "cpu/Elementwise/Axpy/fp32/audit_impl"
-
-
-def result_doc(kernel_id, latency=1.0):
-    cases = [{"test_case_id": cid, "correctness": "passed", "accept": True,
-              "metrics": [{"name": "latency_us", "value": latency}, {"name": "gbps", "value": 2.0}]}
-             for cid in ("n4k", "n64k", "n1m")]
-    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
-            "overall": {"accept": True, "build_ok": True, "accept_reason": "ok"}, "cases": cases}
-
-
-def accept(zoo, kernel_id, name, latency=1.0):
-    before = set(zoo.store.state.submissions)
-    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
-    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
-    zoo.wait_intake(sub_uuid, 30)
-    c = zoo.claim("r", "cpu", 5)
-    view = zoo.report_result(sub_uuid, "r", c.lease_id, result_doc(kernel_id, latency), b"", {}, None)
-    assert view.status == "accepted", view.reasons
-    return view
 
 
 @pytest.fixture
@@ -75,10 +55,10 @@ def test_index_behind_head_is_a_warning_while_the_daemon_runs_and_an_error_after
     zoo = Zoo(config)
     zoo.start()
     try:
-        accept(zoo, AXPY_ID, "a")
+        accept_axpy(zoo, AXPY_ID, "a")
         wait_for(lambda: zoo.store.state.index_head == zoo.git.head())
         behind = config.paths.index.read_bytes()  # index.json at the first accept's HEAD
-        accept(zoo, NEW, "b")
+        accept_axpy(zoo, NEW, "b")
         head = zoo.git.head()
         wait_for(lambda: zoo.store.state.index_head == head)
         # the file as the running daemon leaves it between an accept and its background write
@@ -109,7 +89,7 @@ def test_index_behind_head_is_a_warning_while_the_daemon_runs_and_an_error_after
 def test_accept_then_stop_at_once_leaves_a_current_index(config):
     zoo = Zoo(config)
     zoo.start()
-    views = [accept(zoo, NEW, "n", 3.0), accept(zoo, AXPY_ID, "a", 2.0)]
+    views = [accept_axpy(zoo, NEW, "n", 3.0), accept_axpy(zoo, AXPY_ID, "a", 2.0)]
     zoo.stop()  # no wait for the background index writer
     doc = json.loads(config.paths.index.read_text())
     assert doc["head"] == views[-1].sha_br

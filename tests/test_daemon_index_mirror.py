@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,28 +13,9 @@ from kz_daemon import indexer
 from kz_daemon.audit import audit_state_dir
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_tarball, drop_into_inbox, wait_for
 
 NEW = "cpu/Elementwise/Axpy/fp32/second"
-
-
-def _result(kernel_id, latency=1.0):
-    cases = [{"test_case_id": cid, "correctness": "passed", "accept": True,
-              "metrics": [{"name": "latency_us", "value": latency}, {"name": "gbps", "value": 2.0}]}
-             for cid in ("n4k", "n64k", "n1m")]
-    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
-            "overall": {"accept": True, "build_ok": True, "accept_reason": "ok"}, "cases": cases}
-
-
-def accept(zoo, kernel_id, name, latency=1.0):
-    before = set(zoo.store.state.submissions)
-    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
-    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
-    zoo.wait_intake(sub_uuid, 30)
-    c = zoo.claim("r", "cpu", 5)
-    view = zoo.report_result(sub_uuid, "r", c.lease_id, _result(kernel_id, latency), b"", {}, None)
-    assert view.status == "accepted", view.reasons
-    return view
 
 
 @pytest.fixture
@@ -56,9 +36,9 @@ def strip(doc):
 
 def test_incremental_index_equals_full_rebuild(zoo):
     v0 = zoo.store.state.index_version
-    accept(zoo, AXPY_ID, "a", 5.0)
-    accept(zoo, NEW, "b", 3.0)
-    accept(zoo, AXPY_ID, "c", 9.0)
+    accept_axpy(zoo, AXPY_ID, "a", 5.0)
+    accept_axpy(zoo, NEW, "b", 3.0)
+    accept_axpy(zoo, AXPY_ID, "c", 9.0)
     wait_for(lambda: zoo.store.state.index_head == zoo.git.head())
     doc = json.loads(zoo.config.paths.index.read_text())
     assert zoo.store.state.index_version > v0
@@ -74,7 +54,7 @@ def test_incremental_index_equals_full_rebuild(zoo):
 
 
 def test_audit_finds_a_stale_index_and_a_foreign_kz_commit(zoo):
-    accept(zoo, AXPY_ID, "a")
+    accept_axpy(zoo, AXPY_ID, "a")
     wait_for(lambda: zoo.store.state.index_head == zoo.git.head())
     path = zoo.config.paths.index
     doc = json.loads(path.read_text())
@@ -92,7 +72,7 @@ def test_audit_finds_a_stale_index_and_a_foreign_kz_commit(zoo):
 def test_mirror_receives_the_branch(zoo, tmp_path):
     from dulwich.repo import Repo
 
-    view = accept(zoo, AXPY_ID, "a")
+    view = accept_axpy(zoo, AXPY_ID, "a")
     wait_for(lambda: any(m.get("ok") and m.get("sha") == view.sha_br
                          for m in zoo.store.state.mirrors.values()))
     bare = Repo(str(tmp_path / "mirror.git"))
@@ -128,7 +108,7 @@ def test_index_file_lagging_after_a_crash_is_caught_up(tmp_path):
     zoo = Zoo(config)
     zoo.start()
     stale = zoo.config.paths.index.read_bytes()
-    accept(zoo, NEW, "n")
+    accept_axpy(zoo, NEW, "n")
     zoo.stop()
     zoo.config.paths.index.write_bytes(stale)  # as if the writer had not run before a kill
     zoo = Zoo(config)
@@ -141,7 +121,7 @@ def test_index_file_lagging_after_a_crash_is_caught_up(tmp_path):
 
 
 def test_kz_audit_command_runs_the_daemon_checks(zoo):
-    accept(zoo, AXPY_ID, "a")
+    accept_axpy(zoo, AXPY_ID, "a")
     wait_for(lambda: zoo.store.state.index_head == zoo.git.head())
     out = subprocess.run([sys.executable, "-m", "kz_daemon.cli", "audit", "--state-dir", str(zoo.config.state_dir),
                           "--json"], cwd=ROOT, capture_output=True, text=True,

@@ -1,7 +1,6 @@
 """Queue: arch match, one job per kernel in flight, fairness, leases, attempts, cancel, runner tarball."""
 from __future__ import annotations
 
-import io
 import tarfile
 
 import pytest
@@ -10,7 +9,7 @@ import yaml
 from kz_daemon.errors import ZooError
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
 
 OTHER = "cpu/Elementwise/Axpy/fp32/other_impl"
 THIRD = "cpu/Elementwise/Axpy/fp32/third_impl"
@@ -158,14 +157,6 @@ def test_runner_package_of_a_new_kernel_has_a_seed(zoo):
     assert [c["test_case_id"] for c in card["cases"]] == ["n4k", "n64k", "n1m"]
 
 
-def _result(kernel_id, correctness="passed", accept=True):
-    cases = [{"test_case_id": cid, "correctness": correctness, "accept": accept,
-              "metrics": [{"name": "latency_us", "value": 1.0}, {"name": "gbps", "value": 2.0}]}
-             for cid in ("n4k", "n64k", "n1m")]
-    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
-            "overall": {"accept": accept, "build_ok": True, "accept_reason": "test"}, "cases": cases}
-
-
 def test_runner_failure_rejects_without_commit(zoo):
     head = zoo.git.head()
     sub_uuid = queue(zoo, AXPY_ID, "x")
@@ -181,7 +172,7 @@ def test_failed_case_with_accept_is_422_and_rejected(zoo):
     head = zoo.git.head()
     sub_uuid = queue(zoo, AXPY_ID, "x")
     c = zoo.claim("r1", "cpu", 0)
-    bad = _result(AXPY_ID)
+    bad = axpy_result(AXPY_ID)
     bad["cases"][0]["correctness"] = "failed"
     bad["overall"]["accept"] = False
     with pytest.raises(ZooError) as info:
@@ -202,7 +193,7 @@ def test_hard_checks_reject(zoo, mutate, code):
     head = zoo.git.head()
     sub_uuid = queue(zoo, AXPY_ID, "x")
     c = zoo.claim("r1", "cpu", 0)
-    result = _result(AXPY_ID)
+    result = axpy_result(AXPY_ID)
     mutate(result)
     view = zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"", {}, None)
     assert view.status == "rejected" and view.reasons[0]["code"] == code
@@ -212,7 +203,7 @@ def test_hard_checks_reject(zoo, mutate, code):
 def test_package_own_verdict_reject(zoo):
     sub_uuid = queue(zoo, AXPY_ID, "x")
     c = zoo.claim("r1", "cpu", 0)
-    view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(AXPY_ID, accept=False), b"", {}, None)
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, axpy_result(AXPY_ID, accept=False), b"", {}, None)
     assert view.status == "rejected" and view.reasons[0]["code"] == "PACKAGE_REJECTED"
     assert "test" in view.reasons[0]["message"]
 
@@ -222,7 +213,7 @@ def test_hand_result_accept_and_queue_view(zoo):
     c = zoo.claim("r1", "cpu", 0)
     qv = zoo.queue_view()
     assert qv["in_flight"][0]["uuid"] == sub_uuid and "r1" in qv["runners"]
-    view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(THIRD), b"", {}, None)
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, axpy_result(THIRD), b"", {}, None)
     assert view.status == "accepted" and view.commit_sha
     assert zoo.metrics()["submissions_by_status"]["accepted"] == 1
 
@@ -245,6 +236,6 @@ def test_saga_that_cannot_start_is_rolled_back_without_a_commit(zoo):
     sub_uuid = queue(zoo, AXPY_ID, "x")
     c = zoo.claim("r1", "cpu", 0)
     (zoo.config.paths.pending / sub_uuid / "package.tar.gz").unlink()  # the stored package is lost
-    view = zoo.report_result(sub_uuid, "r1", c.lease_id, _result(AXPY_ID), b"", {}, None)
+    view = zoo.report_result(sub_uuid, "r1", c.lease_id, axpy_result(AXPY_ID), b"", {}, None)
     assert view.status == "failed" and view.reasons[-1]["code"] == "ROLLED_BACK"
     assert zoo.git.head() == head

@@ -12,19 +12,10 @@ import pytest
 from kz_daemon.errors import ZooError
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import EXAMPLES, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.daemon import EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 
 NEW = "cpu/Elementwise/Axpy/fp32/retry_impl"
-
-
-def result_doc(kernel_id, latency=1.0, accept=True, correctness="passed", case_accept=None):
-    cases = [{"test_case_id": cid, "correctness": correctness,
-              "accept": accept if case_accept is None else case_accept,
-              "metrics": [{"name": "latency_us", "value": latency}, {"name": "gbps", "value": 2.0}]}
-             for cid in ("n4k", "n64k", "n1m")]
-    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
-            "overall": {"accept": accept, "build_ok": True, "accept_reason": "test"}, "cases": cases}
 
 
 @pytest.fixture
@@ -49,7 +40,7 @@ def queued(zoo, name, kernel_id=NEW):
 def test_repeat_of_an_accepted_report_answers_the_view_and_writes_nothing(zoo):
     sub_uuid = queued(zoo, "a")
     c = zoo.claim("r1", "cpu", 0)
-    result = result_doc(NEW)
+    result = axpy_result(NEW)
     first = zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"first logs", {"n": 1}, None)
     assert first.status == "accepted" and first.commit_sha
     head, seq = zoo.git.head(), zoo.store.seq
@@ -66,7 +57,7 @@ def test_repeat_of_an_accepted_report_answers_the_view_and_writes_nothing(zoo):
 def test_repeat_of_a_rejected_report_answers_the_rejection(zoo):
     sub_uuid = queued(zoo, "r")
     c = zoo.claim("r1", "cpu", 0)
-    result = result_doc(NEW, accept=False)
+    result = axpy_result(NEW, accept=False)
     first = zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"", {}, None)
     assert first.status == "rejected" and first.reasons[0]["code"] == "PACKAGE_REJECTED"
     again = zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"", {}, None)
@@ -76,7 +67,7 @@ def test_repeat_of_a_rejected_report_answers_the_rejection(zoo):
 def test_repeat_of_a_result_invalid_report_is_not_an_error(zoo):
     sub_uuid = queued(zoo, "i")
     c = zoo.claim("r1", "cpu", 0)
-    bad = result_doc(NEW, accept=False, correctness="failed", case_accept=True)
+    bad = axpy_result(NEW, accept=False, correctness="failed", case_accept=True)
     with pytest.raises(ZooError) as info:
         zoo.report_result(sub_uuid, "r1", c.lease_id, bad, b"", {}, None)
     assert info.value.code == "RESULT_INVALID"
@@ -95,11 +86,11 @@ def test_a_failure_report_repeats_too(zoo):
 def test_a_different_result_under_the_same_lease_is_a_conflict(zoo):
     sub_uuid = queued(zoo, "c")
     c = zoo.claim("r1", "cpu", 0)
-    result = result_doc(NEW, latency=1.0)
+    result = axpy_result(NEW, latency=1.0)
     first = zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"", {}, None)
     seq = zoo.store.seq
     with pytest.raises(ZooError) as info:
-        zoo.report_result(sub_uuid, "r1", c.lease_id, result_doc(NEW, latency=2.0), b"other", {}, None)
+        zoo.report_result(sub_uuid, "r1", c.lease_id, axpy_result(NEW, latency=2.0), b"other", {}, None)
     err = info.value
     assert err.code == "CONFLICT" and err.http_status == 409
     assert "different result" in err.message
@@ -111,7 +102,7 @@ def test_a_different_result_under_the_same_lease_is_a_conflict(zoo):
 def test_other_runners_and_leases_still_lose(zoo):
     sub_uuid = queued(zoo, "o")
     c = zoo.claim("r1", "cpu", 0)
-    result = result_doc(NEW)
+    result = axpy_result(NEW)
     assert zoo.report_result(sub_uuid, "r1", c.lease_id, result, b"", {}, None).status == "accepted"
     for runner, lease in (("r2", c.lease_id), ("r1", "not-the-lease"), ("r1", None)):
         with pytest.raises(ZooError) as info:
@@ -124,7 +115,7 @@ def test_a_released_lease_is_not_a_repeat(zoo):
     old = zoo.claim("r1", "cpu", 0)
     zoo.release(sub_uuid, "r1", old.lease_id, "test")
     new = zoo.claim("r1", "cpu", 0)
-    result = result_doc(NEW)
+    result = axpy_result(NEW)
     assert zoo.report_result(sub_uuid, "r1", new.lease_id, result, b"", {}, None).status == "accepted"
     with pytest.raises(ZooError) as info:  # the same runner, but the lease it lost
         zoo.report_result(sub_uuid, "r1", old.lease_id, result, b"", {}, None)
@@ -147,7 +138,7 @@ def test_http_retry_of_a_result_report(live):
         uuid = resp.json()["uuid"]
         claim = r1.post("/api/runner/claim", json={"arch": "cpu", "wait": 10, "host": "t"})
         assert claim.status_code == 200 and claim.json()["uuid"] == uuid, claim.text
-        doc = {"lease_id": claim.json()["lease_id"], "result": result_doc(CPU_AXPY, 5.0),
+        doc = {"lease_id": claim.json()["lease_id"], "result": axpy_result(CPU_AXPY, 5.0),
                "logs_b64": base64.b64encode(b"ok\n").decode(), "env": {"runner": "test"}, "failure": None}
         first = r1.post(f"/api/submissions/{uuid}/result", json=doc)
         assert first.status_code == 200, first.text
@@ -165,7 +156,7 @@ def test_http_retry_of_a_result_report(live):
         lost = r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, lease_id="unknown"))
         assert lost.status_code == 409 and lost.json()["error"]["code"] == "LEASE_LOST"
         # the same lease with another result: CONFLICT, saying why
-        other = r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, result=result_doc(CPU_AXPY, 6.0)))
+        other = r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, result=axpy_result(CPU_AXPY, 6.0)))
         assert other.status_code == 409, other.text
         error = other.json()["error"]
         assert error["code"] == "CONFLICT" and "different result" in error["message"]

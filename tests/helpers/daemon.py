@@ -110,3 +110,29 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+AXPY_CASES = ("n4k", "n64k", "n1m")
+
+
+def axpy_result(kernel_id: str, latency: float = 1.0, *, accept: bool = True, correctness: str = "passed",
+                case_accept: bool | None = None) -> dict:
+    """A benchmark_output document for the CPU Axpy example's three cases, as a runner would report."""
+    cases = [{"test_case_id": cid, "correctness": correctness,
+              "accept": accept if case_accept is None else case_accept,
+              "metrics": [{"name": "latency_us", "value": latency}, {"name": "gbps", "value": 2.0}]}
+             for cid in AXPY_CASES]
+    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
+            "overall": {"accept": accept, "build_ok": True, "accept_reason": "test"}, "cases": cases}
+
+
+def accept_axpy(zoo, kernel_id: str, name: str, latency: float = 1.0):
+    """Drop an Axpy tarball for ``kernel_id``, claim it as runner ``r`` and report an accepting result."""
+    before = set(zoo.store.state.submissions)
+    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
+    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
+    zoo.wait_intake(sub_uuid, 30)
+    claim = zoo.claim("r", "cpu", 5)
+    view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(kernel_id, latency), b"", {}, None)
+    assert view.status == "accepted", view.reasons
+    return view

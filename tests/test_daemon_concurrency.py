@@ -6,8 +6,7 @@ import threading
 from kz_daemon.audit import audit_state_dir
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import EXAMPLES, axpy_tarball, drop_into_inbox, wait_for
-from tests.test_daemon_queue import _result
+from tests.helpers.daemon import EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
 
 KIDS = [f"cpu/Elementwise/Axpy/fp32/impl{i}" for i in range(6)]
 
@@ -27,7 +26,7 @@ def test_parallel_accepts_serialize_cleanly(tmp_path):
                 c = zoo.claim(name, "cpu", 5)
                 claims.append(c)
                 zoo.runner_package(c.uuid, name)
-                zoo.report_result(c.uuid, name, c.lease_id, _result(c.kernel_id), b"", {}, None)
+                zoo.report_result(c.uuid, name, c.lease_id, axpy_result(c.kernel_id), b"", {}, None)
             except Exception as exc:  # surfaced below
                 errors.append(exc)
 

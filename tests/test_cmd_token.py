@@ -38,3 +38,12 @@ def test_issue_list_revoke(tmp_path):
 def test_missing_state_dir_and_missing_action_are_usage_errors(tmp_path):
     assert kz("token", "--state-dir", str(tmp_path / "nope"), "list").returncode == 2
     assert kz("token", "--state-dir", str(tmp_path)).returncode == 2
+
+
+def test_state_dir_may_follow_the_action(tmp_path):
+    out = kz("token", "issue", "runner", "gpu0", "--state-dir", str(tmp_path), "--out", str(tmp_path / "t"))
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(kz("token", "list", "--json", "--state-dir", str(tmp_path)).stdout)
+    assert listed == [{"kind": "runner", "id": "gpu0"}]
+    # given before the action, it still counts when the action does not repeat it
+    assert json.loads(kz("token", "--state-dir", str(tmp_path), "list", "--json").stdout) == listed

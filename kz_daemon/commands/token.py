@@ -18,15 +18,19 @@ KINDS = ("runner", "submitter", "admin")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default="kz-data", help="state directory (default ./kz-data)")
+    # --state-dir is accepted after the action too (`kz token issue runner gpu0 --state-dir D`);
+    # SUPPRESS keeps an absent one from overriding the value given before the action.
+    state = argparse.ArgumentParser(add_help=False)
+    state.add_argument("--state-dir", default=argparse.SUPPRESS, help="state directory (default ./kz-data)")
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    issue = sub.add_parser("issue", help="create a token and print it once")
+    issue = sub.add_parser("issue", parents=[state], help="create a token and print it once")
     issue.add_argument("kind", choices=KINDS)
     issue.add_argument("id", help="runner id, submitter id or admin name the token maps to")
     issue.add_argument("--out", type=Path, help="write the token to this file (mode 0600) instead of stdout")
-    revoke = sub.add_parser("revoke", help="remove every token of a principal")
+    revoke = sub.add_parser("revoke", parents=[state], help="remove every token of a principal")
     revoke.add_argument("kind", choices=KINDS)
     revoke.add_argument("id")
-    listing = sub.add_parser("list", help="list the principals that hold tokens")
+    listing = sub.add_parser("list", parents=[state], help="list the principals that hold tokens")
     listing.add_argument("--json", action="store_true", help="print JSON")
 
 

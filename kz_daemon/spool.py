@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from kz_daemon.errors import ZooError
+from kz_events.log import fsync_dir
 
 TARBALL_SUFFIX = ".tar.gz"
 SIDECAR_SUFFIX = ".meta.json"
@@ -74,15 +75,6 @@ class Claimed:
     uuid: str
     tarball: Path
     meta: dict[str, Any]
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder so a rename or create in it is durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_json_atomic(path: Path, doc: Any, fsync: bool = True, sync_dir: bool = True) -> None:

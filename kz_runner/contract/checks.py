@@ -33,11 +33,11 @@ A result is *accepted* when no check fails and the package itself says
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .problems import ERROR, Problem
+from .schema_check import nonfinite_paths
 
 # code -> what to do about it (the table above says what it means).
 HINTS: dict[str, str] = {
@@ -152,17 +152,6 @@ def _starts_json(text: str) -> bool:
     return True
 
 
-def _nonfinite(value: Any, path: str = "") -> Iterable[str]:
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield path or "$"
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _nonfinite(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _nonfinite(item, f"{path}[{i}]")
-
 
 def _schema_problems(doc: Any) -> list[Problem]:
     from .schema_check import json_path, validator
@@ -181,7 +170,7 @@ def _schema_problems(doc: Any) -> list[Problem]:
 def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdict:
     """Apply every hard check to a parsed result; ``case_ids`` is the METAS id set."""
     problems: list[Problem] = []
-    bad = list(_nonfinite(doc))
+    bad = list(nonfinite_paths(doc))
     if bad:
         problems.append(_problem("RESULT_NONFINITE", f"NaN/Infinity at {', '.join(bad[:10])}"
                                  + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""), bad[0]))

@@ -10,27 +10,37 @@ payloads are parsed (a batch of them with one ``json.loads``). A line of any oth
 shape goes through the full decoder. ``kz audit`` checks field types and
 canonical form as well.
 
+A long replay (``PIPELINE_MIN_BYTES`` or more to read, two or more CPUs) runs on
+two cores: a worker process (``kz_events.replay_worker``) reads the segments,
+cuts the lines and checks the hash chain and the seqs, while this process parses
+the payloads and folds them. Whatever the worker cannot vouch for, this process
+reads and judges itself, so the state and every error are those of a replay in
+one process.
+
 """
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 from operator import ne
 from pathlib import Path
 from typing import Any
 
+from kz_events import replay_worker
 from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
 from kz_events.log import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import _HANDLERS, ReducerError
+from kz_events.replay_worker import check_chain, cut_group, read_group
 from kz_events.snapshot import gc_paused
 from kz_events.state import State
 
-__all__ = ["replay_into", "replay_dir", "load_state"]
+__all__ = ["PIPELINE_MIN_BYTES", "load_state", "replay_dir", "replay_into"]
 
-BATCH = 2048
-_HEAD = b'{"payload":'
-_PREV = b',"prev":"'
+#: a replay with at least this many bytes to read runs with a worker process
+#: (``kz_events.replay_worker``) on a machine with two or more CPUs; below it, the
+#: worker's start (~0.1 s) would cost more than it saves.
+PIPELINE_MIN_BYTES = 32 << 20
 
 
 def _full_parse(line: bytes) -> tuple[tuple[bytes, ...], dict]:
@@ -45,34 +55,24 @@ def _full_parse(line: bytes) -> tuple[tuple[bytes, ...], dict]:
     return fields, env.payload
 
 
-_SEQ = b'","seq":'
-_TS = b',"ts":"'
 def _parse_group(group: list[bytes]) -> tuple[tuple, list[Any]] | tuple[None, list, list]:
     """Cut a group of lines into header fields and payloads.
 
     Fast path, every line in the writer's canonical shape: returns (fields, payloads)
-    where fields = (prevs, seqs, tss, kinds) as tuples of bytes, one per line; a
-    kind is the line's end, ``,"type":"…","v":N}`` (type and version in one key).
+    where fields = (prevs, seqs, tss, kinds, cuts) as in ``replay_worker.cut_group``;
+    a kind is the line's end, ``,"type":"…","v":N}`` (type and version in one key).
     Otherwise returns (None, parsed, payloads) with each line fully decoded (a
     ``DecodeError`` in place of the payload for a line that does not decode).
     """
-    try:
-        cuts = [line.rfind(_PREV) if line.startswith(_HEAD) else -1 for line in group]
-        tcuts = [line.rfind(b',"type":"', c) for line, c in zip(group, cuts)]
-        if all([c > 0 and line[c + 73:c + 81] == _SEQ and line[t - 35:t - 28] == _TS
-                for line, c, t in zip(group, cuts, tcuts)]):
+    fields = cut_group(group)
+    if fields is not None:
+        try:
             payloads = parse_json(
-                "[" + b",".join([line[11:c] for line, c in zip(group, cuts)]).decode("utf-8") + "]")
+                "[" + b",".join([line[11:c] for line, c in zip(group, fields[4])]).decode("utf-8") + "]")
             if len(payloads) == len(group):
-                fields = (
-                    tuple([line[c + 9:c + 73] for line, c in zip(group, cuts)]),
-                    tuple([line[c + 81:line.find(b",", c + 81)] for line, c in zip(group, cuts)]),
-                    tuple([line[t - 28:t - 1] for line, t in zip(group, tcuts)]),
-                    tuple([line[t:] for line, t in zip(group, tcuts)]),
-                )
                 return fields, payloads
-    except ValueError:
-        pass
+        except ValueError:
+            pass
     return (None, *_parse_group_slowly(group))
 
 
@@ -121,25 +121,24 @@ def _replay_slowly(state: State, table: dict, group: list[bytes], parsed: list,
 
 
 def replay_into(log: EventLog, state: State, start: Position | None = None,
-                until: int | None = None) -> int:
+                until: int | None = None, *, worker: bool | None = None) -> int:
     """Fold every event after ``start`` (up to seq ``until``) into ``state``; returns the count.
 
     Raises CorruptLog for a line that is damaged, out of sequence, off the hash
     chain, of an unknown type or version, or refused by the reducer (naming its seq
     and byte offset). Sets ``log.tail`` to the position of the last line read.
+    ``worker``: read and chain-check in a second process (``kz_events.replay_worker``);
+    None (the default) does so for a replay of ``PIPELINE_MIN_BYTES`` or more on a
+    machine with two or more CPUs. The result is the same either way.
     """
     with gc_paused():
-        return _replay(log, state, start, until)
+        return _replay(log, state, start, until, worker)
 
 
-def _replay(log: EventLog, state: State, start: Position | None,
-            until: int | None) -> int:
-    if start is None:
-        start = log.start_position()
-    if start.seq != state.seq:
-        raise ValueError(f"state at seq {state.seq} but replay starts after {start.seq}")
-    table = {t.encode(): (_HANDLERS[t], str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
-             for t, cls in EVENT_TYPES.items()}
+def _tables() -> dict:
+    """Handlers and fields by type (line-by-line path) and by line end (fast path, key None)."""
+    table: dict = {t.encode(): (_HANDLERS[t], str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
+                   for t, cls in EVENT_TYPES.items()}
     # the fast path's table: a line's end (type and version) -> handler, fields,
     # type, version to upcast from (0: current)
     kinds = {f',"type":"{t}","v":{v}}}'.encode(): (
@@ -148,6 +147,40 @@ def _replay(log: EventLog, state: State, start: Position | None,
     current = {end: entry for end, entry in kinds.items() if not entry[3]}
     table[None] = (kinds, {end: e[0] for end, e in current.items()},
                    {end: e[1] for end, e in current.items()})
+    return table
+
+
+def _replay(log: EventLog, state: State, start: Position | None,
+            until: int | None, worker: bool | None) -> int:
+    if start is None:
+        start = log.start_position()
+    if start.seq != state.seq:
+        raise ValueError(f"state at seq {state.seq} but replay starts after {start.seq}")
+    table = _tables()
+    count = 0
+    if until is None and (worker or (worker is None and _worth_a_worker(log, start))):
+        count, start = _replay_with_worker(log, state, table, start)
+        if start is None:
+            return count
+    return count + _replay_here(log, state, table, start, until)
+
+
+def _worth_a_worker(log: EventLog, start: Position) -> bool:
+    if (os.cpu_count() or 1) < 2:
+        return False
+    total = 0
+    for first in log.segments:
+        if first >= start.segment:
+            try:
+                total += (log.dir / segment_name(first)).stat().st_size
+            except OSError:
+                return False
+    return total - start.offset >= PIPELINE_MIN_BYTES
+
+
+def _replay_here(log: EventLog, state: State, table: dict, start: Position,
+                 until: int | None) -> int:
+    """The replay in this process alone, from ``start``."""
     seq, h = start.seq, start.hash.encode()
     tail = start
     count = 0
@@ -156,10 +189,8 @@ def _replay(log: EventLog, state: State, start: Position | None,
             continue
         path = log.dir / segment_name(first)
         offset = start.offset if first == start.segment else 0
-        if first != start.segment and first != seq + 1:
-            raise CorruptLog(seq + 1, path, 0,
-                             f"segment named {first} but the previous segment ends at seq {seq}")
         if first != start.segment:
+            _check_segment_name(first, seq, path)
             tail = Position(seq, h.decode(), first, 0, 0)
         pos = offset
         try:
@@ -182,64 +213,145 @@ def _replay(log: EventLog, state: State, start: Position | None,
     return count
 
 
+def _check_segment_name(first: int, seq: int, path: Path) -> None:
+    if first != seq + 1:
+        raise CorruptLog(seq + 1, path, 0,
+                         f"segment named {first} but the previous segment ends at seq {seq}")
+
+
+def _replay_with_worker(log: EventLog, state: State, table: dict,
+                        start: Position) -> tuple[int, Position | None]:
+    """Fold what a worker vouches for; returns (count, None) at the end of the log, or
+    (count, the position to carry on from in this process) when the worker stops early."""
+    proc = replay_worker.spawn(log.dir, log.segments, start.segment, start.offset, start.seq,
+                               start.hash)
+    if proc is None:
+        return 0, start
+    seq, h = start.seq, start.hash.encode()
+    segment, pos, tail = start.segment, start.offset, start
+    path = log.dir / segment_name(segment)
+    count = 0
+    try:
+        for msg in replay_worker.messages(proc.stdout):
+            kind = msg[0]
+            if kind == "S":
+                if msg[1] != segment:
+                    segment, pos = msg[1], 0
+                    path = log.dir / segment_name(segment)
+                    _check_segment_name(segment, seq, path)
+                    tail = Position(seq, h.decode(), segment, 0, 0)
+                continue
+            if kind == "E":
+                log.tail = tail
+                return count, None
+            if (kind != "V" and kind != "U") or msg[1] != segment or msg[2] != pos:
+                break  # the worker stopped ("X") or lost its way: carry on here
+            end, n = msg[3], msg[4]
+            if kind == "V":
+                seq, h, last_len = _fold_vouched(state, table, msg, seq, h, path)
+            else:
+                group = read_group(path, pos, end)
+                seq, h, _ = _fold_group(state, table, group, seq, h, path, pos)
+                last_len = len(group[-1])
+            count += n
+            pos = end
+            tail = Position(seq, h.decode(), segment, end - last_len - 1, end)
+    finally:
+        replay_worker.stop(proc)
+    return count, tail
+
+
+def _fold_vouched(state: State, table: dict, msg: tuple, seq: int, h: bytes,
+                  path: Path) -> tuple[int, bytes, int]:
+    """Fold a group the worker vouched for; returns (last seq, its hash, last line's length)."""
+    _, _, start, end, n, last_hash, last_len, text, tss, kinds = msg
+    try:
+        payloads = parse_json(text.decode("utf-8"))
+        tss = tss.decode("ascii").split(" ")
+    except ValueError:
+        payloads = None
+    if type(payloads) is not list or len(payloads) != n or len(tss) != n:
+        group = read_group(path, start, end)  # what the in-process path makes of it
+        seq, h, _ = _fold_group(state, table, group, seq, h, path, start)
+        return seq, h, len(group[-1])
+    try:
+        done = _fold_checked(state, table[None], seq, tss, kinds.split(b"\n"), payloads)
+    except _Refused as refused:
+        group = read_group(path, start, end)
+        raise refused.corrupt(group, path, start) from None
+    if done == n:
+        state.seq = seq + n
+        return seq + n, last_hash, last_len
+    group = read_group(path, start, end)  # the rest line by line, from the line it stopped at
+    if done:
+        seq += done
+        state.seq = seq
+        h = hashlib.sha256(group[done - 1]).hexdigest().encode()
+    seq, h = _finish_group(state, table, group, done, seq, h, path, start)
+    return seq, h, len(group[-1])
+
+
 def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: bytes,
                 path: Path, pos: int) -> tuple[int, bytes, int]:
     """Check and fold one group of lines; returns (last seq, its hash, offset after the group)."""
     n = len(group)
-    cut = _parse_group(group)
-    done, parsed, payloads = 0, None, None
-    if cut[0] is not None:
-        digests = _check_chain(cut[0], group, seq, h)
-        if digests is not None:
-            (_, _, tss, kinds), payloads = cut
-            try:
-                tss = b" ".join(tss).decode("ascii").split(" ")
-            except UnicodeDecodeError:
-                tss = ()
-            done = 0 if len(tss) != n else _fold_checked(state, table[None], group, seq, tss, kinds, payloads, path, pos)
-            if done:
-                seq += done
-                h = digests[done - 1].hex().encode()
-                state.seq = seq
-            payloads = None
-    else:
-        parsed, payloads = cut[1:]
-    if done < n:  # from the first line the fast path could not take: line by line
-        rest = group[done:]
-        pos_rest = pos + sum(map(len, group[:done])) + done
-        if parsed is None:
-            parsed, payloads = _parse_group_slowly(rest)
-        seq, h = _replay_slowly(state, table, rest, parsed, payloads, seq, h, path, pos_rest)
     end = pos + sum(map(len, group)) + n
-    return seq, h, end
+    cut = _parse_group(group)
+    if cut[0] is None:
+        parsed, payloads = cut[1:]
+        return (*_replay_slowly(state, table, group, parsed, payloads, seq, h, path, pos), end)
+    digests = check_chain(cut[0], group, seq, h)
+    done = 0
+    if digests is not None:
+        fields, payloads = cut
+        try:
+            tss = b" ".join(fields[2]).decode("ascii").split(" ")
+        except UnicodeDecodeError:
+            tss = ()
+        if len(tss) == n:
+            try:
+                done = _fold_checked(state, table[None], seq, tss, fields[3], payloads)
+            except _Refused as refused:
+                raise refused.corrupt(group, path, pos) from None
+    if done:
+        h = digests[done - 1].hex().encode()
+        seq += done
+        state.seq = seq
+    return (*_finish_group(state, table, group, done, seq, h, path, pos), end)
 
 
-def _check_chain(fields: tuple, group: list[bytes], seq: int, h: bytes) -> list[bytes] | None:
-    """The lines' sha256 digests if their prevs form the chain from ``h`` and seqs follow ``seq``."""
-    sha = hashlib.sha256
-    prevs, seqs = fields[0], fields[1]
-    # the chain, checked in one comparison: binary digests of lines 1..n-1
-    # against the prev fields of lines 2..n (the first prev against h)
-    digests = [sha(line).digest() for line in group]
-    joined = b"".join(prevs)
-    try:  # lower case only, as the writer writes them (else the slow path decides)
-        prev_blob = bytes.fromhex(joined.decode("ascii")) if joined.islower() else b""
-    except ValueError:
-        prev_blob = b""
-    if (prevs[0] == h and prev_blob[32:] == b"".join(digests[:-1])
-            and list(map(int, seqs)) == list(range(seq + 1, seq + len(group) + 1))):
-        return digests
-    return None
+def _finish_group(state: State, table: dict, group: list[bytes], done: int, seq: int,
+                  h: bytes, path: Path, pos: int) -> tuple[int, bytes]:
+    """Fold ``group[done:]`` line by line (``seq``/``h``: after line ``done``)."""
+    if done == len(group):
+        return seq, h
+    rest = group[done:]
+    pos_rest = pos + sum(map(len, group[:done])) + done
+    parsed, payloads = _parse_group_slowly(rest)
+    return _replay_slowly(state, table, rest, parsed, payloads, seq, h, path, pos_rest)
 
 
-def _fold_checked(state: State, tables: tuple, group: list[bytes], seq: int, tss: list[str],
-                  ends: tuple, payloads: list, path: Path, pos: int) -> int:
+class _Refused(Exception):
+    """Line ``index`` of a group failed on the fast path (the state is at the line before)."""
+
+    def __init__(self, index: int, seq: int, reason: str):
+        super().__init__(reason)
+        self.index, self.seq, self.reason = index, seq, reason
+
+    def corrupt(self, group: list[bytes], path: Path, pos: int) -> CorruptLog:
+        """The CorruptLog naming the line, given the group's lines and where they start."""
+        where = pos + sum(len(line) + 1 for line in group[:self.index])
+        return CorruptLog(self.seq, path, where, self.reason)
+
+
+def _fold_checked(state: State, tables: tuple, seq: int, tss: list[str], ends, payloads: list) -> int:
     """Fold lines whose chain and seqs are checked; returns how many were folded.
 
     Stops before the first line of a kind (type and version) it does not know, for
     the line-by-line path to judge. When every line is of a current version and its
     payload has exactly the fields of its type (checked for the whole batch at once),
-    the lines go straight to their handlers.
+    the lines go straight to their handlers. Raises ``_Refused`` for a line whose
+    payload or transition is refused.
     """
     kinds, handler_of, fields_of = tables
     try:
@@ -252,7 +364,7 @@ def _fold_checked(state: State, tables: tuple, group: list[bytes], seq: int, tss
             for handler, ts, p in zip(map(handler_of.__getitem__, ends), tss, payloads):
                 at += 1
                 handler(state, at, ts, p)
-            return len(group)
+            return at - seq
         for end, ts, p in zip(ends, tss, payloads):
             entry = kinds.get(end)
             if entry is None:
@@ -266,13 +378,11 @@ def _fold_checked(state: State, tables: tuple, group: list[bytes], seq: int, tss
                                   f"not {sorted(fields)}")
             handler(state, at, ts, p)
         else:
-            return len(group)
+            return at - seq
     except (DecodeError, ReducerError, KeyError, TypeError, AttributeError,
             ValueError) as exc:
-        j = at - seq - 1
         state.seq = at - 1
-        where = pos + sum(len(line) + 1 for line in group[:j])
-        raise CorruptLog(at, path, where, f"{type(exc).__name__}: {exc}") from None
+        raise _Refused(at - seq - 1, at, f"{type(exc).__name__}: {exc}") from None
     return at - seq
 
 

@@ -1,5 +1,6 @@
 """kz_events.replay: the fast path (header fields cut from the bytes, one kind key per
-line, payloads parsed in batches) against the line-by-line decoder and old versions."""
+line, payloads parsed in batches) against the line-by-line decoder and old versions,
+each in one process and with the reading worker (``kz_events.replay_worker``)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,30 @@ from kz_events import codec
 from kz_events import events as E
 from kz_events.codec import GENESIS, canonical_bytes, line_hash
 from kz_events.log import CorruptLog, segment_name
+from kz_events import replay as replay_module
+from kz_events import replay_worker
 from kz_events.replay import replay_dir
 from kz_events.workload import build_log
+
+
+@pytest.fixture(params=["here", "worker"], autouse=True)
+def mode(request, monkeypatch):
+    """Every test of this file runs in one process and with the worker (forced for small logs)."""
+    spawned = []
+    if request.param == "worker":
+        monkeypatch.setattr(replay_module, "PIPELINE_MIN_BYTES", 0)
+        monkeypatch.setattr(replay_module.os, "cpu_count", lambda: 2)
+        real_spawn = replay_worker.spawn
+
+        def counting_spawn(*args):
+            proc = real_spawn(*args)
+            spawned.append(proc)
+            return proc
+
+        monkeypatch.setattr(replay_worker, "spawn", counting_spawn)
+    yield request.param
+    if request.param == "worker":
+        assert spawned and all(p is not None for p in spawned), "the worker was not used"
 
 
 def _rewrite(segment: Path, edit) -> None:
@@ -118,3 +141,89 @@ def test_a_line_of_another_spelling_mid_batch_folds_like_the_writers_lines(tmp_p
     assert state.seq == 500
     assert state.submissions == expected.submissions and state.queue == expected.queue
     assert state.kernels == expected.kernels
+
+
+def _state_parts(state):
+    return (state.seq, state.submissions, state.queue, state.kernels, state.status_counts)
+
+
+def test_a_multi_segment_log_replays_to_the_incremental_state(tmp_path):
+    events_dir = tmp_path / "events"
+    expected = build_log(events_dir, 3000, 11, segment_bytes=200_000)
+    assert len(list(events_dir.glob("*.jsonl"))) > 3
+    assert _state_parts(replay_dir(events_dir)) == _state_parts(expected)
+
+
+def _flip(events_dir: Path, seq: int, at: int) -> int:
+    """Change one byte of line ``seq`` (``at`` bytes into it); returns the line's offset."""
+    segment = events_dir / segment_name(1)
+    data = bytearray(segment.read_bytes())
+    lines = bytes(data).split(b"\n")
+    offset = sum(len(raw) + 1 for raw in lines[:seq - 1])
+    data[offset + at] = ord("#") if data[offset + at] != ord("#") else ord("$")
+    segment.write_bytes(bytes(data))
+    return offset
+
+
+@pytest.mark.parametrize("seq, at", [(1, 5), (150, 3), (150, 20), (420, 100), (599, 30)])
+def test_a_flipped_byte_is_named_as_in_one_process(tmp_path, monkeypatch, mode, seq, at):
+    events_dir = tmp_path / "events"
+    build_log(events_dir, 600, 12)
+    offset = _flip(events_dir, seq, at)
+    verdict = _verdict(events_dir)
+    assert verdict[0] == "corrupt" and verdict[1] in (seq, seq + 1)
+    if mode == "worker":  # the same words as a replay without the worker
+        monkeypatch.setattr(replay_module, "PIPELINE_MIN_BYTES", 1 << 60)
+        assert _verdict(events_dir) == verdict
+    if verdict[1] == seq:
+        assert verdict[2] == offset
+
+
+def test_a_segment_that_does_not_end_with_a_newline_is_named(tmp_path):
+    events_dir = tmp_path / "events"
+    build_log(events_dir, 2000, 13, segment_bytes=150_000)
+    first = sorted(events_dir.glob("*.jsonl"))[0]
+    first.write_bytes(first.read_bytes()[:-1])  # the middle segment loses its last newline
+    verdict = _verdict(events_dir)
+    assert verdict[0] == "corrupt" and "does not end with a newline" in verdict[3]
+
+
+def test_a_worker_that_dies_midway_leaves_the_replay_to_this_process(tmp_path, monkeypatch):
+    events_dir = tmp_path / "events"
+    expected = build_log(events_dir, 3000, 14, segment_bytes=100_000)
+    monkeypatch.setattr(replay_module, "PIPELINE_MIN_BYTES", 0)
+    monkeypatch.setattr(replay_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(replay_worker, "_PIPE_BYTES", 4096)  # so it cannot write far ahead
+    real_messages = replay_worker.messages
+    seen = []
+
+    def killing_messages(stream):
+        for i, msg in enumerate(real_messages(stream)):
+            seen.append(msg[0])
+            if i == 5:
+                proc = spawned[-1]
+                proc.kill()
+                proc.wait()
+            yield msg
+
+    spawned = []
+    real_spawn = replay_worker.spawn
+    monkeypatch.setattr(replay_worker, "spawn", lambda *a: spawned.append(real_spawn(*a)) or spawned[-1])
+    monkeypatch.setattr(replay_worker, "messages", killing_messages)
+    state = replay_dir(events_dir)
+    assert "E" not in seen  # the worker never reached the end: this process did
+    assert _state_parts(state) == _state_parts(expected)
+
+
+def test_the_worker_vouches_only_for_canonical_chained_lines(tmp_path):
+    events_dir = tmp_path / "events"
+    build_log(events_dir, 300, 15)
+    segment = events_dir / segment_name(1)
+    lines = segment.read_bytes().split(b"\n")[:-1]
+    sent = []
+    replay_worker._run(events_dir, [1], 1, 0, 0, GENESIS.encode(), sent.append)
+    assert sent[0] == ("S", 1) and sent[1][0] == "V" and sent[1][4] == len(lines)
+    assert sent[1][5] == line_hash(lines[-1]).encode()
+    sent.clear()  # a wrong starting hash: the group is not vouched for
+    replay_worker._run(events_dir, [1], 1, 0, 0, b"1" * 64, sent.append)
+    assert sent[1][:5] == ("U", 1, 0, len(b"\n".join(lines)) + 1, len(lines))

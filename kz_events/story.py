@@ -5,14 +5,15 @@ running daemon (a line being written is not shown until it is complete).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kz_events.codec import parse_json
 from kz_events.log import list_segments, segment_name
 
-__all__ = ["describe", "format_event", "iter_events", "tail_events", "submission_events",
-           "render_story"]
+__all__ = ["describe", "follow_events", "format_event", "iter_events", "render_story",
+           "submission_events", "tail_events"]
 
 
 def _short(sha: Any) -> str:
@@ -100,6 +101,47 @@ def iter_events(events_dir: Path | str, *, contains: bytes | None = None,
             event = parse_json(line.decode("utf-8"))
             if event.get("seq", 0) > after_seq:
                 yield event
+
+
+def follow_events(events_dir: Path | str, after_seq: int, *, poll_s: float = 0.5,
+                  sleep: Callable[[float], None] = time.sleep) -> Iterator[dict]:
+    """Events after ``after_seq`` as they are appended, forever (read-only).
+
+    Remembers the byte offset it has read up to, so each poll reads only new
+    bytes (a large log costs nothing per poll); follows the writer into new
+    segments; a line being written is shown once its newline is there.
+    """
+    events_dir = Path(events_dir)
+    segment, offset = None, 0
+    while True:
+        segments = list_segments(events_dir)
+        if segment is None:  # start in the segment holding after_seq + 1
+            candidates = [s for s in segments if s <= after_seq + 1]
+            segment = candidates[-1] if candidates else (segments[0] if segments else None)
+        if segment is not None:
+            offset = yield from _new_events(events_dir, segment, offset, after_seq)
+            later = [s for s in segments if s > segment]
+            if later:  # the writer moved on: finish this segment, then go to the next
+                offset = yield from _new_events(events_dir, segment, offset, after_seq)
+                segment, offset = later[0], 0
+                continue
+        sleep(poll_s)
+
+
+def _new_events(events_dir: Path, segment: int, offset: int, after_seq: int) -> Iterator[dict]:
+    """Complete lines of ``segment`` from ``offset`` with seq > after_seq; returns the new offset."""
+    try:
+        with open(events_dir / segment_name(segment), "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].split(b"\n")[:-1]:
+        event = parse_json(line.decode("utf-8"))
+        if event.get("seq", 0) > after_seq:
+            yield event
+    return offset + end
 
 
 def tail_events(events_dir: Path | str, n: int) -> list[dict]:

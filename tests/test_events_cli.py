@@ -1,13 +1,20 @@
-"""``kz events tail|show`` and ``kz replay [--verify]`` on a real log."""
+"""``kz events tail [--follow]|show`` and ``kz replay [--verify]`` on a real log."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from kz_daemon.cli import main
+from kz_events import story
 from kz_events.store import Store
-from kz_events.workload import build_log
+from kz_events.workload import build_log, simulate
 
 
 @pytest.fixture()
@@ -70,3 +77,52 @@ def test_replay_verify_exits_1_when_the_snapshot_diverges(state_dir, capsys):
     assert main(["replay", "--state-dir", str(path), "--verify"]) == 1
     out = capsys.readouterr().out
     assert "DIVERGES" in out and "index_version" in out
+
+
+def test_follow_yields_new_events_across_segments_reading_only_new_bytes(tmp_path):
+    events_dir = tmp_path / "events"
+    events = list(simulate(random.Random(5), 900))
+    store = Store.open(events_dir, fsync=False, segment_bytes=60_000, snapshot_every=0)
+    store.emit(*events[:100])
+    batches = iter([events[100:400], events[400:900]])
+    polls = []
+
+    def sleep(_seconds):
+        """Each poll: the writer appends a batch (rotating segments on the way)."""
+        polls.append(len(list(events_dir.glob("*.jsonl"))))
+        batch = next(batches, None)
+        if batch is None:
+            raise KeyboardInterrupt  # nothing more to write: end the follow
+        store.emit(*batch)
+
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        for event in story.follow_events(events_dir, 50, sleep=sleep):
+            seen.append(event["seq"])
+    store.close()
+    assert seen == list(range(51, 901))
+    assert len(list(events_dir.glob("*.jsonl"))) > polls[0] >= 1  # it crossed into new segments
+
+
+def test_tail_follow_prints_events_as_a_writer_appends_them(tmp_path):
+    events = list(simulate(random.Random(6), 300))
+    store = Store.open(tmp_path / "events", fsync=False, snapshot_every=0)
+    store.emit(*events[:10])
+    proc = subprocess.Popen([sys.executable, "-m", "kz_daemon.cli", "events", "tail", "-n", "3",
+                             "--follow", "--json", "--state-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        got = [json.loads(proc.stdout.readline())["seq"] for _ in range(3)]
+        assert got == [8, 9, 10]
+        store.emit(*events[10:300])
+        deadline = time.monotonic() + 30
+        while got[-1] < 300 and time.monotonic() < deadline:
+            got.append(json.loads(proc.stdout.readline())["seq"])
+        assert got == list(range(8, 301))
+        proc.send_signal(signal.SIGINT)  # Ctrl-C ends it quietly
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        store.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 NAME = "events"
 HELP = "read the event log: 'tail' the latest events, 'show UUID' a submission's full story"
@@ -61,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
             if last == 0:
                 tail = story.tail_events(events_dir, 1)
                 last = tail[-1]["seq"] if tail else 0
-            while True:
-                time.sleep(0.5)
-                for event in story.iter_events(events_dir, after_seq=last):
+            try:
+                for event in story.follow_events(events_dir, last):
                     _emit(event, args.json)
-                    last = event["seq"]
-                sys.stdout.flush()
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                pass  # Ctrl-C ends --follow; everything shown was complete
         return 0
     events = story.submission_events(events_dir, args.uuid)
     if not events:

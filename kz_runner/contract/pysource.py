@@ -20,7 +20,7 @@ from typing import Any
 
 from .codes import problem
 from .problems import Problem
-from .schema_check import nonfinite_paths, schema_problems
+from .schema_check import _json_finite, nonfinite_paths, schema_problems
 
 METAS_NAME = "KERNEL_ZOO_TEST_CASE_METAS"
 BENCHMARK_FILE = ".kernel_package/benchmark.py"
@@ -129,20 +129,25 @@ def extract_metas(tree: ast.Module, file: str = BENCHMARK_FILE) -> tuple[list | 
     return value, []
 
 
-def check_metas(metas: list, file: str = BENCHMARK_FILE) -> list[Problem]:
-    """Schema, primary_metric, unique-id, unique-metric and finiteness checks of METAS items."""
+def check_metas(metas: list, file: str = BENCHMARK_FILE, finite: bool | None = None) -> list[Problem]:
+    """Schema, primary_metric, unique-id, unique-metric and finiteness checks of METAS items.
+
+    ``finite=True``: the caller knows every number in ``metas`` is finite (None: find out).
+    """
     out: list[Problem] = []
     if not metas:
         out.append(problem("METAS_SCHEMA", f"{METAS_NAME} is empty; declare at least one case",
                            file=file, field=METAS_NAME))
+    if finite is None:
+        finite = _json_finite(metas)  # one C pass over every item: the per-item walk only when it fails
     seen: dict[str, int] = {}
     for index, meta in enumerate(metas):
         field = f"{METAS_NAME}[{index}]"
-        schema_errors = schema_problems(meta, "test_case_meta", "METAS_SCHEMA", file, field)
-        out.extend(schema_errors)
-        for path in nonfinite_paths(meta):
-            out.append(problem("METAS_SCHEMA", f"{path} is NaN or infinite", file=file,
-                               field=f"{field}.{path}", hint="Use finite numbers in METAS."))
+        out.extend(schema_problems(meta, "test_case_meta", "METAS_SCHEMA", file, field))
+        if not finite:
+            for path in nonfinite_paths(meta):
+                out.append(problem("METAS_SCHEMA", f"{path} is NaN or infinite", file=file,
+                                   field=f"{field}.{path}", hint="Use finite numbers in METAS."))
         if not isinstance(meta, dict):
             continue
         case_id = meta.get("test_case_id")
@@ -219,7 +224,8 @@ def _full_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, 
 
 _METAS_START = re.compile(r"^" + METAS_NAME + r"[ \t]*=[ \t]*\[", re.MULTILINE)
 #: one token after optional whitespace and comments; group 1..6 = string, opener, closer, comma, colon, scalar
-_LITERAL_TOKEN = re.compile(r"""(?:[ \t\n]+|\#[^\n]*)*(?:
+#: (possessive: a comment runs to the end of its line, never shortened to let a token follow it)
+_LITERAL_TOKEN = re.compile(r"""(?:[ \t\n]+|\#[^\n]*+)*+(?:
     ("[^"\\\n]*")
   | ([\[{])
   | ([\]}])
@@ -238,8 +244,12 @@ def _reject_constant(name: str) -> Any:
     raise _NotJsonLike(name)  # NaN / Infinity are JSON words but Python names, not literals
 
 
-def _json_like_list(text: str, start: int) -> tuple[list, int]:
-    """The list literal opening at ``text[start]`` and the offset just past its ``]``."""
+def _json_like_list_tokens(text: str, start: int) -> tuple[list, int]:
+    """The list literal opening at ``text[start]`` and the offset just past its ``]`` (token by token).
+
+    The reference reading of the subset: :func:`_json_like_list` gives the same answers in
+    one pass of regular expressions and falls back here for the rare shapes it leaves out.
+    """
     parts: list[str] = []
     depth = 0
     pos = start
@@ -286,6 +296,78 @@ def _json_like_list(text: str, start: int) -> tuple[list, int]:
     return value, pos
 
 
+# The one-pass reading. ``_SPAN`` takes the longest run of text made only of what the
+# token reader accepts (whitespace, structural characters and number characters, strings
+# without backslashes or newlines, comments, the words True/False/None); it may run past
+# the list. Translating that run to JSON keeps every offset: each word becomes its JSON
+# word of the same length, each comment and each trailing comma (one before a closer)
+# becomes spaces. ``raw_decode`` then reads one JSON value from the ``[`` and says where
+# it ends. JSON is stricter than the token reader nowhere inside a list it accepts
+# (whitespace is kept, so values side by side stay an error; a stray ``e``, ``.`` or ``-``
+# of the character class is no JSON), and it accepts nothing the token reader refuses, so
+# both give the same list and the same end; tests/test_index_speed_paths.py compares them
+# on generated inputs. A comma that follows no value (``[,`` ``1,,``), which blanking could
+# hide, sends the text to the token reader (which refuses it when it lies inside the list).
+_SPAN = re.compile(r'''\[(?:[ \t\n\[\]{},:0-9.eE+\-]++|"[^"\\\n]*+"|\#[^\n]*+|(?:True|False|None)\b)*+''')
+_TRAILING_COMMA = re.compile(r",(?=[ \t\n]*+[\]}])")  # before a closer
+_COMMA_AFTER_NO_VALUE = re.compile(r"[\[{,:][ \t\n]*+,")  # ``[,`` ``{,`` ``,,`` ``:,``: not Python
+_STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
+_STRING = re.compile(r'"[^"]*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
+_EMPTY_PAIR = re.compile(r"\[\]|\{\}")
+_STRING_SEP = "\0"  # stands for a string in the text outside strings (the source holds no NUL)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _blank_comment(match: re.Match) -> str:
+    token = match.group()
+    return token if token[0] == '"' else " " * len(token)
+
+
+def _max_depth(json_text: str) -> int:
+    """The deepest nesting of brackets in a JSON text (strings without escapes), stopped past _MAX_DEPTH."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", json_text))
+    depth = 0
+    while brackets and depth <= _MAX_DEPTH:
+        brackets = _EMPTY_PAIR.sub("", brackets)
+        depth += 1
+    return depth
+
+
+def _json_like_list(text: str, start: int) -> tuple[list, int]:
+    """The list literal opening at ``text[start]`` and the offset just past its ``]``.
+
+    Raises :class:`_NotJsonLike` exactly when :func:`_json_like_list_tokens` does, and
+    otherwise returns the same list and offset.
+    """
+    found = _SPAN.match(text, start)
+    if found is None:
+        raise _NotJsonLike("no list")
+    span = found.group()
+    parts = span.split('"')
+    outside = _STRING_SEP.join(parts[0::2])
+    if "#" in outside:  # comments: blank them (a comment may hold a quote, so split again)
+        span = _STRING_OR_COMMENT.sub(_blank_comment, span)
+        parts = span.split('"')
+        outside = _STRING_SEP.join(parts[0::2])
+    if "T" in outside or "F" in outside or "N" in outside:
+        outside = outside.replace("True", "true").replace("False", "false").replace("None", "null")
+    if "," in outside:
+        if _COMMA_AFTER_NO_VALUE.search(outside):
+            return _json_like_list_tokens(text, start)
+        outside = _TRAILING_COMMA.sub(" ", outside)  # each follows a value: Python drops it
+    parts[0::2] = outside.split(_STRING_SEP)
+    json_text = '"'.join(parts)
+    try:
+        value, end = _DECODER.raw_decode(json_text)
+    except (ValueError, RecursionError) as exc:
+        raise _NotJsonLike(str(exc)) from None
+    if json_text.count("[", 0, end) + json_text.count("{", 0, end) > _MAX_DEPTH \
+            and _max_depth(json_text[:end]) > _MAX_DEPTH:
+        raise _NotJsonLike("nested too deeply")
+    return value, start + end
+
+
 def _fast_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, list[Problem]] | None:
     """:func:`check_benchmark_source`'s answer by the fast path, or None when it is unsure."""
     if isinstance(source, bytes):
@@ -325,10 +407,17 @@ def _fast_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, 
         # the one module-level binding is ``NAME = <our placeholder>``, token for token: the match
         # was no text inside a string, and the original statement is ``NAME = <the literal read>``
         return None
-    problems = check_metas(metas, file)
+    # json.loads makes no NaN here (the words are refused); a float overflows to an infinity
+    # only from a number with a 3-digit exponent or ~300 digits, which the text would show
+    finite = True if _MAYBE_HUGE_NUMBER.search(text, start, end) is None else None
+    problems = check_metas(metas, file, finite)
     if not has_main_guard(tree):
         problems.append(problem("BENCHMARK_NO_MAIN", "no if __name__ == \"__main__\": block", file=file))
     return metas, problems
+
+
+#: a JSON number that might overflow a float: without a match, every number is below 10**299
+_MAYBE_HUGE_NUMBER = re.compile(r"[eE][+-]?[0-9]{3}|[0-9]{200}")
 
 
 def _callable_with_one_arg(func: ast.FunctionDef) -> bool:

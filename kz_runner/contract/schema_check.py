@@ -157,7 +157,27 @@ def _json_finite(value: Any) -> bool:
     return True
 
 
-_dumps_finite = json.JSONEncoder(allow_nan=False).encode
+def _encoder_of_finite_json():
+    """A callable that encodes plain JSON data and raises on NaN, infinities or other types.
+
+    The C encoder itself, made once (``JSONEncoder.encode`` makes one per call). Without
+    the circular-reference markers: a recursive structure ends in RecursionError, which
+    :func:`_json_finite` treats like any other failure (the walk then decides).
+    """
+    from json import encoder
+
+    make = getattr(encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - json without its C accelerator
+        return json.JSONEncoder(allow_nan=False).encode
+
+    def refuse(value: Any) -> Any:
+        raise TypeError(type(value).__name__)
+
+    c_encode = make(None, refuse, encoder.encode_basestring, None, ":", ",", False, False, False)
+    return lambda value: c_encode(value, 0)
+
+
+_dumps_finite = _encoder_of_finite_json()
 
 
 def nonfinite_paths(value: Any, path: str = "") -> Iterator[str]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -36,6 +37,7 @@ BENCH_RESULT = "bench_result.yaml"
 BUILD_ENV = "build_test_env.py"
 BENCHMARK = "benchmark.py"
 CONTRACT_FILES = (DESC, BENCH_RESULT, BUILD_ENV, BENCHMARK)
+_SUBMITTED_FILES = (DESC, BUILD_ENV, BENCHMARK)
 MAX_CONTRACT_FILE_BYTES = MiB
 #: Names ``kz pack`` leaves out and the validator ignores inside a package.
 IGNORED_NAMES = frozenset({"__pycache__", ".git"})
@@ -103,7 +105,8 @@ def _load_yaml_file(data: bytes, file: str, out: list[Problem]) -> tuple[bool, A
         return False, None
 
 
-def _check_desc(an: Analysis, data: bytes) -> None:
+def _check_desc(an: Analysis, data: bytes, id_valid: bool | None = None) -> None:
+    """desc.yaml's checks; ``id_valid``: whether ``an.kernel_id`` is valid, when the caller knows."""
     file = contract_path(DESC)
     ok, desc = _load_yaml_file(data, file, an.problems)
     if not ok:
@@ -117,7 +120,9 @@ def _check_desc(an: Analysis, data: bytes) -> None:
     an.problems.extend(errors)
     an.desc_valid = not errors
     category = desc.get("category")
-    if an.kernel_id and is_valid_kernel_id(an.kernel_id) and isinstance(category, dict):
+    if id_valid is None:
+        id_valid = bool(an.kernel_id) and is_valid_kernel_id(an.kernel_id)
+    if an.kernel_id and id_valid and isinstance(category, dict):
         for name, segment, value in category_mismatches(an.kernel_id, category):
             where = f"path segment {segment!r}" if segment is not None else "no path segment"
             an.problems.append(problem("CATEGORY_MISMATCH", f"category.{name} is {value!r} but the "
@@ -158,6 +163,14 @@ def check_reference_sources(refs: object, exists: Callable[[str], bool | None]) 
     return out
 
 
+#: What a YAML document needs for the safe loader to make a NaN or an infinity: an explicit tag
+#: (``!!float inf``), ``.inf``/``.nan`` in any case, or a float that overflows, which takes a
+#: 3-digit exponent or a long run of digits (with ``_``, ``.`` and the ``:`` of base 60). Plain
+#: floats match ``[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?`` and the like: without a match
+#: here, each is below 10**199. Quoted and block scalars are strings unless tagged.
+_MAYBE_NONFINITE_YAML = re.compile(rb"!|\.[iInN]|[eE][-+]?[0-9]{3}|[0-9_:.]{100}")
+
+
 def _check_bench(an: Analysis, data: bytes) -> None:
     file = contract_path(BENCH_RESULT)
     ok, bench = _load_yaml_file(data, file, an.problems)
@@ -169,7 +182,7 @@ def _check_bench(an: Analysis, data: bytes) -> None:
         return
     errors = schema_problems(bench, "bench_result", "BENCH_RESULT_SCHEMA", file)
     an.problems.extend(errors)
-    bad_numbers = list(nonfinite_paths(bench))
+    bad_numbers = [] if _MAYBE_NONFINITE_YAML.search(data) is None else list(nonfinite_paths(bench))
     for path in bad_numbers:
         an.problems.append(problem("NONFINITE_VALUE", f"{path} is NaN or infinite", file=file, field=path))
     recorded = bench.get("kernel_id")
@@ -207,6 +220,10 @@ def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
                                    field="cases"))
 
 
+#: a kernel_id of valid segments (``.`` and ``..`` segments aside): see kernel_id.kernel_id_errors
+_PLAIN_KERNEL_ID = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
+
+
 def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
                      exists: Callable[[str], bool | None] | None, expect_bench_result: bool = True) -> Analysis:
     """Check the contract files' bytes (``files`` maps a basename to bytes; None = absent).
@@ -217,9 +234,16 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
     as ``FILE_MISSING``; ``bench_result.yaml`` is checked only when expected.
     """
     an = Analysis(kernel_id)
+    id_valid = None
     if kernel_id is not None:
-        an.problems.extend(check_kernel_id(kernel_id, field="kernel_id"))
-    wanted = CONTRACT_FILES if expect_bench_result else (DESC, BUILD_ENV, BENCHMARK)
+        if kernel_id.__class__ is str and _PLAIN_KERNEL_ID.fullmatch(kernel_id) \
+                and "/./" not in f"/{kernel_id}/" and "/../" not in f"/{kernel_id}/":
+            id_valid = True  # what check_kernel_id finds nothing wrong with, in one match
+        else:
+            id_problems = check_kernel_id(kernel_id, field="kernel_id")
+            an.problems.extend(id_problems)
+            id_valid = not id_problems
+    wanted = CONTRACT_FILES if expect_bench_result else _SUBMITTED_FILES
     for name in wanted:
         if files.get(name) is None:
             hint = ("A new package needs a seed bench_result.yaml (the guide's §3.2, commit_sha \"0000000\")."
@@ -227,7 +251,7 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
             an.problems.append(problem("FILE_MISSING", f"{contract_path(name)} is missing",
                                        file=contract_path(name), hint=hint))
     if files.get(DESC) is not None:
-        _check_desc(an, files[DESC])  # type: ignore[arg-type]
+        _check_desc(an, files[DESC], id_valid)  # type: ignore[arg-type]
     raw_bench_cases = None
     if expect_bench_result and files.get(BENCH_RESULT) is not None:
         _check_bench(an, files[BENCH_RESULT])  # type: ignore[arg-type]
@@ -267,28 +291,35 @@ def resolve_kernel_id(package_dir: Path, bench_kernel_id: object = None) -> str 
     return None
 
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def _read_contract_file(entry: os.DirEntry, name: str, out: list[Problem]) -> bytes | None:
     if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
         what = "a symbolic link" if entry.is_symlink() else "not a regular file"
         out.append(problem("FILE_MISSING", f"{contract_path(name)} is {what}", file=contract_path(name)))
         return None
     # os-level calls: a buffered file object costs more than the read of a small file
-    fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(entry.path, _OPEN_FLAGS)
     try:
-        chunks = []
-        total = 0
-        while total <= MAX_CONTRACT_FILE_BYTES:
-            chunk = os.read(fd, MAX_CONTRACT_FILE_BYTES + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > MAX_CONTRACT_FILE_BYTES:
-            out.append(problem("FILE_TOO_LARGE", f"{os.fstat(fd).st_size} bytes", file=contract_path(name)))
-            return None
+        data = os.read(fd, MAX_CONTRACT_FILE_BYTES + 1)
+        if data:  # read to the end of the file (a read may return less than asked)
+            chunks = [data]
+            total = len(data)
+            while total <= MAX_CONTRACT_FILE_BYTES:
+                chunk = os.read(fd, MAX_CONTRACT_FILE_BYTES + 1 - total)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            if total > MAX_CONTRACT_FILE_BYTES:
+                out.append(problem("FILE_TOO_LARGE", f"{os.fstat(fd).st_size} bytes", file=contract_path(name)))
+                return None
+            if len(chunks) > 1:
+                data = b"".join(chunks)
     finally:
         os.close(fd)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return data
 
 
 def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | None = None,
@@ -303,35 +334,59 @@ def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | Non
     stack = [(os.fspath(package_dir), "")]
     while stack:
         directory, rel = stack.pop()
-        try:
-            entries = top if (top is not None and not rel) else list(os.scandir(directory))
-        except OSError as exc:
-            out.append(problem("NOT_A_PACKAGE", f"cannot list {rel or '.'}: {exc.strerror}", file=rel or None))
-            continue
+        if top is not None and not rel:
+            entries = top
+        else:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError as exc:
+                out.append(problem("NOT_A_PACKAGE", f"cannot list {rel or '.'}: {exc.strerror}",
+                                   file=rel or None))
+                continue
         if listings is not None:
             listings[rel] = entries
         for entry in entries:
-            if is_ignored(entry.name):
+            name = entry.name
+            if name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES):
                 continue
-            sub = f"{rel}/{entry.name}" if rel else entry.name
-            if entry.is_symlink():
-                out.append(problem("PACKAGE_SYMLINK", f"symbolic link to {os.readlink(entry.path)!r}", file=sub))
-            elif entry.is_dir(follow_symlinks=False):
-                if entry.name == KERNEL_PACKAGE_DIR and rel:
-                    out.append(problem("NESTED_PACKAGE", f"another package lives at {rel!r}",
-                                       file=sub))
+            if entry.is_dir(follow_symlinks=False):
+                sub = f"{rel}/{name}" if rel else name
+                if name == KERNEL_PACKAGE_DIR and rel:
+                    out.append(problem("NESTED_PACKAGE", f"another package lives at {rel!r}", file=sub))
                 stack.append((entry.path, sub))
-            elif not entry.is_file(follow_symlinks=False):
+            elif entry.is_file(follow_symlinks=False):
+                continue
+            elif entry.is_symlink():  # neither a directory nor a file, not followed: a link
+                sub = f"{rel}/{name}" if rel else name
+                out.append(problem("PACKAGE_SYMLINK", f"symbolic link to {os.readlink(entry.path)!r}", file=sub))
+            else:
+                sub = f"{rel}/{name}" if rel else name
                 out.append(problem("PACKAGE_SYMLINK", "special file (device, FIFO or socket)", file=sub))
-    out.sort(key=lambda p: (p.file or "", p.code))  # directory order is the filesystem's: sort once at the end
+    if len(out) > 1:  # directory order is the filesystem's: sort once at the end
+        out.sort(key=lambda p: (p.file or "", p.code))
     return out
 
 
-def _exists_in(package_dir: Path) -> Callable[[str], bool | None]:
-    """``exists(rel)`` for :func:`check_reference_sources`: lstat each component, realpath only past a link."""
-    base = str(package_dir)
+def _exists_in(package_dir: str | os.PathLike, listings: dict[str, list] | None = None
+               ) -> Callable[[str], bool | None]:
+    """``exists(rel)`` for :func:`check_reference_sources`: lstat each component, realpath only past a link.
 
-    def exists(rel: str) -> bool | None:
+    ``listings`` (what :func:`walk_package` listed, by relative directory) answers for a
+    component found there without a system call; anything else is looked up on disk.
+    """
+    base = os.fspath(package_dir)
+
+    def through_link(rel: str) -> bool | None:
+        full = os.path.join(base, rel)
+        if not os.path.exists(full):
+            return False
+        root = os.path.realpath(base)
+        real = os.path.realpath(full)
+        inside = real.startswith(root + os.sep) and not real.startswith(
+            os.path.join(root, KERNEL_PACKAGE_DIR) + os.sep)
+        return True if inside else None
+
+    def on_disk(rel: str) -> bool | None:
         current = base
         for part in rel.split("/"):
             current = os.path.join(current, part)
@@ -340,14 +395,25 @@ def _exists_in(package_dir: Path) -> Callable[[str], bool | None]:
             except OSError:
                 return False
             if stat.S_ISLNK(st.st_mode):
-                full = os.path.join(base, rel)
-                if not os.path.exists(full):
-                    return False
-                root = os.path.realpath(base)
-                real = os.path.realpath(full)
-                inside = real.startswith(root + os.sep) and not real.startswith(
-                    os.path.join(root, KERNEL_PACKAGE_DIR) + os.sep)
-                return True if inside else None
+                return through_link(rel)
+        return True
+
+    def exists(rel: str) -> bool | None:
+        if not listings:
+            return on_disk(rel)
+        parent = ""
+        for part in rel.split("/"):
+            entries = listings.get(parent)
+            if entries is None:  # not a directory the walk listed: ask the filesystem
+                return on_disk(rel)
+            for entry in entries:
+                if entry.name == part:
+                    break
+            else:
+                return on_disk(rel)  # absent from the listing: the filesystem has the last word
+            if entry.is_symlink():
+                return through_link(rel)
+            parent = f"{parent}/{part}" if parent else part
         return True
     return exists
 
@@ -359,12 +425,12 @@ def read_package_files(package_dir: str | os.PathLike, listing: list[os.DirEntry
     ``listing``: the entries of ``.kernel_package/`` when the caller has listed it as a
     real directory (not a link) already.
     """
-    kp_dir = os.path.join(os.fspath(package_dir), KERNEL_PACKAGE_DIR)
     pre: list[Problem] = []
     files: dict[str, bytes | None] = {}
     if listing is not None:
         is_dir, entries = True, {e.name: e for e in listing}
     else:
+        kp_dir = os.path.join(os.fspath(package_dir), KERNEL_PACKAGE_DIR)
         try:
             is_dir = stat.S_ISDIR(os.lstat(kp_dir).st_mode)
             entries = {e.name: e for e in os.scandir(kp_dir)} if is_dir else {}
@@ -377,10 +443,11 @@ def read_package_files(package_dir: str | os.PathLike, listing: list[os.DirEntry
     for name in CONTRACT_FILES:
         entry = entries.get(name)
         files[name] = None if entry is None else _read_contract_file(entry, name, pre)
-    for name in sorted(entries):
-        if name not in CONTRACT_FILES and not is_ignored(name):
-            pre.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {name!r}",
-                               file=f"{KERNEL_PACKAGE_DIR}/{name}"))
+    if len(entries) > len(CONTRACT_FILES) or any(name not in CONTRACT_FILES for name in entries):
+        for name in sorted(entries):
+            if name not in CONTRACT_FILES and not is_ignored(name):
+                pre.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {name!r}",
+                                   file=f"{KERNEL_PACKAGE_DIR}/{name}"))
     return pre, files
 
 
@@ -402,8 +469,9 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
         an = Analysis(kernel_id)
         an.problems.append(problem("NOT_A_PACKAGE", f"{path} is not a directory"))
         return an
+    where = os.fspath(path)  # the normalised path, as a string: what the file system calls take
     listings: dict[str, list] = {}
-    walked = walk_package(path, listings, listing) if walk else []  # lists .kernel_package/ for the read too
+    walked = walk_package(where, listings, listing) if walk else []  # lists .kernel_package/ for the read too
     pre, files = read_package_files(path, listings.get(KERNEL_PACKAGE_DIR))
     unknown_id = False
     bench_id = None
@@ -417,20 +485,29 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
         kernel_id = resolve_kernel_id(path.resolve(), bench_id)
         unknown_id = kernel_id is None
     base = contents(kernel_id, files)
-    reported = {p.file for p in pre}
-    # no .kernel_package/ at all, or a file already reported as a link or too large:
-    # a FILE_MISSING on top would say the same thing twice
-    kept = [p for p in base.problems if not (p.code == "FILE_MISSING" and (not files or p.file in reported))]
-    an = replace(base, problems=pre + kept)
+    problems = base.problems
+    if pre:
+        reported = {p.file for p in pre}
+        # a file already reported as a link or too large: a FILE_MISSING on top would say the
+        # same thing twice (and with no .kernel_package/ at all, every FILE_MISSING would)
+        problems = pre + [p for p in problems
+                          if not (p.code == "FILE_MISSING" and (not files or p.file in reported))]
+    elif not files:
+        problems = [p for p in problems if p.code != "FILE_MISSING"]
+    else:
+        problems = list(problems)
+    an = Analysis(base.kernel_id, problems, base.desc, base.desc_valid, base.bench, base.metas, base.cache_key)
     if an.desc is not None:
-        an.problems.extend(check_reference_sources(an.desc.get("reference_sources"), _exists_in(path)))
+        refs = an.desc.get("reference_sources")
+        if refs:
+            problems.extend(check_reference_sources(refs, _exists_in(where, listings if walk else None)))
     if unknown_id and isinstance(bench_id, str):
-        an.problems.append(problem("BENCH_KERNEL_ID_MISMATCH", f"kernel_id is {bench_id!r} but the directory "
-                                   f"{path} does not end with it (and is not under a repo root)",
-                                   file=contract_path(BENCH_RESULT), field="kernel_id"))
+        problems.append(problem("BENCH_KERNEL_ID_MISMATCH", f"kernel_id is {bench_id!r} but the directory "
+                                f"{path} does not end with it (and is not under a repo root)",
+                                file=contract_path(BENCH_RESULT), field="kernel_id"))
     elif unknown_id:
-        an.problems.append(problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {path}"))
-    an.problems.extend(walked)
+        problems.append(problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {path}"))
+    problems.extend(walked)
     return an
 
 

@@ -26,9 +26,35 @@ def _lib():
 
 
 def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,
-          cache: Any = None) -> dict[str, Any]:
-    """A full index document of the checked-out repo at ``repo_root`` (``cache``: a ContentsCache)."""
-    return _lib().build_index(repo_root, head=head, generated_at=generated_at, cache=cache)
+          cache: Any = None, workers: int = 1) -> dict[str, Any]:
+    """A full index document of the checked-out repo at ``repo_root`` (``cache``: a ContentsCache).
+
+    ``workers`` > 1 forks helper processes: only for a process with no other thread.
+    """
+    return _lib().build_index(repo_root, head=head, generated_at=generated_at, cache=cache, workers=workers)
+
+
+#: most processes a start-up rebuild forks (the CLI's ``kz index`` uses the same cap)
+STARTUP_WORKERS_MAX = 8
+
+
+def startup_workers() -> int:
+    """How many processes a rebuild may use now: the CPUs (at most 8) while this process runs no
+    other thread, else 1.
+
+    A forked child holds only the forking thread; a lock another thread held at the fork stays
+    locked there. With no other thread there is no such lock, and none can appear before the
+    fork: only a running thread could start one.
+    """
+    import threading
+
+    if threading.active_count() != 1 or not hasattr(os, "fork"):
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, STARTUP_WORKERS_MAX))
 
 
 def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str], head: str | None = None,
@@ -175,11 +201,17 @@ class Indexer:
             zoo.store.emit(ev.IndexUpdated(version=zoo.store.state.index_version + 1, head=doc.get("head"),
                                            kernels=kernel_count(doc)))
 
-    def rebuild(self) -> dict:
-        """Full rebuild from the repo at HEAD; written and announced before returning."""
+    def rebuild(self, startup: bool = False) -> dict:
+        """Full rebuild from the repo at HEAD; written and announced before returning.
+
+        ``startup`` (recovery, before the daemon's threads start): when this process runs no
+        other thread right then (see :func:`startup_workers`), the scan is spread over forked
+        processes; the document is the same.
+        """
         self.zoo.git.sync_files()
         head, now = self._stamp()
-        doc = build(self.zoo.git.root, head, now, self.cache)
+        workers = startup_workers() if startup and self._thread is None else 1  # checked just before the fork
+        doc = build(self.zoo.git.root, head, now, self.cache, workers=workers)
         with self._cond:
             self.file.reset(doc)
             self._doc = doc
@@ -218,7 +250,7 @@ class Indexer:
         if head is None:
             return "current"
         if doc is None or not isinstance(doc.get("head"), str) or doc["head"].encode() not in git.store:
-            self.rebuild()
+            self.rebuild(startup=True)  # a cold start: the scan may use forked helpers
             return "rebuilt"
         if doc.get("head") == head and self.zoo.store.state.index_head == head:
             return "current"

@@ -3,16 +3,31 @@
 - ``pysource._json_like_list`` (one pass of regular expressions and ``raw_decode``)
   equals the token-by-token reader ``_json_like_list_tokens`` on generated inputs:
   the same list and end offset, or a refusal from both;
-- the full benchmark check built on it equals the whole-module AST path.
+- the full benchmark check built on it equals the whole-module AST path;
+- a parallel build (this process plus forked workers claiming chunks) gives the serial
+  document, also when a worker dies; the daemon's cold start forks only while alone.
 """
 from __future__ import annotations
 
-import pytest
-from hypothesis import example, given, settings, strategies as st
+import json
 
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from kz_runner.contract import index as index_module
 from kz_runner.contract import pysource
-from kz_runner.contract.pysource import (BENCHMARK_FILE, _fast_benchmark_check, _full_benchmark_check,
-                                         _json_like_list, _json_like_list_tokens, _NotJsonLike)
+from kz_runner.contract.index import build_index, dumps
+from kz_runner.contract.index_cache import ContentsCache
+from kz_runner.contract.pysource import (
+    BENCHMARK_FILE,
+    _fast_benchmark_check,
+    _full_benchmark_check,
+    _json_like_list,
+    _json_like_list_tokens,
+    _NotJsonLike,
+)
+from tests.helpers.contract_fixtures import mark_repo, write_package
 
 # ---------------------------------------------------------------- METAS list reader
 
@@ -137,3 +152,122 @@ def test_benchmark_check_with_generated_metas_equals_the_ast_path(value, after):
     if fast is not None:
         assert fast == reference
     assert pysource.check_benchmark_source(source, BENCHMARK_FILE) == reference
+
+
+# ---------------------------------------------------------------- parallel builds
+
+
+@pytest.fixture
+def many(tmp_path, monkeypatch):
+    root = mark_repo(tmp_path / "many")
+    for i in range(40):
+        write_package(root, f"cpu/Op{i % 3}/Sub/fp32/impl{i}", best=0.1 * (i + 1),
+                      status="frozen" if i % 7 == 0 else "normal")
+    write_package(root / "cpu/Op0/Sub/fp32/impl0/src", "nested")
+    (root / "cpu/Op1/Sub/fp32/impl1/.kernel_package/desc.yaml").write_text("name: [unclosed\n")
+    monkeypatch.setattr(index_module, "PARALLEL_MIN_PACKAGES", 2)
+    monkeypatch.setattr(index_module, "_CHUNK", 3)  # many claims, so every process takes some
+    return root
+
+
+@pytest.mark.parametrize("workers", [2, 3, 5])
+def test_parallel_build_equals_serial(many, workers):
+    serial = dumps(build_index(many))
+    assert dumps(build_index(many, workers=workers)) == serial
+    cache = ContentsCache()
+    assert dumps(build_index(many, cache=cache, workers=workers)) == serial
+    assert cache.misses == 41 and cache.hits == 0
+    assert dumps(build_index(many, cache=cache, workers=workers)) == serial  # now from the cache
+    assert cache.hits == 41
+
+
+def test_parallel_build_survives_a_worker_that_dies_at_once(many, monkeypatch):
+    serial = dumps(build_index(many))
+
+    def die(*_args):
+        raise RuntimeError("worker lost")
+
+    monkeypatch.setattr(index_module, "_worker", die)
+    assert dumps(build_index(many, workers=2)) == serial
+
+
+def test_parallel_build_survives_a_worker_that_dies_midway(many, monkeypatch):
+    import os
+    import time
+
+    serial = dumps(build_index(many))
+    parent = os.getpid()
+    real_scan, real_chunk = index_module._scan, index_module._scan_chunk
+    parent_calls = []
+    worker_chunks = []
+
+    def slow_parent_scan(root, kernel_ids, *args, **kwargs):
+        if os.getpid() == parent:
+            parent_calls.append(list(kernel_ids))
+            time.sleep(0.05)  # the worker claims most chunks
+        return real_scan(root, kernel_ids, *args, **kwargs)
+
+    def scan_then_die(kernel_ids):
+        worker_chunks.append(kernel_ids)
+        if len(worker_chunks) == 3:  # two chunks sent, the third claimed and lost
+            os._exit(3)
+        return real_chunk(kernel_ids)
+
+    monkeypatch.setattr(index_module, "_scan", slow_parent_scan)
+    monkeypatch.setattr(index_module, "_scan_chunk", scan_then_die)
+    cache = ContentsCache()
+    assert dumps(build_index(many, cache=cache, workers=2)) == serial
+    assert cache.misses == 41
+    lost = parent_calls[-1]  # the parent's last scan: what the worker claimed and never sent
+    scanned_before = {k for call in parent_calls[:-1] for k in call}
+    assert len(lost) == 3 and not scanned_before & set(lost)
+
+
+# ---------------------------------------------------------------- the daemon's start-up rebuild
+
+
+def test_startup_workers_is_one_while_another_thread_runs():
+    import threading
+
+    from kz_daemon.indexer import startup_workers
+
+    alone = startup_workers()
+    assert alone >= 1
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert startup_workers() == 1
+    finally:
+        stop.set()
+        other.join()
+    assert startup_workers() == alone
+
+
+def test_daemon_cold_start_rebuild_uses_startup_workers(tmp_path, monkeypatch):
+    from kz_daemon import indexer
+    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.service import Zoo
+    from tests.helpers.daemon import EXAMPLES
+
+    config = init_state_dir(tmp_path / "kz", seed_from=EXAMPLES)
+    calls = []
+    real_build = indexer.build
+
+    def recording_build(*args, **kwargs):
+        calls.append(kwargs.get("workers", 1))
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(indexer, "build", recording_build)
+    monkeypatch.setattr(indexer, "startup_workers", lambda: 2)
+    monkeypatch.setattr(index_module, "PARALLEL_MIN_PACKAGES", 1)
+    zoo = Zoo(config)
+    zoo.start()
+    try:
+        assert calls == [2]  # the cold start's full rebuild, before the threads started
+        doc = json.loads(config.paths.index.read_text())
+        with zoo.git_lock:
+            serial = real_build(zoo.git.root, doc["head"], doc["generated_at"])
+        assert doc == serial
+    finally:
+        zoo.stop()

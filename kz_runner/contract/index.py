@@ -16,6 +16,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no forked workers either
+    fcntl = None  # type: ignore[assignment]
+
 from .codes import problem
 from .index_cache import ContentsCache
 from .kernel_id import CATEGORY_FIELDS
@@ -216,38 +221,164 @@ def _document(entries: dict[str, dict], head: str | None, generated_at: str | No
 
 
 #: (repo root, cache, package listings) handed to forked workers of a parallel build; set only while
-#: the pool runs
+#: the workers run
 _FORK_STATE: tuple[Path, ContentsCache | None, dict[str, list]] | None = None
 PARALLEL_MIN_PACKAGES = 500
+_CHUNK = 32          # packages per claim: small enough that the last claims end close together
+_FRAME = 8           # bytes of the length that precedes each pickled frame a worker sends
+_CLAIM = 4           # bytes of a chunk number in the claims pipe
 
 
 def _scan_chunk(kernel_ids: list[str]) -> tuple[dict[str, dict], tuple | None]:
     """Worker side of a parallel build: entries for ``kernel_ids`` and what the cache learned."""
     assert _FORK_STATE is not None
     root, cache, listings = _FORK_STATE
-    if cache is not None:  # one worker may run several chunks: report each chunk's own counts
+    if cache is not None:  # one worker runs several chunks: report each chunk's own counts
         cache.reset_counts()
     entries = _scan(root, kernel_ids, cache, top_level=True, listings=listings)
     return entries, (cache.export_used() if cache is not None else None)
 
 
+def _claim(fd: int) -> int | None:
+    """The next unclaimed chunk number from the claims pipe, or None when all are taken."""
+    try:
+        data = os.read(fd, _CLAIM)
+    except BlockingIOError:
+        return None
+    return int.from_bytes(data, "little") if len(data) == _CLAIM else None
+
+
+def _worker(claims: int, out: int, chunks: list[list[str]]) -> None:
+    """A forked worker: scan claimed chunks, send ``(entries, learned)`` frames, then ``None``."""
+    import pickle
+
+    def send(value: Any) -> None:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(len(data).to_bytes(_FRAME, "little") + data)
+        while view:
+            view = view[os.write(out, view):]
+
+    while (number := _claim(claims)) is not None:
+        send(_scan_chunk(chunks[number]))
+    send(None)  # the end: a worker that dies before it leaves its chunks to the parent
+
+
+class _Inbox:
+    """The parent's end of one worker's frames: read as they come, decoded whole."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid, self.fd = pid, fd
+        self.buffer = bytearray()
+        self.done = False  # the worker sent its last frame
+
+    def drain(self, block: bool) -> list:
+        """Frames complete so far (all of them, to the end of the stream, when ``block``)."""
+        import pickle
+
+        if block:
+            os.set_blocking(self.fd, True)
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            self.buffer += data
+        frames = []
+        at = 0
+        while len(self.buffer) - at >= _FRAME:
+            size = int.from_bytes(self.buffer[at:at + _FRAME], "little")
+            if len(self.buffer) - at - _FRAME < size:
+                break
+            with memoryview(self.buffer) as view:
+                frames.append(pickle.loads(view[at + _FRAME:at + _FRAME + size]))
+            at += _FRAME + size
+        del self.buffer[:at]
+        if frames and frames[-1] is None:
+            self.done = True
+            frames.pop()
+        return frames
+
+
 def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | None,
                    workers: int, listings: dict[str, list]) -> dict[str, dict]:
-    import multiprocessing
+    """Entries for ``kernel_ids`` from this process and ``workers - 1`` forked ones.
 
+    Every process claims chunks of packages from a shared pipe of chunk numbers (so a
+    process slowed by other load simply claims fewer) and scans them; the workers send
+    their entries back as pickled frames, which this process reads between its own
+    chunks. Whatever a worker does not deliver (it died) is scanned here at the end, so
+    the result is always every entry, as a serial scan makes it.
+    """
     global _FORK_STATE
-    chunks = [kernel_ids[i::workers] for i in range(workers)]
+    size = max(_CHUNK, -(-len(kernel_ids) // 16_000))  # the claims must fit the pipe's 64 KiB
+    chunks = [kernel_ids[i:i + size] for i in range(0, len(kernel_ids), size)]
+    claims, fill = os.pipe()
+    try:
+        tokens = memoryview(b"".join(n.to_bytes(_CLAIM, "little") for n in range(len(chunks))))
+        while tokens:
+            tokens = tokens[os.write(fill, tokens):]
+    finally:
+        os.close(fill)
+    os.set_blocking(claims, False)
+    inboxes: list[_Inbox] = []
+    entries: dict[str, dict] = {}
     _FORK_STATE = (root, cache, listings)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            results = pool.map(_scan_chunk, chunks)
+        for _ in range(workers - 1):
+            read_end, write_end = os.pipe()
+            if hasattr(fcntl, "F_SETPIPE_SZ"):
+                try:  # room for a few frames: a worker seldom waits for this process to read
+                    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 20)
+                except OSError:
+                    pass
+            try:
+                pid = os.fork()
+            except OSError:  # no more processes now: this one scans what the others leave
+                os.close(read_end)
+                os.close(write_end)
+                break
+            if pid == 0:  # the worker: never returns
+                status = 1
+                try:
+                    os.close(read_end)
+                    for inbox in inboxes:
+                        os.close(inbox.fd)
+                    _worker(claims, write_end, chunks)
+                    status = 0
+                except BaseException:  # noqa: BLE001 - reported, then the parent scans what is missing
+                    import traceback
+
+                    traceback.print_exc()
+                finally:
+                    os._exit(status)
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            inboxes.append(_Inbox(pid, read_end))
+        _FORK_STATE = None  # this process scans with its own counts (no per-chunk reset)
+
+        def absorb(frames: list) -> None:
+            for chunk_entries, learned in frames:
+                entries.update(chunk_entries)
+                if cache is not None and learned is not None:
+                    cache.absorb(*learned)
+
+        while (number := _claim(claims)) is not None:
+            entries.update(_scan(root, chunks[number], cache, top_level=True, listings=listings))
+            for inbox in inboxes:
+                absorb(inbox.drain(block=False))
+        for inbox in inboxes:
+            absorb(inbox.drain(block=True))
     finally:
         _FORK_STATE = None
-    entries: dict[str, dict] = {}
-    for chunk_entries, learned in results:
-        entries.update(chunk_entries)
-        if cache is not None and learned is not None:
-            cache.absorb(*learned)
+        os.close(claims)
+        for inbox in inboxes:
+            os.close(inbox.fd)
+            os.waitpid(inbox.pid, 0)
+    missing = [kernel_id for kernel_id in kernel_ids if kernel_id not in entries]
+    if missing:  # a worker died: its unsent chunks are scanned here
+        entries.update(_scan(root, missing, cache, top_level=True, listings=listings))
     return entries
 
 
@@ -265,8 +396,7 @@ def build_index(repo_root: str | os.PathLike, head: str | None = None, generated
     root = Path(repo_root)
     listings: dict[str, list] = {}
     kernel_ids = _find_packages(root, "", listings)
-    parallel = (workers > 1 and len(kernel_ids) >= PARALLEL_MIN_PACKAGES
-                and "fork" in __import__("multiprocessing").get_all_start_methods())
+    parallel = workers > 1 and len(kernel_ids) >= PARALLEL_MIN_PACKAGES and hasattr(os, "fork")
     enabled = gc.isenabled()
     gc.disable()  # tens of thousands of small containers: collection passes would cost more than the scan
     try:

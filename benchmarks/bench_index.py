@@ -3,7 +3,8 @@
     python benchmarks/bench_index.py [--packages 10000] [--repeat 3] [--keep DIR]
 
 Each package is the small CPU package of tests/helpers/contract_fixtures.py (two
-cases, six files) at ``cpu/Op<k>/Sub<j>/fp32/impl<i>``. The figure reported is
+cases, six files) at ``cpu/Op<k>/Sub<j>/fp32/impl<i>``, with its own build seed and
+summary (every contract file differs from every other package's). The figure reported is
 the best and median wall time of (cache load +) ``build_index`` + ``dumps`` (the
 write is timed separately), after one warm-up pass so the page cache is hot (as
 on a daemon): cold = every file parsed; cached = the content-addressed analysis
@@ -33,12 +34,25 @@ from tests.helpers.contract_fixtures import mark_repo, write_package  # noqa: E4
 
 
 def generate(repo: Path, count: int) -> list[str]:
-    """Write ``count`` packages under ``repo`` and return their kernel_ids."""
+    """Write ``count`` packages under ``repo`` and return their kernel_ids.
+
+    No two packages share a contract file: besides the kernel_id (benchmark.py,
+    bench_result.yaml) and the scores, each build_test_env.py has its own seed and
+    each desc.yaml its own summary, so no memo keyed by content could shorten a run.
+    """
     mark_repo(repo)
     ids = []
     for i in range(count):
         kernel_id = f"cpu/Op{i % 20}/Sub{i % 7}/fp32/impl{i}"
-        write_package(repo, kernel_id, best=0.5 + i * 1e-4)
+        kp = write_package(repo, kernel_id, best=0.5 + i * 1e-4) / ".kernel_package"
+        build_env = kp / "build_test_env.py"
+        text = build_env.read_text()
+        assert "SEED = 0xBEEF\n" in text
+        build_env.write_text(text.replace("SEED = 0xBEEF\n", f"SEED = {0xBEEF + 7919 * i:#x}  # package {i}\n", 1))
+        desc = kp / "desc.yaml"
+        text = desc.read_text()
+        assert "\nsummary: " in text
+        desc.write_text(text.replace("\nsummary: ", f"\nsummary: (variant {i}) ", 1))
         ids.append(kernel_id)
     return ids
 

@@ -198,6 +198,22 @@ METAS_VARIANTS = [
      + BASE[BASE.index("\n]\n") + 3:], True),
     ("not a literal list", variant(START, f"{NAME} = list(["), False),
     ("bad item schema", variant('"lower_better"', '"lower"'), True),
+    ("hash in a comment after a closer", variant('"n4k",', '"n4k"]  # ]\n,'), False),
+    ("comment with a quote", variant('"n4k",', '"n4k",  # say "hi", ]\n'), True),
+    ("comma after a comment", variant('"n4k",', '"n4k"  # c\n  ,'), True),
+    ("comma before a closer after space", variant('"fp32"}', '"fp32" ,  }'), True),
+    ("comma after an opener", variant('{"n": 4096', '{, "n": 4096'), False),
+    ("comma after a colon", variant('"n": 4096', '"n": , 4096'), False),
+    ("words in strings", variant('"n4k"', '"True, None, False,]"'), True),
+    ("exponent of 3 digits", variant("1e-6", "1e-300"), True),
+    ("long digits", variant("4096", "4" * 320 + ".0"), True),
+    ("lowercase word", variant("1e-6", "true"), False),
+    ("null word", variant("1e-6", "null"), False),
+    ("nested 50 deep", variant('"fp32"}', '"fp32", "d": ' + "[" * 47 + "]" * 47 + "}"), True),
+    ("nested 51 deep", variant('"fp32"}', '"fp32", "d": ' + "[" * 48 + "]" * 48 + "}"), False),
+    ("many shallow brackets", variant('"fp32"}', '"fp32", "d": [' + "[], " * 80 + "]}"), True),
+    ("list follows the list", variant("\n]\n", "\n]\n[1, [2]]\n"), True),
+    ("tab in a string", variant('"n4k"', '"n4\tk"'), False),
 ]
 
 

@@ -271,3 +271,67 @@ def test_daemon_cold_start_rebuild_uses_startup_workers(tmp_path, monkeypatch):
         assert doc == serial
     finally:
         zoo.stop()
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def test_decode_utf8_sig_equals_the_codec():
+    from kz_runner.contract.pysource import decode_utf8_sig
+
+    for data in (b"", b"\xef\xbb", b"\xef\xbb\xbf", b"\xef\xbb\xbfabc", b"ab\xffc", b"\xef\xbb\xbfab\xffc",
+                 "é".encode() + b"\xef\xbb\xbf", b"\xef\xbb\xbf\xef\xbb\xbfx", b"\xc3"):
+        def answer(decode):
+            try:
+                return "ok", decode(data)
+            except UnicodeDecodeError as exc:
+                return "error", exc.start, exc.end, exc.reason
+        assert answer(decode_utf8_sig) == answer(lambda d: d.decode("utf-8-sig")), data
+
+
+def test_benchmark_text_with_a_lone_surrogate_goes_to_the_reference_path():
+    source = ('KERNEL_ZOO_TEST_CASE_METAS = [{"test_case_id": "a\ud800"}]\n'
+              'if __name__ == "__main__":\n    pass\n')
+    assert _fast_benchmark_check(source, BENCHMARK_FILE) is None
+    metas, problems = pysource.check_benchmark_source(source, BENCHMARK_FILE)
+    assert metas is None and [p.code for p in problems] == ["PYTHON_SYNTAX"]
+
+
+@pytest.mark.parametrize("text,huge", [
+    (b"value: 0.5\nother: 12345.678e+12\n", False),
+    (b"value: 1.0e+400\n", True),
+    (b"value: 1E0400\n", True),
+    (b"v: " + b"9" * 97 + b".0\n", False),
+    (b"v: " + b"9" * 98 + b".0\n", True),
+    (b"v: " + b"1_0" * 40 + b".0\n", True),
+    (b"v: 190:20:30.15\n", False),
+])
+def test_may_hold_huge_number(text, huge):
+    from kz_runner.contract.schema_check import may_hold_huge_number
+
+    assert may_hold_huge_number(text) is huge
+    if not huge:  # what the safe loader makes of it is finite
+        import math
+
+        import yaml
+
+        def floats(value):
+            if isinstance(value, float):
+                yield value
+            elif isinstance(value, dict):
+                for item in value.values():
+                    yield from floats(item)
+        assert all(math.isfinite(v) for v in floats(yaml.safe_load(text)))
+
+
+@pytest.mark.parametrize("text", [
+    "v: .inf\n", "v: -.Inf\n", "v: .NAN\n", "v: !!float inf\n", "v: !!float nan\n", "v: 1.0e+400\n",
+    "v: [1, .inf]\n", "v: " + "9" * 320 + ".0\n",
+])
+def test_bench_result_nonfinite_values_are_still_named(tmp_path, text):
+    from kz_runner.contract.validate import Analysis, _check_bench
+
+    an = Analysis("cpu/x/y/z/w")
+    doc = ('schema_version: "1.0.0"\nkernel_id: cpu/x/y/z/w\ncases: []\n' + text).encode()
+    _check_bench(an, doc)
+    assert any(p.code == "NONFINITE_VALUE" for p in an.problems), (text, an.problems)

@@ -20,11 +20,22 @@ from typing import Any
 
 from .codes import problem
 from .problems import Problem
-from .schema_check import _json_finite, nonfinite_paths, schema_problems
+from .schema_check import _json_finite, may_hold_huge_number, nonfinite_paths, schema_problems
 
 METAS_NAME = "KERNEL_ZOO_TEST_CASE_METAS"
 BENCHMARK_FILE = ".kernel_package/benchmark.py"
 BUILD_ENV_FILE = ".kernel_package/build_test_env.py"
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def decode_utf8_sig(data: bytes) -> str:
+    """``data.decode("utf-8-sig")`` (a leading BOM dropped), in C: the codec itself is Python code.
+
+    A UnicodeDecodeError says the same offsets (counted after the BOM, as utf-8-sig does).
+    """
+    return data.decode("utf-8") if data[:3] != _BOM else data[3:].decode("utf-8")
 
 
 def decode_source(data: bytes | str, file: str) -> tuple[str | None, list[Problem]]:
@@ -32,7 +43,7 @@ def decode_source(data: bytes | str, file: str) -> tuple[str | None, list[Proble
     if isinstance(data, str):
         return data, []
     try:
-        return data.decode("utf-8-sig"), []
+        return decode_utf8_sig(data), []
     except UnicodeDecodeError as exc:
         return None, [problem("FILE_ENCODING", f"not UTF-8 at byte {exc.start}", file=file)]
 
@@ -372,11 +383,16 @@ def _fast_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, 
     """:func:`check_benchmark_source`'s answer by the fast path, or None when it is unsure."""
     if isinstance(source, bytes):
         try:
-            text = source.decode("utf-8-sig")
+            text = decode_utf8_sig(source)
         except UnicodeDecodeError:
             return None
     else:
         text = source
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:  # a lone surrogate: the parser refuses the text, json would not
+                return None
     if "\r" in text or "\0" in text or "\f" in text:  # other newlines, or no parse at all: reference path
         return None
     found = _METAS_START.search(text)
@@ -409,15 +425,11 @@ def _fast_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, 
         return None
     # json.loads makes no NaN here (the words are refused); a float overflows to an infinity
     # only from a number with a 3-digit exponent or ~300 digits, which the text would show
-    finite = True if _MAYBE_HUGE_NUMBER.search(text, start, end) is None else None
+    finite = None if may_hold_huge_number(text[start:end].encode(), 200) else True
     problems = check_metas(metas, file, finite)
     if not has_main_guard(tree):
         problems.append(problem("BENCHMARK_NO_MAIN", "no if __name__ == \"__main__\": block", file=file))
     return metas, problems
-
-
-#: a JSON number that might overflow a float: without a match, every number is below 10**299
-_MAYBE_HUGE_NUMBER = re.compile(r"[eE][+-]?[0-9]{3}|[0-9]{200}")
 
 
 def _callable_with_one_arg(func: ast.FunctionDef) -> bool:

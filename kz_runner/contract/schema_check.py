@@ -180,6 +180,22 @@ def _encoder_of_finite_json():
 _dumps_finite = _encoder_of_finite_json()
 
 
+#: bytes.translate table for :func:`may_hold_huge_number`: digits and ``_ : .`` to ``0``, ``e``/``E`` to
+#: ``e``, signs to ``+``, anything else to a space
+_NUMBER_SHAPE = bytes(48 if chr(i) in "0123456789_:." else 101 if chr(i) in "eE" else 43 if chr(i) in "+-"
+                      else 32 for i in range(256))
+
+
+def may_hold_huge_number(data: bytes, run: int = 100) -> bool:
+    """False when no number written in ``data`` can reach 10**(run + 99): no exponent of 3 digits
+    or more and no ``run`` characters of digits, ``_``, ``:`` or ``.`` in a row (True: perhaps).
+
+    A few C passes (a regular expression with character classes costs far more here).
+    """
+    shape = data.translate(_NUMBER_SHAPE)
+    return b"e000" in shape or b"e+000" in shape or b"0" * run in shape
+
+
 def nonfinite_paths(value: Any, path: str = "") -> Iterator[str]:
     """JSON paths of every NaN or infinite float inside ``value``."""
     if not path and isinstance(value, (dict, list)) and _json_finite(value):

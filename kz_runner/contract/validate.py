@@ -27,8 +27,8 @@ from .codes import problem
 from .kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id,
                         kernel_id_from_path, path_ends_with)
 from .problems import Problem, Report
-from .pysource import check_benchmark_source, check_build_env_source, read_metas  # noqa: F401
-from .schema_check import nonfinite_paths, schema_problems
+from .pysource import check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas  # noqa: F401
+from .schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
 from .tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
 from .yamlio import YAMLError, load_yaml, yaml_error_text
 
@@ -91,7 +91,7 @@ class Analysis:
 
 def _load_yaml_file(data: bytes, file: str, out: list[Problem]) -> tuple[bool, Any]:
     try:
-        text = data.decode("utf-8-sig")
+        text = decode_utf8_sig(data)
     except UnicodeDecodeError as exc:
         out.append(problem("FILE_ENCODING", f"not UTF-8 at byte {exc.start}", file=file))
         return False, None
@@ -165,10 +165,10 @@ def check_reference_sources(refs: object, exists: Callable[[str], bool | None]) 
 
 #: What a YAML document needs for the safe loader to make a NaN or an infinity: an explicit tag
 #: (``!!float inf``), ``.inf``/``.nan`` in any case, or a float that overflows, which takes a
-#: 3-digit exponent or a long run of digits (with ``_``, ``.`` and the ``:`` of base 60). Plain
-#: floats match ``[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?`` and the like: without a match
-#: here, each is below 10**199. Quoted and block scalars are strings unless tagged.
-_MAYBE_NONFINITE_YAML = re.compile(rb"!|\.[iInN]|[eE][-+]?[0-9]{3}|[0-9_:.]{100}")
+#: 3-digit exponent or a long run of digits (with ``_``, ``.`` and the ``:`` of base 60): see
+#: schema_check.may_hold_huge_number. Plain floats match ``[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?``
+#: and the like; quoted and block scalars are strings unless tagged.
+_YAML_NONFINITE_WORD = re.compile(rb"\.[iInN]")
 
 
 def _check_bench(an: Analysis, data: bytes) -> None:
@@ -182,7 +182,9 @@ def _check_bench(an: Analysis, data: bytes) -> None:
         return
     errors = schema_problems(bench, "bench_result", "BENCH_RESULT_SCHEMA", file)
     an.problems.extend(errors)
-    bad_numbers = [] if _MAYBE_NONFINITE_YAML.search(data) is None else list(nonfinite_paths(bench))
+    proven_finite = b"!" not in data and _YAML_NONFINITE_WORD.search(data) is None \
+        and not may_hold_huge_number(data)
+    bad_numbers = [] if proven_finite else list(nonfinite_paths(bench))
     for path in bad_numbers:
         an.problems.append(problem("NONFINITE_VALUE", f"{path} is NaN or infinite", file=file, field=path))
     recorded = bench.get("kernel_id")

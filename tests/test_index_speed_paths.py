@@ -281,7 +281,7 @@ def test_decode_utf8_sig_equals_the_codec():
 
     for data in (b"", b"\xef\xbb", b"\xef\xbb\xbf", b"\xef\xbb\xbfabc", b"ab\xffc", b"\xef\xbb\xbfab\xffc",
                  "é".encode() + b"\xef\xbb\xbf", b"\xef\xbb\xbf\xef\xbb\xbfx", b"\xc3"):
-        def answer(decode):
+        def answer(decode, data=data):
             try:
                 return "ok", decode(data)
             except UnicodeDecodeError as exc:

@@ -20,7 +20,12 @@ from typing import Any
 
 from .codes import problem
 from .problems import Problem
-from .schema_check import _json_finite, may_hold_huge_number, nonfinite_paths, schema_problems
+from .schema_check import (
+    _json_finite,
+    may_hold_huge_number,
+    nonfinite_paths,
+    schema_problems,
+)
 
 METAS_NAME = "KERNEL_ZOO_TEST_CASE_METAS"
 BENCHMARK_FILE = ".kernel_package/benchmark.py"
@@ -317,11 +322,13 @@ def _json_like_list_tokens(text: str, start: int) -> tuple[list, int]:
 # (whitespace is kept, so values side by side stay an error; a stray ``e``, ``.`` or ``-``
 # of the character class is no JSON), and it accepts nothing the token reader refuses, so
 # both give the same list and the same end; tests/test_index_speed_paths.py compares them
-# on generated inputs. A comma that follows no value (``[,`` ``1,,``), which blanking could
-# hide, sends the text to the token reader (which refuses it when it lies inside the list).
+# on generated inputs. A comma that may follow no value (``[,`` ``1,,``, or any comma after
+# whitespace), which blanking could hide, sends the text to the token reader (which refuses
+# it when it lies inside the list).
 _SPAN = re.compile(r'''\[(?:[ \t\n\[\]{},:0-9.eE+\-]++|"[^"\\\n]*+"|\#[^\n]*+|(?:True|False|None)\b)*+''')
 _TRAILING_COMMA = re.compile(r",(?=[ \t\n]*+[\]}])")  # before a closer
-_COMMA_AFTER_NO_VALUE = re.compile(r"[\[{,:][ \t\n]*+,")  # ``[,`` ``{,`` ``,,`` ``:,``: not Python
+#: a comma right after an opener, a comma, a colon (``[,`` ``,,``: not Python) or a space (``1 ,``, rare)
+_COMMA_AFTER_NO_VALUE = re.compile(r",(?<=[\[{,:\s],)")
 _STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
 _STRING = re.compile(r'"[^"]*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]++")
@@ -364,7 +371,7 @@ def _json_like_list(text: str, start: int) -> tuple[list, int]:
     if "T" in outside or "F" in outside or "N" in outside:
         outside = outside.replace("True", "true").replace("False", "false").replace("None", "null")
     if "," in outside:
-        if _COMMA_AFTER_NO_VALUE.search(outside):
+        if _COMMA_AFTER_NO_VALUE.search(outside):  # the token reader sorts these out
             return _json_like_list_tokens(text, start)
         outside = _TRAILING_COMMA.sub(" ", outside)  # each follows a value: Python drops it
     parts[0::2] = outside.split(_STRING_SEP)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from .problems import Problem
+from .schema_check import _json_finite
 from .validate import CONTRACT_FILES, Analysis, analyze_contents
 
 CACHE_FORMAT = 2
@@ -55,9 +55,7 @@ def _to_record(an: Analysis, derived: Any) -> dict | None:
     desc = None if an.desc is None else {k: an.desc[k] for k in _DESC_KEYS if k in an.desc}
     record = {"kernel_id": an.kernel_id, "problems": [p.to_json() for p in an.problems], "desc": desc,
               "desc_valid": an.desc_valid, "derived": derived}
-    try:
-        json.dumps(record, allow_nan=False)
-    except (TypeError, ValueError):
+    if not _json_finite(record):  # one C pass, as json.dumps(record, allow_nan=False) would make
         return None  # e.g. a desc holding a YAML timestamp: keep it in memory only
     return record
 
@@ -92,7 +90,9 @@ class ContentsCache:
             found = self._memory[key] = analyze_contents(kernel_id, files, None, expect_bench_result=True)
         else:
             self.hits += 1
-        return replace(found, problems=list(found.problems), cache_key=key)
+        # a copy the caller may change (dataclasses.replace does the same, slower)
+        return Analysis(found.kernel_id, list(found.problems), found.desc, found.desc_valid, found.bench,
+                        found.metas, key)
 
     def derived(self, key: str, make: Callable[[], Any]) -> Any:
         """A value computed once per key from an analysis (in memory only; treat it as read-only)."""

@@ -83,6 +83,10 @@ def has_main_guard(tree: ast.Module) -> bool:
     return False
 
 
+#: the statements :func:`_assigned_names` can find a name in (a C-level test before the call)
+_BINDING_STATEMENTS = (ast.Assign, ast.AnnAssign, ast.AugAssign)
+
+
 def _assigned_names(node: ast.stmt) -> list[str]:
     if isinstance(node, ast.Assign):
         return [t.id for t in node.targets if isinstance(t, ast.Name)]
@@ -93,7 +97,8 @@ def _assigned_names(node: ast.stmt) -> list[str]:
 
 def _metas_value_nodes(tree: ast.Module) -> tuple[list[ast.stmt], bool]:
     """Module-level statements binding the METAS name, and whether a nested one exists."""
-    top = [node for node in tree.body if METAS_NAME in _assigned_names(node)]
+    top = [node for node in tree.body
+           if isinstance(node, _BINDING_STATEMENTS) and METAS_NAME in _assigned_names(node)]
     nested = False
     if not top:
         nested = any(isinstance(n, ast.Name) and n.id == METAS_NAME and isinstance(n.ctx, ast.Store)
@@ -457,7 +462,7 @@ def check_build_env_source(source: str | bytes, file: str = BUILD_ENV_FILE) -> l
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "build_env":
             found = node
-        elif "build_env" in _assigned_names(node):
+        elif isinstance(node, _BINDING_STATEMENTS) and "build_env" in _assigned_names(node):
             found = node
         elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
                 (alias.asname or alias.name) == "build_env" for alias in node.names):

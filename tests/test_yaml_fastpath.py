@@ -198,6 +198,18 @@ def block_seq(draw, indent: int, depth: int, tame: bool) -> list[str]:
     return lines
 
 
+DAMAGE = [" ", "  ", "\t", "\r", "\n", ":", ": ", "-", "- ", "#", " #", '"', "'", "|", ">", "&a ", "*a", "!!str ",
+          "[", "]", "{", "}", ",", "?", "? ", "---\n", "...\n", "%YAML 1.1\n", "\ufeff", "\x85", "\u2028", "\x00",
+          "\x7f", "\\", "é", "\ud800"]
+
+
+@st.composite
+def damaged(draw, text: str) -> str:
+    """``text`` with one place damaged: the near misses of the subset's edges."""
+    at = draw(st.integers(0, len(text)))
+    return text[:at] + draw(st.sampled_from(DAMAGE)) + text[at + draw(st.integers(0, 2)):]
+
+
 @st.composite
 def document(draw, tame: bool = False) -> str:
     """A block-style document; ``tame`` ones keep to the subset's syntax (their scalars still vary)."""
@@ -205,15 +217,7 @@ def document(draw, tame: bool = False) -> str:
     if tame:
         return "\n".join(lines) + draw(st.sampled_from(["\n", "\n\n", "\n# end\n"]))
     text = "\n".join(lines) + draw(st.sampled_from(["\n", "\n", "\n", "", "\n\n", "\n# end\n"]))
-    if draw(st.integers(0, 2)) == 0:  # damage one place: the near misses of the subset's edges
-        at = draw(st.integers(0, len(text)))
-        piece = draw(st.sampled_from([" ", "  ", "\t", "\r", "\n", ":", ": ", "-", "- ", "#", " #", '"', "'",
-                                      "|", ">", "&a ", "*a", "!!str ", "[", "]", "{", "}", ",", "?", "? ",
-                                      "---\n", "...\n", "%YAML 1.1\n", "\ufeff", "\x85", "\u2028", "\x00",
-                                      "\x7f", "\\", "é", "\ud800"]))
-        cut = draw(st.integers(0, 2))
-        text = text[:at] + piece + text[at + cut:]
-    return text
+    return draw(damaged(text)) if draw(st.integers(0, 2)) == 0 else text
 
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,6 +239,12 @@ def test_generated_documents_load_as_pyyaml_loads_them(text):
 @SETTINGS
 @given(document(tame=True))
 def test_generated_documents_of_the_subset_load_as_pyyaml_loads_them(text):
+    assert_loads_like_pyyaml(text)
+
+
+@SETTINGS
+@given(document(tame=True).flatmap(damaged))
+def test_damaged_documents_of_the_subset_load_as_pyyaml_loads_them(text):
     assert_loads_like_pyyaml(text)
 
 
@@ -366,12 +376,35 @@ OUTSIDE = [
     "a: @x\n",                                    # reserved indicator
     "a: 1\n- x\n",                                # entry in a mapping
     "a: '\ud800'\n",                              # lone surrogate
+    "a: {" + ", ".join(f"k{i}: {i}" for i in range(13)) + "}\n",  # over 12 entries in a flow mapping
 ]
 
 
 @pytest.mark.parametrize("text", OUTSIDE, ids=range(len(OUTSIDE)))
 def test_inputs_outside_the_subset_go_to_libyaml_with_the_reference_answer(text):
     assert line_reader(text) is None
+    assert_loads_like_pyyaml(text)
+
+
+INSIDE = [
+    "a: 1\nb: yes\nc: 1:20\nd: 1e3\ne: 1.0e+3\nf: 2026-08-02\ng: 0o17\nh: .nan\ni: -.Inf\nj: ~\nk:\n",
+    "1: a\ntrue: b\n1.0: c\nnull: d\n-1: e\n'<<': f\n\"=\": g\n",
+    "a: |\n  x\n     \n\n  # y\nb: |-\n   z\n\n\n",      # blank lines, spaces past the indentation
+    "a:\n- x\n- k: v\n  l:\n  - y\nb:\n    -   c\n",  # indentless, compact, wide sequences
+    "- a  # comment\n-\n- b: # comment\n  c: d\n",
+    "a: {" + ", ".join(f"k{i}: {i}" for i in range(12)) + "}\n",
+    "io:\n  - {name: x, shape: [B, H], note: 'a, b', other: \"c: d\"}\n  - []\n  - {}\n",
+    "name: é µs 日本 emoji😀\nsummary: a #1 thing is a comment\nurl: http://x.y/z#frag\n",
+    "a: b\n# comment\n   # deeper comment\n\nc: d  # trailing\n",
+]
+
+
+@pytest.mark.parametrize("text", INSIDE, ids=range(len(INSIDE)))
+def test_inputs_inside_the_subset_take_the_line_reader(text):
+    ref = reference(text)
+    assert ref[0] == "ok"
+    assert same(line_reader(text), ref)
+    assert same(line_reader(text.encode("utf-8")), ref)
     assert_loads_like_pyyaml(text)
 
 

@@ -7,8 +7,8 @@ returns, by one of two paths:
    (desc.yaml, bench_result.yaml as written by hand, by the guide's templates and
    by the scorecard writer): block mappings and sequences (indentless sequences
    included), one-line plain and quoted scalars, ``|``/``|-`` literal blocks, and
-   one-line flow collections of scalars (a flow mapping's values may also be flow
-   sequences of scalars). It accepts a text only where that subset provably reads
+   one-line flow collections of scalars (a flow mapping, of up to 12 entries, may
+   also hold flow sequences of scalars). It accepts a text only where that subset provably reads
    as PyYAML's safe loader reads it: plain scalars are typed by PyYAML's own
    resolver and SafeConstructor functions, quoted ones are strings, and anything
    else, however harmless (tabs, CR, BOM, control characters, anchors, aliases,
@@ -27,8 +27,9 @@ returns, by one of two paths:
    other document, and any error on the way, goes to the standard constructor on
    the same node tree, so its values and its exceptions are the standard ones.
 
-Scalars built by the first path are shared between documents where they are
-equal and immutable (a memo of plain scalar conversions); the values are equal,
+The line reader memoises what each line holds (contract files repeat most of their
+lines from package to package) and the object of each plain scalar: equal immutable
+scalars may be shared between results, containers never are. The values are equal,
 and of equal types, to the standard loader's.
 """
 from __future__ import annotations
@@ -149,22 +150,33 @@ _ASCII_OK = bytes([0x0A, *range(0x20, 0x7F)])
 #: libyaml's printable set less tab, CR, NEL, LS, PS and BOM (line breaks, blanks, the BOM)
 _NOT_TAKEN = re.compile("[^\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
 _ROWS_MAX = 16_384  # memoised lines (see _row)
-_KEY_MAX = 1000  # libyaml drops a simple key whose ':' is over 1024 characters on
+_KEY_MAX = 250  # libyaml drops a simple key whose ":" is over 1024 characters (or bytes) on
 
-# One-line flow collections: scalars, flow sequences of scalars, flow mappings of scalar keys
-# to those. A plain scalar in a flow takes no ':', '?' or '#' (libyaml versions differ on the
-# first two there) and no trailing space; each pattern matches in one way only from a given
-# start, so ``findall`` over a validated collection yields exactly its items.
+# One-line flow collections: scalars, flow sequences of scalars, flow mappings of up to
+# _FLOW_MAP_MAX scalar keys to those. A plain scalar in a flow takes no ':', '?' or '#'
+# (libyaml versions differ on the first two there) and no trailing space. Each pattern
+# matches in one way only from a given start, so ``findall`` over a validated sequence
+# yields exactly its items, and a mapping's groups are its keys and values.
 _FLOW_PLAIN_FIRST = r"""(?:[^ \[\]{},:#?"'&*!|>%@`-]|-(?=[^ \[\]{},:#?]))"""
 _FLOW_PLAIN = _FLOW_PLAIN_FIRST + r"[^\[\]{},:#? ]*(?: +[^\[\]{},:#? ]+)*"
 _FLOW_KEY = r'"[^"\\]*"' + r"|'[^']*'|" + _FLOW_PLAIN_FIRST + r"[^\[\]{},:#?]*(?<! )(?=:)"
 _FLOW_SCALAR = r'"[^"\\]*"' + r"|'[^']*'|" + _FLOW_PLAIN
 _FLOW_SEQ_PATTERN = rf"\[ *(?:(?:{_FLOW_SCALAR})(?: *, *(?:{_FLOW_SCALAR}))*)? *\]"
-_FLOW_ENTRY_PATTERN = rf"(?:{_FLOW_KEY}): +(?:{_FLOW_SCALAR}|{_FLOW_SEQ_PATTERN})"
 _FLOW_SEQ = re.compile(_FLOW_SEQ_PATTERN)
-_FLOW_MAP = re.compile(rf"\{{ *(?:{_FLOW_ENTRY_PATTERN}(?: *, *{_FLOW_ENTRY_PATTERN})*)? *\}}")
 _FLOW_ITEM = re.compile(_FLOW_SCALAR)
-_FLOW_ENTRY = re.compile(rf"({_FLOW_KEY}): +({_FLOW_SCALAR}|{_FLOW_SEQ_PATTERN})")
+_FLOW_MAP_MAX = 12
+
+
+def _flow_map_pattern() -> re.Pattern:
+    """``{k: v, ...}`` with one group for each key and each value, up to _FLOW_MAP_MAX entries."""
+    entry = rf"({_FLOW_KEY}): +({_FLOW_SCALAR}|{_FLOW_SEQ_PATTERN})"
+    more = ""
+    for _ in range(_FLOW_MAP_MAX - 1):
+        more = rf"(?: *, *{entry}{more})?"
+    return re.compile(rf"\{{ *(?:{entry}{more})? *\}}")
+
+
+_FLOW_MAP = _flow_map_pattern()
 
 
 @lru_cache(maxsize=_RESOLVED_MAX)
@@ -173,7 +185,7 @@ def _typed_plain(value: str) -> Any:
 
     The tag is the safe resolver's, the object that of the SafeConstructor function for the tag.
     """
-    tag = _RESOLVER.resolve(ScalarNode, value, (True, False))  # this memo holds _resolve_tag's answer
+    tag = _RESOLVER.resolve(ScalarNode, value, (True, False))  # _resolve_tag's answer; memoised here
     if tag == _STR:
         return value
     make = _SCALARS.get(tag)
@@ -228,7 +240,10 @@ def _flow(s: str) -> tuple[int, tuple]:
     _check_tail(s, match.end())
     pairs = []
     kind = _FLOW_MAP_PAIRS
-    for key, value in _FLOW_ENTRY.findall(match.group()):
+    groups = iter(match.groups())
+    for key, value in zip(groups, groups):
+        if key is None:  # the entries are over
+            break
         if len(key) > _KEY_MAX:
             raise _Outside
         c = value[0]
@@ -345,10 +360,14 @@ def _row(line: str) -> tuple | None:
     return (indent, entry, column, key, *_node(s))
 
 
-def _scan(lines: list[str], i: int) -> tuple[int, tuple | None]:
+#: the row after the last line: less indented than any other
+_END = (-1, False, -1, _NO_KEY, _EMPTY, None)
+
+
+def _scan(lines: list[str], i: int) -> tuple[int, tuple]:
     """``(index, row)`` of the first line from ``i`` on that is neither blank nor a comment.
 
-    ``(len(lines), None)`` when there is none.
+    ``(len(lines), _END)`` when there is none.
     """
     n = len(lines)
     while i < n:
@@ -356,7 +375,7 @@ def _scan(lines: list[str], i: int) -> tuple[int, tuple | None]:
         if row is not None:
             return i, row
         i += 1
-    return n, None
+    return n, _END
 
 
 def _literal(lines: list[str], i: int, indent: int, tail: str) -> tuple[str, int]:
@@ -392,57 +411,63 @@ def _literal(lines: list[str], i: int, indent: int, tail: str) -> tuple[str, int
 
 
 def _item(lines: list[str], i: int, indent: int, in_map: bool, kind: int,
-          payload: Any) -> tuple[Any, int, tuple | None]:
-    """The value of row ``i`` (``kind``, ``payload``) in a collection at ``indent``.
+          payload: Any) -> tuple[Any, int, tuple]:
+    """The value of row ``i`` in a collection at ``indent`` where it goes on past the line.
 
-    ``in_map``: whether that collection is a mapping (which may hold an indentless sequence).
-    Returns the value and the index and row of the next content line.
+    ``kind`` is _EMPTY (a nested block follows, or the value is null) or _LITERAL (then
+    ``payload`` is the chomping's tail). ``in_map``: whether that collection is a mapping
+    (which may hold an indentless sequence). Returns the value and the index and row of
+    the next content line.
     """
-    if kind == _SCALAR:
-        return (payload, *_scan(lines, i + 1))
     if kind == _EMPTY:
         j, row = _scan(lines, i + 1)
-        if row is not None and (row[0] > indent or (row[0] == indent and in_map and row[1])):
+        if row[0] > indent or (row[0] == indent and in_map and row[1]):
             return _block(lines, j, row)
         return None, j, row
-    if kind == _LITERAL:
-        value, j = _literal(lines, i, indent, payload)
-        return (value, *_scan(lines, j))
-    return (_build(kind, payload), *_scan(lines, i + 1))
+    value, j = _literal(lines, i, indent, payload)
+    return (value, *_scan(lines, j))
 
 
-def _map(lines: list[str], i: int, row: tuple) -> tuple[dict, int, tuple | None]:
+def _map(lines: list[str], i: int, row: tuple) -> tuple[dict, int, tuple]:
     """The block mapping whose first key is row ``i`` (at the row's column); then the next row."""
     indent = row[2]
+    n = len(lines)
     out = {}
     while True:
         key, kind, payload = row[3:]
-        if kind == _SCALAR:  # the most common row, inline
-            out[key] = payload
-            i, row = _scan(lines, i + 1)
+        if kind == _SCALAR or kind >= _FLOW_SEQ_ITEMS:  # one-line values (most rows): _scan inline
+            out[key] = payload if kind == _SCALAR else _build(kind, payload)
+            row = None
+            while row is None:
+                i += 1
+                row = _row(lines[i]) if i < n else _END
         else:
             out[key], i, row = _item(lines, i, indent, True, kind, payload)
         # a repeated key keeps the last value (and the first position), as PyYAML's constructor
-        if row is None or row[0] < indent:
+        if row[0] < indent:
             return out, i, row
         if row[0] > indent or row[1]:  # a continuation line, unexpected indentation, '-' here
             raise _Outside
 
 
-def _seq(lines: list[str], i: int, row: tuple) -> tuple[list, int, tuple | None]:
+def _seq(lines: list[str], i: int, row: tuple) -> tuple[list, int, tuple]:
     """The block sequence whose first entry is row ``i``; then the next row."""
     indent = row[0]
+    n = len(lines)
     out = []
     while True:
         if row[3] is not _NO_KEY:  # '- key: value'
             value, i, row = _map(lines, i, row)
-        elif row[4] == _SCALAR:
-            value = row[5]
-            i, row = _scan(lines, i + 1)
+        elif row[4] == _SCALAR or row[4] >= _FLOW_SEQ_ITEMS:  # one-line values: _scan inline
+            value = row[5] if row[4] == _SCALAR else _build(row[4], row[5])
+            row = None
+            while row is None:
+                i += 1
+                row = _row(lines[i]) if i < n else _END
         else:
             value, i, row = _item(lines, i, indent, False, row[4], row[5])
         out.append(value)
-        if row is None or row[0] < indent:
+        if row[0] < indent:
             return out, i, row
         if row[0] > indent:
             raise _Outside
@@ -450,7 +475,7 @@ def _seq(lines: list[str], i: int, row: tuple) -> tuple[list, int, tuple | None]
             return out, i, row
 
 
-def _block(lines: list[str], i: int, row: tuple) -> tuple[Any, int, tuple | None]:
+def _block(lines: list[str], i: int, row: tuple) -> tuple[Any, int, tuple]:
     """The block collection that starts at row ``i``; then the next row."""
     if row[1]:
         return _seq(lines, i, row)
@@ -473,10 +498,10 @@ def _load_lines(text: str | bytes) -> Any:
         raise _Outside
     lines = text.split("\n")
     i, row = _scan(lines, 0)
-    if row is None or row[0] != 0:  # an empty document, or one indented as a whole
+    if row[0] != 0:  # an empty document, or one indented as a whole
         raise _Outside
     value, i, row = _block(lines, i, row)
-    if row is not None:
+    if row is not _END:
         raise _Outside
     return value
 

@@ -185,7 +185,7 @@ def _typed_plain(value: str) -> Any:
 
     The tag is the safe resolver's, the object that of the SafeConstructor function for the tag.
     """
-    tag = _RESOLVER.resolve(ScalarNode, value, (True, False))  # _resolve_tag's answer; memoised here
+    tag = _resolve_tag(ScalarNode, value, (True, False))  # what libyaml's parser asks for a plain scalar
     if tag == _STR:
         return value
     make = _SCALARS.get(tag)
@@ -487,10 +487,12 @@ def _load_lines(text: str | bytes) -> Any:
 
     Any exception means "not proved here": :func:`load_yaml` then asks libyaml.
     """
-    if isinstance(text, str):
+    if type(text) is str:  # exactly str or bytes, as libyaml's parser takes them (else TypeError)
         data = text.encode("utf-8")  # a lone surrogate raises: libyaml's answer, then
-    else:
+    elif type(text) is bytes:
         data, text = text, text.decode("utf-8")
+    else:
+        raise _Outside
     if not _LINES_OK or not data.endswith(b"\n"):
         raise _Outside
     odd = data.translate(None, _ASCII_OK)

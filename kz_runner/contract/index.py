@@ -384,8 +384,11 @@ def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | Non
         _FORK_STATE = None
         os.close(claims)
         for inbox in inboxes:
-            os.close(inbox.fd)
-            os.waitpid(inbox.pid, 0)
+            os.close(inbox.fd)  # a worker still sending now fails and ends
+            try:
+                os.waitpid(inbox.pid, 0)
+            except ChildProcessError:  # reaped already (SIGCHLD ignored)
+                pass
     missing = [kernel_id for kernel_id in kernel_ids if kernel_id not in entries]
     if missing:  # a worker died: its unsent chunks are scanned here
         entries.update(_scan(root, missing, cache, top_level=True, listings=listings))

@@ -280,19 +280,19 @@ class _Inbox:
         self.pid, self.fd = pid, fd
         self.buffer = bytearray()
         self.done = False  # the worker sent its last frame
+        self.closed = False  # the stream ended (the worker exited)
 
-    def drain(self, block: bool) -> list:
-        """Frames complete so far (all of them, to the end of the stream, when ``block``)."""
+    def drain(self) -> list:
+        """The frames complete so far (the descriptor is non-blocking: what has arrived)."""
         import pickle
 
-        if block:
-            os.set_blocking(self.fd, True)
         while True:
             try:
                 data = os.read(self.fd, 1 << 20)
             except BlockingIOError:
                 break
             if not data:
+                self.closed = True
                 break
             self.buffer += data
         frames = []
@@ -313,14 +313,17 @@ class _Inbox:
 
 def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | None,
                    workers: int, listings: dict[str, list]) -> dict[str, dict]:
-    """Entries for ``kernel_ids`` from this process and ``workers - 1`` forked ones.
+    """Entries for ``kernel_ids`` from ``workers`` forked processes.
 
-    Every process claims chunks of packages from a shared pipe of chunk numbers (so a
-    process slowed by other load simply claims fewer) and scans them; the workers send
-    their entries back as pickled frames, which this process reads between its own
-    chunks. Whatever a worker does not deliver (it died) is scanned here at the end, so
-    the result is always every entry, as a serial scan makes it.
+    Every worker claims chunks of packages from a shared pipe of chunk numbers (so a
+    worker slowed by other load simply claims fewer) and sends their entries back as
+    pickled frames, which this process decodes as they arrive (it scans nothing itself,
+    so it touches few of the pages it shares with the workers). Whatever a worker does
+    not deliver (it died) is scanned here at the end, so the result is always every
+    entry, as a serial scan makes it.
     """
+    import selectors
+
     global _FORK_STATE
     size = max(_CHUNK, -(-len(kernel_ids) // 16_000))  # the claims must fit the pipe's 64 KiB
     chunks = [kernel_ids[i:i + size] for i in range(0, len(kernel_ids), size)]
@@ -336,7 +339,7 @@ def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | Non
     entries: dict[str, dict] = {}
     _FORK_STATE = (root, cache, listings)
     try:
-        for _ in range(workers - 1):
+        for _ in range(workers):
             read_end, write_end = os.pipe()
             if hasattr(fcntl, "F_SETPIPE_SZ"):
                 try:  # room for a few frames: a worker seldom waits for this process to read
@@ -345,7 +348,7 @@ def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | Non
                     pass
             try:
                 pid = os.fork()
-            except OSError:  # no more processes now: this one scans what the others leave
+            except OSError:  # no more processes now: the others (or this one, at the end) do the rest
                 os.close(read_end)
                 os.close(write_end)
                 break
@@ -366,20 +369,21 @@ def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | Non
             os.close(write_end)
             os.set_blocking(read_end, False)
             inboxes.append(_Inbox(pid, read_end))
-        _FORK_STATE = None  # this process scans with its own counts (no per-chunk reset)
-
-        def absorb(frames: list) -> None:
-            for chunk_entries, learned in frames:
-                entries.update(chunk_entries)
-                if cache is not None and learned is not None:
-                    cache.absorb(*learned)
-
-        while (number := _claim(claims)) is not None:
-            entries.update(_scan(root, chunks[number], cache, top_level=True, listings=listings))
+        _FORK_STATE = None
+        with selectors.DefaultSelector() as selector:
             for inbox in inboxes:
-                absorb(inbox.drain(block=False))
-        for inbox in inboxes:
-            absorb(inbox.drain(block=True))
+                selector.register(inbox.fd, selectors.EVENT_READ, inbox)
+            open_streams = len(inboxes)
+            while open_streams:
+                for key, _events in selector.select():
+                    inbox = key.data
+                    for chunk_entries, learned in inbox.drain():
+                        entries.update(chunk_entries)
+                        if cache is not None and learned is not None:
+                            cache.absorb(*learned)
+                    if inbox.closed:
+                        selector.unregister(inbox.fd)
+                        open_streams -= 1
     finally:
         _FORK_STATE = None
         os.close(claims)
@@ -390,7 +394,7 @@ def _scan_parallel(root: Path, kernel_ids: list[str], cache: ContentsCache | Non
             except ChildProcessError:  # reaped already (SIGCHLD ignored)
                 pass
     missing = [kernel_id for kernel_id in kernel_ids if kernel_id not in entries]
-    if missing:  # a worker died: its unsent chunks are scanned here
+    if missing:  # a worker died (or none could start): what it did not send is scanned here
         entries.update(_scan(root, missing, cache, top_level=True, listings=listings))
     return entries
 

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
-from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
+from machine import calibration_s, machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def machine() -> dict:
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kz-bench-", dir=os.environ.get("KZ_BENCH_DIR")))
     load_start = round(os.getloadavg()[0], 2)
+    calibration_start = calibration_s()
     try:
         intake = bench_intake(work, args.intake)
         latencies, rebuild = bench_accept(work, args.packages, args.accepts)
@@ -200,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         "index_rebuild_warm_cache_s": round(rebuild["warm_cache_s"], 3),
         "packages": args.packages, "accepts": args.accepts, "intake_count": args.intake,
         "fsync": True,
-        "machine": dict(machine(), loadavg_1m_at_start=load_start),
+        "machine": dict(machine(), loadavg_1m_at_start=load_start,
+                        calibration_loop_s_at_start=calibration_start,
+                        calibration_loop_s_at_end=calibration_s()),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if args.json:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from machine import cpu_model  # noqa: E402  (benchmarks/ is sys.path[0])
+from machine import calibration_s, cpu_model  # noqa: E402  (benchmarks/ is sys.path[0])
 
 from kz_runner.contract.index import build_index, dumps, update_index, write_index  # noqa: E402
 from kz_runner.contract.index_cache import ContentsCache  # noqa: E402
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             "write_s": round(write_s, 3), "update_one_s": round(update_s, 4),
             "index_bytes": len(text.encode()), "generate_s": round(gen_s, 1),
             "cpus": os.cpu_count(), "loadavg_at_start": load_at_start,
+            "calibration_loop_s_at_end": calibration_s(),
             "loadavg_1min_min": round(min(loads), 2), "loadavg_1min_max": round(max(loads), 2),
             "python": platform.python_version(), "machine": platform.machine(), "cpu_model": cpu_model(),
         }))

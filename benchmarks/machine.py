@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 
 
 def cpu_model() -> str | None:
@@ -27,3 +28,20 @@ def machine_facts(**extra: object) -> dict:
              "platform": platform.platform(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
     facts.update(extra)
     return facts
+
+
+def calibration_s() -> float:
+    """Seconds for a fixed pure-Python loop (best of 3): how fast this machine is right now.
+
+    The development machine is a VM whose speed moves with its host's load (the same
+    code has measured 2x apart within an hour while the VM itself was idle); results
+    files carry this figure at the start and end of a run so runs can be compared.
+    """
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        total = 0
+        for i in range(2_000_000):
+            total += i
+        best = min(best, time.perf_counter() - start)
+    return round(best, 4)

@@ -39,6 +39,7 @@ class ProtocolServer:
         self.results: dict[str, dict] = {}
         self.releases: list[dict] = []
         self.renewals: list[str] = []
+        self.downloads: list[str] = []     # uuids whose package a runner fetched
         self.fail_reports = 0          # answer this many result reports with 503 first
         self.revoke_after_renewals = None  # answer LEASE_LOST once this many renewals went through
         self.claims = 0
@@ -75,6 +76,8 @@ class ProtocolServer:
                 job = outer.jobs.get(uuid)
                 if not self.path.startswith("/api/runner/package/") or job is None:
                     return self._error(404, "NOT_FOUND", self.path)
+                with outer.cond:
+                    outer.downloads.append(uuid)
                 self._send(200, raw=job["tar"], ctype="application/gzip")
 
             def do_POST(self):
@@ -333,7 +336,7 @@ def test_lease_is_renewed_and_a_lost_lease_stops_the_job(tmp_path):
 def test_sigterm_mid_job_past_the_grace_kills_and_releases(zoo, tmp_path):
     uuid = zoo.add(pack_fixture("slow", tmp_path), f"{PREFIX}/slow")
     proc = start_runner(zoo.url, tmp_path / "work", "--grace", "0.5")
-    assert zoo.wait_for(lambda: zoo.jobs[uuid]["status"] == "running", 30)
+    assert zoo.wait_for(lambda: uuid in zoo.downloads, 30)
     time.sleep(1.0)  # into the benchmark's sleep
     proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
@@ -345,7 +348,9 @@ def test_sigterm_mid_job_past_the_grace_kills_and_releases(zoo, tmp_path):
 def test_sigterm_mid_job_within_the_grace_finishes_and_reports(zoo, tmp_path):
     uuid = zoo.add(pack_fixture("slow", tmp_path), f"{PREFIX}/slow")
     proc = start_runner(zoo.url, tmp_path / "work", "--grace", "60")
-    assert zoo.wait_for(lambda: zoo.jobs[uuid]["status"] == "running", 30)
+    # mid-job: the runner has read its claim and fetched the package (a stop while the
+    # claim's answer is still on the wire ends the runner; the lease then expires)
+    assert zoo.wait_for(lambda: uuid in zoo.downloads, 30)
     proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert code == 0, err

@@ -89,7 +89,8 @@ def validate_file(path: Path, filename: str, limits, expected_kernel_id: str | N
                       problems=_problems_json(report.problems),
                       codes=[p.code for p in report.errors]), facts
     warnings = [p.code for p in report.warnings]
-    facts["metas"] = read_package_metas(path, kernel_id, limits)
+    if "metas" not in facts:  # the validator gives them when they are plain JSON, as valid ones are
+        facts["metas"] = read_package_metas(path, kernel_id, limits)
     return Outcome(True, kernel_id, arch=str(facts.get("arch") or ""), warnings=warnings,
                    details={"problems": _problems_json(report.problems)}), facts
 

@@ -126,3 +126,26 @@ def test_tail_follow_prints_events_as_a_writer_appends_them(tmp_path):
             proc.kill()
         proc.wait()
         store.close()
+
+
+def test_follow_shows_a_line_only_once_its_newline_is_written(tmp_path):
+    events_dir = tmp_path / "events"
+    events = list(simulate(random.Random(7), 3))
+    with Store.open(events_dir, fsync=False, snapshot_every=0) as store:
+        store.emit(*events[:2])
+    segment = next(events_dir.glob("*.jsonl"))
+    lines = segment.read_bytes().splitlines(keepends=True)
+    segment.write_bytes(lines[0] + lines[1][:40])  # the second line is still being written
+    steps = iter([lambda: segment.write_bytes(lines[0] + lines[1])])
+
+    def sleep(_seconds):
+        step = next(steps, None)
+        if step is None:
+            raise KeyboardInterrupt
+        step()
+
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        for event in story.follow_events(events_dir, 0, sleep=sleep):
+            seen.append(event["seq"])
+    assert seen == [1, 2]

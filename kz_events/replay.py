@@ -31,7 +31,7 @@ from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
 from kz_events.log import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import _HANDLERS, ReducerError
-from kz_events.replay_worker import check_chain, cut_group, read_group
+from kz_events.replay_worker import check_chain, cut_group, payload_array, read_group
 from kz_events.snapshot import gc_paused
 from kz_events.state import State
 
@@ -67,8 +67,7 @@ def _parse_group(group: list[bytes]) -> tuple[tuple, list[Any]] | tuple[None, li
     fields = cut_group(group)
     if fields is not None:
         try:
-            payloads = parse_json(
-                "[" + b",".join([line[11:c] for line, c in zip(group, fields[4])]).decode("utf-8") + "]")
+            payloads = parse_json(payload_array(group, fields[4]).decode("utf-8"))
             if len(payloads) == len(group):
                 return fields, payloads
         except ValueError:

@@ -37,7 +37,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["check_chain", "cut_group", "main", "messages", "read_group", "spawn"]
+__all__ = ["check_chain", "cut_group", "main", "messages", "payload_array", "read_group", "spawn", "stop"]
 
 _HEAD = b'{"payload":'
 _PREV = b',"prev":"'
@@ -68,6 +68,11 @@ def cut_group(group: list[bytes]) -> tuple | None:
         tuple([line[t:] for line, t in zip(group, tcuts)]),
         cuts,
     )
+
+
+def payload_array(group: list[bytes], cuts: list[int]) -> bytes:
+    """The JSON array text of a cut group's payloads (each runs from byte 11 to its cut)."""
+    return b"[" + b",".join([line[11:c] for line, c in zip(group, cuts)]) + b"]"
 
 
 def check_chain(fields: tuple, group: list[bytes], seq: int, h: bytes) -> list[bytes] | None:
@@ -173,9 +178,8 @@ def _vouch(group: list[bytes], seq: int, h: bytes) -> tuple[tuple | None, bytes]
     if digests is None:
         return None, hashlib.sha256(group[-1]).hexdigest().encode()
     last = digests[-1].hex().encode()
-    cuts = fields[4]
-    payloads = b"[" + b",".join([line[11:c] for line, c in zip(group, cuts)]) + b"]"
-    return (last, len(group[-1]), payloads, b" ".join(fields[2]), b"\n".join(fields[3])), last
+    return (last, len(group[-1]), payload_array(group, fields[4]), b" ".join(fields[2]),
+            b"\n".join(fields[3])), last
 
 
 def _run(events_dir: Path, segments: list[int], segment: int, offset: int, seq: int,

@@ -38,7 +38,7 @@ class RecoveryReport:
 
 def recover(zoo) -> RecoveryReport:
     """Run every recovery step on ``zoo`` (not started yet); returns what was done."""
-    from kz_daemon import accept, queue
+    from kz_daemon import queue
 
     report = RecoveryReport()
     with zoo.git_lock:

@@ -25,7 +25,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from kz_events.codec import Envelope
-from kz_events.state import TERMINAL, Kernel, Lease, State, Submission
+from kz_events.state import Kernel, Lease, State, Submission
 
 __all__ = [
     "REDUCER_VERSION", "ReducerError", "InvalidTransition", "SequenceGap",

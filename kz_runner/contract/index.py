@@ -259,7 +259,7 @@ def _claim(fd: int) -> int | None:
 
 
 def _worker(claims: int, out: int, chunks: list[list[str]]) -> None:
-    """A forked worker: scan claimed chunks, send ``(entries, learned)`` frames, then ``None``."""
+    """A forked worker: scan claimed chunks and send an ``(entries, learned)`` frame for each."""
     import pickle
 
     def send(value: Any) -> None:
@@ -270,7 +270,6 @@ def _worker(claims: int, out: int, chunks: list[list[str]]) -> None:
 
     while (number := _claim(claims)) is not None:
         send(_scan_chunk(chunks[number]))
-    send(None)  # the end: a worker that dies before it leaves its chunks to the parent
 
 
 class _Inbox:
@@ -279,7 +278,6 @@ class _Inbox:
     def __init__(self, pid: int, fd: int) -> None:
         self.pid, self.fd = pid, fd
         self.buffer = bytearray()
-        self.done = False  # the worker sent its last frame
         self.closed = False  # the stream ended (the worker exited)
 
     def drain(self) -> list:
@@ -305,9 +303,6 @@ class _Inbox:
                 frames.append(pickle.loads(view[at + _FRAME:at + _FRAME + size]))
             at += _FRAME + size
         del self.buffer[:at]
-        if frames and frames[-1] is None:
-            self.done = True
-            frames.pop()
         return frames
 
 

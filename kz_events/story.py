@@ -121,9 +121,8 @@ def follow_events(events_dir: Path | str, after_seq: int, *, poll_s: float = 0.5
         if segment is not None:
             offset = yield from _new_events(events_dir, segment, offset, after_seq)
             later = [s for s in segments if s > segment]
-            if later:  # the writer moved on: finish this segment, then go to the next
-                offset = yield from _new_events(events_dir, segment, offset, after_seq)
-                segment, offset = later[0], 0
+            if later:  # the writer moved on; it starts a segment only after finishing the
+                segment, offset = later[0], 0  # last, so the read above took all of that one
                 continue
         sleep(poll_s)
 

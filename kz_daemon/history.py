@@ -18,6 +18,8 @@ import yaml
 from dulwich.object_store import tree_lookup_path
 from dulwich.repo import Repo
 
+from kz_daemon import scorecard
+
 SEED_SHA = "0000000"
 
 
@@ -166,10 +168,10 @@ def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
     if raw is None:
         return None
     try:
-        doc = yaml.safe_load(raw)
+        doc = scorecard.load(raw)  # None unless a mapping
     except yaml.YAMLError:
         return None
-    if not isinstance(doc, dict):
+    if doc is None:
         return None
     metrics: dict[str, dict[str, float]] = {}
     source, submitter, recorded = "", "", ""

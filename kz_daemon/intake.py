@@ -122,15 +122,9 @@ def policy_check(outcome: Outcome, facts: dict, git, allow_new: bool) -> Outcome
         return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
                       "a package cannot contain packages", kernel_id=kid)
     if exists:
-        import yaml
+        from kz_daemon.queue import desc_is_frozen
 
-        from kz_daemon.scorecard import load as load_yaml
-
-        try:
-            head_desc = load_yaml(head_desc_raw) or {}
-        except yaml.YAMLError:
-            head_desc = {}
-        if isinstance(head_desc, dict) and head_desc.get("status") == "frozen":
+        if desc_is_frozen(head_desc_raw):
             return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
                           "no submissions", where="repo")
     if facts.get("status") == "frozen":

@@ -92,9 +92,13 @@ def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
 
 def is_frozen(git, kernel_id: str) -> bool:
     """Whether the package's desc.yaml at HEAD says ``status: frozen``."""
+    return desc_is_frozen(git.read_file(f"{kernel_id}/{KP}/desc.yaml"))
+
+
+def desc_is_frozen(raw: bytes | None) -> bool:
+    """Whether desc.yaml's bytes say ``status: frozen`` (False for no file or unreadable YAML)."""
     import yaml
 
-    raw = git.read_file(f"{kernel_id}/{KP}/desc.yaml")
     if raw is None:
         return False
     try:

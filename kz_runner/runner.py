@@ -121,30 +121,33 @@ class LeaseKeeper(threading.Thread):
         self._stop_event.set()
 
 
-def make_non_dumpable() -> bool:
-    """``prctl(PR_SET_DUMPABLE, 0)``: other non-root processes of the same user (the
-    package's steps included) can no longer read this process's memory or
-    ``/proc/<pid>/environ``. Best effort; False where unavailable."""
+_PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)`` on Linux; False where it is unavailable or refused."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE = 4
+        return libc.prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def make_non_dumpable() -> bool:
+    """``prctl(PR_SET_DUMPABLE, 0)``: other non-root processes of the same user (the
+    package's steps included) can no longer read this process's memory or
+    ``/proc/<pid>/environ``. Best effort; False where unavailable."""
+    return _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def become_subreaper() -> bool:
     """``prctl(PR_SET_CHILD_SUBREAPER, 1)``: a process a job leaves behind by escaping its
     process group (double fork + ``setsid``) is re-parented to the runner instead of
     init, so :func:`reap_strays` can find and kill it. False where unavailable."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER = 36
-    except (OSError, AttributeError):
-        return False
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def _children_of(pid: int) -> list[int]:

@@ -9,7 +9,7 @@ import yaml
 from kz_daemon.errors import ZooError
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, drop_queued_axpy
 
 OTHER = "cpu/Elementwise/Axpy/fp32/other_impl"
 THIRD = "cpu/Elementwise/Axpy/fp32/third_impl"
@@ -43,12 +43,7 @@ def zoo(tmp_path, clock):
     z.stop()
 
 
-def queue(zoo, kernel_id, name):
-    before = set(zoo.store.state.submissions)
-    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
-    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
-    assert zoo.wait_intake(sub_uuid, 30).status == "queued"
-    return sub_uuid
+queue = drop_queued_axpy
 
 
 def test_arch_must_match(zoo):

@@ -12,7 +12,7 @@ import pytest
 from kz_daemon.errors import ZooError
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.daemon import EXAMPLES, axpy_result, drop_queued_axpy
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 
 NEW = "cpu/Elementwise/Axpy/fp32/retry_impl"
@@ -30,11 +30,7 @@ def zoo(tmp_path):
 
 
 def queued(zoo, name, kernel_id=NEW):
-    before = set(zoo.store.state.submissions)
-    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
-    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
-    assert zoo.wait_intake(sub_uuid, 30).status == "queued"
-    return sub_uuid
+    return drop_queued_axpy(zoo, kernel_id, name)
 
 
 def test_repeat_of_an_accepted_report_answers_the_view_and_writes_nothing(zoo):

@@ -1,7 +1,6 @@
 """The rejection suite: hostile and malformed drops, each with its specific code, nothing in the repo."""
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
@@ -12,8 +11,7 @@ import pytest
 from kz_daemon.gitstore import GitStore, format_message
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
-from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_into_inbox, package_files, AXPY_DIR, \
-    tarball_bytes, wait_for
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_and_decide, package_files, AXPY_DIR, wait_for
 
 KID = "cpu/Elementwise/Axpy/fp32/hostile"
 FROZEN_ID = "cpu/Elementwise/Axpy/fp32/frozen_pkg"
@@ -194,12 +192,7 @@ def zoo(tmp_path_factory):
     z.stop()
 
 
-def _decide(zoo, name, data, meta=None):
-    before = set(zoo.store.state.submissions)
-    drop_into_inbox(zoo.config.paths.spool, name, data, meta)
-    new = wait_for(lambda: set(zoo.store.state.submissions) - before)
-    (sub_uuid,) = new
-    return zoo.wait_intake(sub_uuid, 30)
+_decide = drop_and_decide
 
 
 @pytest.mark.parametrize("case,build,code", CASES, ids=[c[0] for c in CASES])

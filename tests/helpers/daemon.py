@@ -126,12 +126,24 @@ def axpy_result(kernel_id: str, latency: float = 1.0, *, accept: bool = True, co
             "overall": {"accept": accept, "build_ok": True, "accept_reason": "test"}, "cases": cases}
 
 
+def drop_and_decide(zoo, name: str, data: bytes, meta: dict | None = None):
+    """Drop ``data`` into ``zoo``'s inbox as ``name``; the submission's view once intake decided it."""
+    before = set(zoo.store.state.submissions)
+    drop_into_inbox(zoo.config.paths.spool, name, data, meta)
+    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
+    return zoo.wait_intake(sub_uuid, 30)
+
+
+def drop_queued_axpy(zoo, kernel_id: str, name: str) -> str:
+    """Drop an Axpy tarball for ``kernel_id`` and return its uuid once it is queued."""
+    view = drop_and_decide(zoo, f"{name}.tar.gz", axpy_tarball(kernel_id))
+    assert view.status == "queued", view.reasons
+    return view.uuid
+
+
 def accept_axpy(zoo, kernel_id: str, name: str, latency: float = 1.0):
     """Drop an Axpy tarball for ``kernel_id``, claim it as runner ``r`` and report an accepting result."""
-    before = set(zoo.store.state.submissions)
-    drop_into_inbox(zoo.config.paths.spool, f"{name}.tar.gz", axpy_tarball(kernel_id))
-    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
-    zoo.wait_intake(sub_uuid, 30)
+    sub_uuid = drop_and_decide(zoo, f"{name}.tar.gz", axpy_tarball(kernel_id)).uuid
     claim = zoo.claim("r", "cpu", 5)
     view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(kernel_id, latency), b"", {}, None)
     assert view.status == "accepted", view.reasons

@@ -5,27 +5,35 @@
     store = Store.open(events_dir, clock=time.time)  # lock, torn-tail repair, snapshot + tail replay
     store.state                                      # current State (read-only; see below)
     seqs = store.emit(ev1, ev2, ...)                 # fold (all or nothing), append durably, publish
+    seqs = await store.emit_async(ev1, ...)          # the same from a coroutine
+    ticket = store.submit(ev1, ...)                  # fold and queue now ...
+    ticket.wait() / await ticket.wait_async()        # ... durable later (after releasing a lock)
     store.wait_for_change(after_seq, timeout) -> int # long poll on the durable seq
     store.snapshot()                                 # write a snapshot now
     store.close()
 
-``emit`` folds the events into the state under the store's lock, in order; if
+``submit`` folds the events into the state under the store's lock, in order; if
 the reducer refuses one (``InvalidTransition``) the state is restored and nothing
-is written. The encoded lines are then made durable by group commit (leader and
-followers): an emitter that finds no commit in progress leads one: it writes
-every line queued so far, fsyncs once, and wakes exactly the emitters of those
-lines; emits arriving meanwhile wait, and the first of them is promoted to lead
-the next commit. ``emit`` returns only after its lines are fsync-ed.
-``wait_for_change`` only ever reports durable seqs.
+is queued. The encoded lines are then made durable by group commit: whoever finds
+no commit in progress leads one: it writes every line queued so far, fsyncs once,
+and wakes the waiters whose lines are now durable. A waiting thread blocks and is
+woken, or is promoted to lead the next commit (a lone emitter does its own write).
+A waiting coroutine awaits a future; a committer thread leads for coroutines and
+resolves all the futures of one event loop with one call, so many coroutines
+share an fsync without a thread switch each. ``emit`` is ``submit`` then ``wait``
+and returns only after its lines are fsync-ed. ``wait_for_change`` only ever
+reports durable seqs.
 
-``store.state`` is mutated in place by ``emit``; a reader that needs a consistent
+``store.state`` is mutated in place by ``submit``; a reader that needs a consistent
 view of several fields takes ``with store.lock:``. It may include events whose
-fsync is still in progress (they are durable by the time their ``emit`` returns).
+fsync is still in progress (their ``emit`` has not returned yet); a caller must not
+tell anyone outside the process about its events before its ticket is waited for.
 If a write or fsync fails the store is broken (``StoreBroken``): every later call
 raises and the process should restart, which replays the log from disk.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -39,7 +47,7 @@ from kz_events.replay import replay_into
 from kz_events.snapshot import encode_snapshot, load_newest, write_snapshot
 from kz_events.state import State
 
-__all__ = ["Store", "StoreClosed", "StoreBroken", "OpenReport"]
+__all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "OpenReport"]
 
 
 class StoreClosed(RuntimeError):
@@ -53,13 +61,56 @@ class StoreBroken(RuntimeError):
 class _Waiter:
     """An emitter waiting for its lines: woken to return, or promoted to lead the next commit."""
 
-    __slots__ = ("lock", "lead", "abandoned")
+    __slots__ = ("lock", "last", "lead", "abandoned")
 
-    def __init__(self) -> None:
+    def __init__(self, last: int) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
+        self.last = last          # woken once this seq is durable
         self.lead = False
         self.abandoned = False
+
+
+class Ticket:
+    """Events folded and queued by ``Store.submit``: their seqs, and the wait until they are durable."""
+
+    __slots__ = ("_store", "seqs")
+
+    def __init__(self, store: "Store", seqs: list[int]) -> None:
+        self._store = store
+        self.seqs = seqs
+
+    def wait(self) -> list[int]:
+        """Block until the lines are durable (joining, or leading, the group commit); the seqs."""
+        if self.seqs:
+            self._store._join_commit(self.seqs[-1])
+            self._store._after_durable(self.seqs[-1])
+        return self.seqs
+
+    async def wait_async(self) -> list[int]:
+        """``wait`` for a coroutine: awaits a future that the commit's writer resolves."""
+        if self.seqs:
+            await self._store._await_commit(self.seqs[-1])
+            self._store._after_durable(self.seqs[-1])
+        return self.seqs
+
+
+def _resolve_futures(ready: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
+    """Resolve futures of durable lines: one call into each loop (from the commit's thread)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+    for _last, loop, future in ready:
+        by_loop.setdefault(loop, []).append(future)
+    for loop, futures in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_done, futures)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+
+def _set_done(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():  # a cancelled waiter
+            future.set_result(None)
 
 
 class OpenReport(dict):
@@ -82,8 +133,12 @@ class Store:
         self._cond = threading.Condition()     # durable seq, broken/closed (long polls wait here)
         self._queue = threading.Lock()         # pending lines, their waiters, who leads
         self._pending: list[tuple[int, bytes, str]] = []
-        self._waiters: list[_Waiter] = []
+        self._waiters: list[_Waiter] = []      # threads waiting for their lines
+        self._futures: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]] = []  # coroutines
         self._leading = False                  # a group commit is in progress
+        self._kick = threading.Semaphore(0)    # wakes the committer thread to lead for coroutines
+        self._committer: threading.Thread | None = None
+        self._committer_stop = False
         self._hash = log.tail.hash             # hash of the last folded line
         self._durable_seq = state.seq
         self._broken: BaseException | None = None
@@ -167,47 +222,55 @@ class Store:
     def emit(self, *events: Event) -> list[int]:
         """Fold ``events`` (all or none), append them durably, return their seqs.
 
-        Raises ``InvalidTransition``/``SequenceGap`` (nothing written, state
-        unchanged), TypeError/ValueError for something that is not a valid event,
-        ``StoreClosed``/``StoreBroken``.
+        ``submit(*events).wait()``. Raises ``InvalidTransition``/``SequenceGap``
+        (nothing written, state unchanged), TypeError/ValueError for something that
+        is not a valid event, ``StoreClosed``/``StoreBroken``.
         """
         if not events:
             return []
-        waiter = None
+        return self.submit(*events).wait()
+
+    async def emit_async(self, *events: Event) -> list[int]:
+        """``emit`` for a coroutine: the loop's thread folds, the durable wait is awaited.
+
+        Many coroutines emitting at once share one fsync, and no thread is woken
+        per event: the commit's writer resolves every waiting future of one loop
+        with one call. If another thread holds ``store.lock`` (a snapshot being
+        encoded, a caller's consistent read) the fold runs in a worker thread
+        instead, so the loop never blocks on the lock.
+        """
+        if not events:
+            return []
+        if self.lock.acquire(blocking=False):
+            try:
+                ticket = self.submit(*events)
+            finally:
+                self.lock.release()
+        else:
+            ticket = await asyncio.to_thread(self.submit, *events)
+        return await ticket.wait_async()
+
+    def append_many(self, events: list[Event]) -> list[int]:
+        """``emit(*events)``: one fold, one write, one fsync for the whole batch."""
+        return self.emit(*events)
+
+    def submit(self, *events: Event) -> "Ticket":
+        """Fold ``events`` (all or none) and queue their lines; the lines are not durable yet.
+
+        The caller must ``wait()`` (or ``await ticket.wait_async()``) before telling
+        anyone outside the process about them. The split lets a caller make a
+        decision and its events one step under its own lock, then wait for the
+        fsync after releasing it, so that concurrent decisions share one fsync.
+        Raises as ``emit`` does; a ticket of no events is already durable.
+        """
+        if not events:
+            return Ticket(self, [])
         with self.lock:
             self._check_usable()
             records = self._fold(events)
             with self._queue:
                 self._pending.extend(records)
-                if self._leading:
-                    waiter = _Waiter()
-                    self._waiters.append(waiter)
-                else:
-                    self._leading = True
-        if waiter is not None:
-            try:
-                waiter.lock.acquire()  # released when our lines are durable, or to lead
-            except BaseException:  # e.g. KeyboardInterrupt: never leave a commit leaderless
-                with self._queue:
-                    waiter.abandoned = not waiter.lead
-                if waiter.lead:
-                    self._lead()
-                raise
-            if waiter.lead:
-                waiter = None
-        if waiter is None:
-            self._lead()
-        if self._broken is not None and self._durable_seq < records[-1][0]:
-            raise StoreBroken(f"appending to {self._log.dir} failed: {self._broken!r}; "
-                              "restart to reopen the log") from self._broken
-        last = records[-1][0]
-        if self._snapshot_every and last - self._last_snapshot_seq >= self._snapshot_every:
-            self._periodic_snapshot()
-        return [r[0] for r in records]
-
-    def append_many(self, events: list[Event]) -> list[int]:
-        """``emit(*events)``: one fold, one write, one fsync for the whole batch."""
-        return self.emit(*events)
+        return Ticket(self, [r[0] for r in records])
 
     def _fold(self, events: tuple[Event, ...]) -> list[tuple[int, bytes, str]]:
         state = self._state
@@ -245,18 +308,86 @@ class Store:
             raise StoreBroken(f"a write to {self._log.dir} failed earlier: {self._broken!r}; "
                               "restart to reopen the log") from self._broken
 
+    def _raise_if_lost(self, last: int) -> None:
+        if self._broken is not None and self._durable_seq < last:
+            raise StoreBroken(f"appending to {self._log.dir} failed: {self._broken!r}; "
+                              "restart to reopen the log") from self._broken
+
+    def _join_commit(self, last: int) -> None:
+        """Block until seq ``last`` is durable, leading a commit when none is in progress."""
+        with self._queue:
+            if self._durable_seq >= last or self._broken is not None:
+                waiter = lead = None
+            elif self._leading:
+                waiter, lead = _Waiter(last), None
+                self._waiters.append(waiter)
+            else:
+                self._leading = True
+                waiter, lead = None, True
+        if waiter is not None:
+            try:
+                waiter.lock.acquire()  # released when our lines are durable, or to lead
+            except BaseException:  # e.g. KeyboardInterrupt: never leave a commit leaderless
+                with self._queue:
+                    waiter.abandoned = not waiter.lead
+                if waiter.lead:
+                    self._lead()
+                raise
+            lead = waiter.lead
+        if lead:
+            self._lead()
+        self._raise_if_lost(last)
+
+    async def _await_commit(self, last: int) -> None:
+        """``_join_commit`` for a coroutine: the committer thread leads, a future is awaited."""
+        loop = asyncio.get_running_loop()
+        with self._queue:
+            if self._durable_seq >= last or self._broken is not None:
+                future = kick = None
+            else:
+                future = loop.create_future()
+                self._futures.append((last, loop, future))
+                kick = not self._leading
+                if kick:
+                    self._leading = True
+                    self._start_committer()
+        if kick:
+            self._kick.release()
+        if future is not None:
+            await future  # cancelled: the lines are committed all the same
+        self._raise_if_lost(last)
+
+    def _start_committer(self) -> None:
+        """Start the thread that leads commits for coroutines (under ``_queue``; once)."""
+        if self._committer is None:
+            self._committer = threading.Thread(target=self._commit_loop, name="kz-events-commit",
+                                               daemon=True)
+            self._committer.start()
+
+    def _commit_loop(self) -> None:
+        while True:
+            self._kick.acquire()
+            if self._committer_stop:
+                return
+            self._lead()
+
+    def _after_durable(self, last: int) -> None:
+        if self._snapshot_every and last - self._last_snapshot_seq >= self._snapshot_every:
+            self._periodic_snapshot()
+
     def _lead(self) -> None:
         """Group commit: write every pending line, fsync once, wake the emitters of those lines.
 
-        Emits that arrive during the fsync queue up as waiters; the first of them
-        is promoted to lead the next commit, so there is never a writer thread and
-        a lone emitter does its own write. After a failed write nothing more is
-        written (the file's end is unknown): the store is broken.
+        Emits that arrive during the fsync queue up as waiters (threads) or
+        futures (coroutines). Thread waiters whose lines are durable are woken;
+        the first still waiting is promoted to lead the next commit, so a lone
+        emitter does its own write. Futures are resolved with one call per loop.
+        After a failed write nothing more is written (the file's end is unknown):
+        the store is broken and every waiter is woken to raise.
         """
         while True:
             with self._queue:
                 records, self._pending = self._pending, []
-                waiters, self._waiters = self._waiters, []
             if records and self._broken is None:
                 try:
                     self._log.append(records)
@@ -266,8 +397,18 @@ class Store:
                 if records and self._broken is None:
                     self._durable_seq = records[-1][0]
                 self._cond.notify_all()
-            for waiter in waiters:
+            durable = self._durable_seq if self._broken is None else float("inf")
+            with self._queue:
+                done = [w for w in self._waiters if w.last <= durable]
+                if done:
+                    self._waiters = [w for w in self._waiters if w.last > durable]
+                ready = [f for f in self._futures if f[0] <= durable]
+                if ready:
+                    self._futures = [f for f in self._futures if f[0] > durable]
+            for waiter in done:
                 waiter.lock.release()
+            if ready:
+                _resolve_futures(ready)
             with self._queue:
                 while self._waiters and self._waiters[0].abandoned:
                     self._waiters.pop(0).lock.release()
@@ -276,18 +417,9 @@ class Store:
                     successor.lead = True
                     successor.lock.release()
                     return
-                if not self._pending:  # else: lines of abandoned waiters, commit them too
+                if not self._pending:  # else: lines of coroutines or abandoned waiters
                     self._leading = False
                     return
-
-    def _wait_durable(self, target: int) -> None:
-        """Block until ``target`` is durable (raises StoreBroken after a failed write)."""
-        with self._cond:
-            while self._durable_seq < target:
-                if self._broken is not None:
-                    raise StoreBroken(f"appending to {self._log.dir} failed: {self._broken!r}; "
-                                      "restart to reopen the log") from self._broken
-                self._cond.wait(1.0)
 
     # --- snapshots ------------------------------------------------------------------
 
@@ -296,7 +428,7 @@ class Store:
         with self._snapshot_lock:
             with self.lock:
                 self._check_usable()
-                self._wait_durable(self._state.seq)
+                self._join_commit(self._state.seq)
                 pos = self._log.tail
                 data = encode_snapshot(self._state, pos, REDUCER_VERSION)
             path = write_snapshot(self._log.dir, pos.seq, data, keep=self._snapshot_keep,
@@ -322,7 +454,7 @@ class Store:
     def position(self) -> Position:
         """Where the last durable event lies in the log (seq, hash, segment, offsets)."""
         with self.lock:
-            self._wait_durable(self._state.seq)
+            self._join_commit(self._state.seq)
             return self._log.tail
 
     # --- closing ------------------------------------------------------------------
@@ -337,12 +469,17 @@ class Store:
                 return
             if self._broken is None:
                 try:
-                    self._wait_durable(self._state.seq)
+                    self._join_commit(self._state.seq)
                 except StoreBroken:
                     pass
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()
+            with self._queue:
+                committer, self._committer_stop = self._committer, True
+            if committer is not None:
+                self._kick.release()
+                committer.join()
             self._log.close()
 
     def __enter__(self) -> "Store":

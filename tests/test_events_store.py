@@ -397,8 +397,8 @@ def test_an_emitter_interrupted_while_waiting_leaves_no_commit_leaderless(tmp_pa
     class FlakyWaiter(store_module._Waiter):
         __slots__ = ()
 
-        def __init__(self):
-            super().__init__()
+        def __init__(self, last):
+            super().__init__(last)
             self.lock = FlakyLock(self.lock)
 
     store = Store.open(tmp_path / "events", fsync=False)
@@ -425,3 +425,168 @@ def test_an_emitter_interrupted_while_waiting_leaves_no_commit_leaderless(tmp_pa
     assert store.emit(*received("u3")) == [5, 6]  # no hang: the commit had a leader
     store.close()
     assert set(replay_dir(tmp_path / "events").submissions) == {"u1", "u2", "u3"}
+
+
+# --- submit / wait, and coroutines ----------------------------------------------------
+
+def _hold_first_append(monkeypatch, until):
+    """Make the first EventLog.append wait until ``until()`` is true; returns the batch sizes."""
+    batches: list[int] = []
+    real_append = EventLog.append
+
+    def append(self, records):
+        batches.append(len(records))
+        if len(batches) == 1:
+            deadline = time.monotonic() + 20
+            while not until() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return real_append(self, records)
+
+    monkeypatch.setattr(EventLog, "append", append)
+    return batches
+
+
+def test_coroutines_emitting_share_fsyncs_and_lose_nothing(tmp_path, monkeypatch):
+    import asyncio
+
+    store = Store.open(tmp_path / "events", snapshot_every=0)
+    coroutines = 50
+    # the first commit is held until every coroutine waits: the rest must share one more fsync
+    batches = _hold_first_append(monkeypatch, lambda: len(store._futures) >= coroutines)
+
+    async def one(i: int) -> list[int]:
+        return await store.emit_async(*received(f"c{i}"))
+
+    async def main():
+        return await asyncio.gather(*[one(i) for i in range(coroutines)])
+
+    results = asyncio.run(main())
+    assert sorted(s for r in results for s in r) == list(range(1, 2 * coroutines + 1))
+    assert all(r == [r[0], r[0] + 1] for r in results)
+    assert sum(batches) == 2 * coroutines and len(batches) <= 2
+    assert store.seq == 2 * coroutines
+    store.close()
+    assert replay_dir(tmp_path / "events") == store.state
+
+
+def test_threads_and_coroutines_emitting_together_lose_nothing(tmp_path):
+    import asyncio
+
+    events_dir = tmp_path / "events"
+    store = Store.open(events_dir, segment_bytes=8_000, snapshot_every=0)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def thread_work(t: int) -> None:
+        for i in range(30):
+            seqs = store.emit(*received(f"t{t}-{i}"))
+            with lock:
+                got.extend(seqs)
+
+    async def coroutine_work(c: int) -> None:
+        for i in range(30):
+            seqs = await store.emit_async(*received(f"c{c}-{i}"))
+            assert store.seq >= seqs[-1]  # durable when the await returns
+            got.extend(seqs)
+
+    async def main():
+        await asyncio.gather(*[coroutine_work(c) for c in range(8)])
+
+    threads = [threading.Thread(target=thread_work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    asyncio.run(main())
+    for t in threads:
+        t.join(30)
+    store.close()
+    assert sorted(got) == list(range(1, 2 * 30 * 12 + 1))
+    assert len(list_segments(events_dir)) > 1
+    assert replay_dir(events_dir) == store.state
+
+
+def test_a_submitted_ticket_is_durable_after_wait_and_committed_by_close(tmp_path):
+    events_dir = tmp_path / "events"
+    store = Store.open(events_dir)
+    ticket = store.submit(*received("u1"))
+    assert ticket.seqs == [1, 2] and store.state.seq == 2 and store.seq == 0  # folded, not durable
+    assert ticket.wait() == [1, 2] and store.seq == 2
+    store.submit(*received("u2"))                  # never waited for
+    assert store.submit().wait() == []
+    store.close()                                  # close commits it
+    assert replay_dir(events_dir).seq == 4
+
+
+def test_emit_async_does_not_block_the_loop_while_another_thread_holds_the_state_lock(tmp_path):
+    import asyncio
+
+    store = Store.open(tmp_path / "events", fsync=False)
+    holding, release = threading.Event(), threading.Event()
+
+    def holder():
+        with store.lock:       # like a snapshot being encoded
+            holding.set()
+            release.wait(20)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert holding.wait(10)
+
+    async def main():
+        ticks = 0
+        task = asyncio.ensure_future(store.emit_async(*received("u1")))
+        while ticks < 20:       # the loop keeps running while the fold waits for the lock
+            await asyncio.sleep(0.005)
+            ticks += 1
+        assert not task.done()
+        release.set()
+        return await asyncio.wait_for(task, 20)
+
+    assert asyncio.run(main()) == [1, 2]
+    thread.join(10)
+    store.close()
+
+
+def test_a_failed_fsync_fails_the_awaiting_coroutines(tmp_path, monkeypatch):
+    import asyncio
+
+    store = Store.open(tmp_path / "events")
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(log_module.os, "fdatasync", broken)
+
+    async def main():
+        return await asyncio.gather(*[store.emit_async(*received(f"u{i}")) for i in range(5)],
+                                    return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert outcomes and all(isinstance(o, StoreBroken) for o in outcomes)
+    monkeypatch.undo()
+    with pytest.raises(StoreBroken):
+        asyncio.run(store.emit_async(*received("u9")))
+    store.close()
+
+
+def test_a_cancelled_coroutine_s_events_are_still_committed(tmp_path, monkeypatch):
+    import asyncio
+
+    store = Store.open(tmp_path / "events", snapshot_every=0)
+    gate = threading.Event()
+    _hold_first_append(monkeypatch, gate.is_set)
+
+    async def main():
+        first = asyncio.ensure_future(store.emit_async(*received("u1")))
+        while not store._leading:
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(store.emit_async(*received("u2")))
+        await asyncio.sleep(0.01)
+        second.cancel()
+        gate.set()
+        assert await first == [1, 2]
+        with pytest.raises(asyncio.CancelledError):
+            await second
+
+    asyncio.run(main())
+    store.close()
+    assert set(replay_dir(tmp_path / "events").submissions) == {"u1", "u2"}

@@ -77,17 +77,19 @@ def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
                     continue
                 lease_id = uuidlib.uuid4().hex
                 expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
-                zoo.store.emit(ev.JobClaimed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
-                                             lease_expires_at=expires, attempt=attempts + 1))
-                zoo.note_runner(runner_id, arch)
-                t = zoo.config.timeouts
-                return Claim(sub_uuid, kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
-                             attempts + 1, sub_arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
+                ticket = zoo.store.submit(ev.JobClaimed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
+                                                        lease_expires_at=expires, attempt=attempts + 1))
+                break
         zoo.note_runner(runner_id, arch)
         remaining = deadline - time.monotonic()
         if remaining <= 0 or zoo.stopping:
             return None
         zoo.store.wait_for_change(seq, min(remaining, 1.0))
+    ticket.wait()  # outside zoo.lock: concurrent decisions share one fsync
+    zoo.note_runner(runner_id, arch)
+    t = zoo.config.timeouts
+    return Claim(sub_uuid, kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
+                 attempts + 1, sub_arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
 
 
 def is_frozen(git, kernel_id: str) -> bool:
@@ -124,14 +126,29 @@ def check_lease(zoo, sub_uuid: str, runner_id: str, lease_id: str | None):
 
 def renew(zoo, sub_uuid: str, runner_id: str, lease_id: str) -> float:
     """Extend the lease; returns the new expiry (epoch seconds). LEASE_LOST when it is gone."""
+    return durable(decide_renew(zoo, sub_uuid, runner_id, lease_id))
+
+
+def durable(decision: tuple):
+    """The value of a ``decide_*`` function's ``(value, ticket)`` once its events are durable."""
+    value, ticket = decision
+    ticket.wait()
+    return value
+
+
+# The decide_* functions make a decision and submit its events under zoo.lock, with no
+# I/O, and return (value, ticket): the caller waits for the ticket after zoo.lock is
+# released (``durable``, or ``Zoo.decide_async`` on the HTTP loop), so that concurrent
+# decisions share one fsync instead of queueing behind each other's.
+def decide_renew(zoo, sub_uuid: str, runner_id: str, lease_id: str):
+    """``renew``'s decision: (new expiry, ticket)."""
     from kz_events import events as ev
 
     with zoo.lock:
         check_lease(zoo, sub_uuid, runner_id, lease_id)
         expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
-        zoo.store.emit(ev.JobLeaseRenewed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
-                                          lease_expires_at=expires))
-        return expires
+        return expires, zoo.store.submit(ev.JobLeaseRenewed(uuid=sub_uuid, runner_id=runner_id,
+                                                            lease_id=lease_id, lease_expires_at=expires))
 
 
 def _exhausted(zoo, sub) -> list:
@@ -146,12 +163,17 @@ def _exhausted(zoo, sub) -> list:
 
 def release(zoo, sub_uuid: str, runner_id: str, lease_id: str, reason: str) -> None:
     """The runner gives the job back: queued again (attempt counted), or failed when attempts are spent."""
+    durable(decide_release(zoo, sub_uuid, runner_id, lease_id, reason))
+
+
+def decide_release(zoo, sub_uuid: str, runner_id: str, lease_id: str, reason: str):
+    """``release``'s decision: (None, ticket)."""
     from kz_events import events as ev
 
     with zoo.lock:
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
-        zoo.store.emit(ev.JobReleased(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
-                                      reason=reason or "released"), *_exhausted(zoo, sub))
+        return None, zoo.store.submit(ev.JobReleased(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
+                                                     reason=reason or "released"), *_exhausted(zoo, sub))
 
 
 def reap(zoo, now: float | None = None) -> int:
@@ -175,6 +197,11 @@ def reap(zoo, now: float | None = None) -> int:
 
 def cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
     """Cancel a submission that has not reached its accept saga; CONFLICT once it has."""
+    durable(decide_cancel(zoo, sub_uuid, by, reason))
+
+
+def decide_cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled"):
+    """``cancel``'s decision: (None, ticket)."""
     from kz_events import events as ev
 
     with zoo.lock, zoo.store.lock:
@@ -185,7 +212,7 @@ def cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
                 sub.status == "running" and sub.result is not None):
             raise ZooError("CONFLICT", f"submission {sub_uuid} is {sub.status}; only received, queued "
                            "or running submissions can be cancelled", {"status": sub.status})
-        zoo.store.emit(ev.JobCancelled(uuid=sub_uuid, by=by, reason=reason))
+        return None, zoo.store.submit(ev.JobCancelled(uuid=sub_uuid, by=by, reason=reason))
 
 
 # -- the runner's tarball -----------------------------------------------------------

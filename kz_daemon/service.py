@@ -5,13 +5,16 @@ runs recovery, then the threads: the intake (woken by the watchdog observer and
 a periodic rescan), the lease reaper, the worktree/index syncer and the mirror
 pusher. Every public method is thread-safe: decisions that read the state and
 emit an event hold ``zoo.lock``; every git access holds ``zoo.git_lock`` (the
-accept saga holds it for its commits).
+accept saga holds it for its commits). The queue's decisions fold their events
+under ``zoo.lock`` and wait for the fsync after releasing it, so concurrent
+requests share fsyncs; the HTTP loop runs them through ``decide_async``.
 
 Status comes only from the fold of the event log (``store.state``); this class
 keeps no workflow fields of its own (runners seen is a counter for the queue view).
 """
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import threading
@@ -307,6 +310,46 @@ class Zoo:
         """Cancel a submission before its accept saga; its view."""
         queue.cancel(self, sub_uuid, by, reason)
         return self.submission(sub_uuid)
+
+    # -- the same decisions for the HTTP loop --------------------------------------------------
+    async def renew_async(self, sub_uuid: str, runner_id: str, lease_id: str) -> float:
+        """``renew`` for a coroutine (see ``decide_async``)."""
+        return await self.decide_async(queue.decide_renew, sub_uuid, runner_id, lease_id)
+
+    async def release_async(self, sub_uuid: str, runner_id: str, lease_id: str,
+                            reason: str = "released") -> None:
+        """``release`` for a coroutine (see ``decide_async``)."""
+        await self.decide_async(queue.decide_release, sub_uuid, runner_id, lease_id, reason)
+
+    async def cancel_async(self, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
+        """``queue.cancel`` for a coroutine (see ``decide_async``)."""
+        await self.decide_async(queue.decide_cancel, sub_uuid, by, reason)
+
+    async def decide_async(self, decide: Callable[..., tuple[Any, Any]], *args: Any) -> Any:
+        """Run ``decide(zoo, *args)`` (a ``queue.decide_*``: state checks and events, no I/O) and
+        await the fsync of its events.
+
+        When ``zoo.lock`` and ``store.lock`` are both free the decision runs on the
+        loop's own thread (microseconds) and the fsync is awaited, not waited for by
+        a thread: many requests then share one fsync with no thread switch each.
+        When either lock is held (an accept saga, a snapshot being encoded) it runs
+        in a worker thread instead, so the loop never blocks on a lock.
+        """
+        held = []
+        for lock in (self.lock, self.store.lock):  # the documented lock order
+            if not lock.acquire(blocking=False):
+                break
+            held.append(lock)
+        try:
+            decision = decide(self, *args) if len(held) == 2 else None
+        finally:
+            for lock in reversed(held):
+                lock.release()
+        if decision is None:
+            decision = await asyncio.to_thread(decide, self, *args)
+        value, ticket = decision
+        await ticket.wait_async()
+        return value
 
     # -- read models ----------------------------------------------------------------------------
     def index(self) -> dict:

@@ -121,6 +121,102 @@ def test_cancel_rules(zoo):
     assert info.value.code == "NOT_FOUND"
 
 
+def _hold_appends(monkeypatch, gate):
+    """Make every EventLog.append wait for ``gate`` (a threading.Event); returns the batch sizes."""
+    from kz_events.log import EventLog
+
+    batches = []
+    real_append = EventLog.append
+
+    def append(self, records):
+        batches.append(len(records))
+        gate.wait(20)
+        return real_append(self, records)
+
+    monkeypatch.setattr(EventLog, "append", append)
+    return batches
+
+
+@pytest.mark.parametrize("decision", ["claim", "renew", "release", "cancel"])
+def test_a_decision_does_not_hold_the_zoo_lock_through_its_fsync(zoo, monkeypatch, decision):
+    import threading
+
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    lease = zoo.claim("r1", "cpu", 0).lease_id if decision != "claim" else None
+    gate = threading.Event()
+    batches = _hold_appends(monkeypatch, gate)
+    call = {"claim": lambda: zoo.claim("r1", "cpu", 0),
+            "renew": lambda: zoo.renew(sub_uuid, "r1", lease),
+            "release": lambda: zoo.release(sub_uuid, "r1", lease, "bye"),
+            "cancel": lambda: zoo.cancel(sub_uuid, "alice")}[decision]
+    done = []
+    worker = threading.Thread(target=lambda: done.append(call()))
+    worker.start()
+    while not batches:  # the decision is made and its fsync has begun
+        threading.Event().wait(0.001)
+    assert zoo.lock.acquire(timeout=10), "zoo.lock is held through the fsync"
+    zoo.lock.release()
+    assert not done  # the caller still waits for its event to be durable
+    gate.set()
+    worker.join(20)
+    assert done and zoo.store.seq == zoo.store.state.seq
+
+
+def test_renewals_on_the_http_loop_share_fsyncs(zoo, monkeypatch):
+    import asyncio
+    import threading
+
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    lease = zoo.claim("r1", "cpu", 0).lease_id
+    gate = threading.Event()
+    batches = _hold_appends(monkeypatch, gate)
+    renewals = 30
+
+    async def main():
+        tasks = [asyncio.ensure_future(zoo.renew_async(sub_uuid, "r1", lease)) for _ in range(renewals)]
+        while len(zoo.store._futures) < renewals:  # every renewal is decided and waits
+            await asyncio.sleep(0.001)
+        assert not any(t.done() for t in tasks)
+        gate.set()
+        return await asyncio.gather(*tasks)
+
+    expiries = asyncio.run(main())
+    assert expiries == [zoo.clock() + 60] * renewals
+    assert sum(batches) == renewals and len(batches) <= 2
+    with pytest.raises(ZooError) as info:
+        asyncio.run(zoo.renew_async(sub_uuid, "r2", lease))
+    assert info.value.code == "LEASE_LOST"
+
+
+def test_an_http_decision_waits_in_a_thread_while_the_zoo_lock_is_held(zoo):
+    import asyncio
+    import threading
+
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    holding, release = threading.Event(), threading.Event()
+
+    def holder():
+        with zoo.lock:  # like an accept saga's decision
+            holding.set()
+            release.wait(20)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert holding.wait(10)
+
+    async def main():
+        task = asyncio.ensure_future(zoo.cancel_async(sub_uuid, "alice"))
+        for _ in range(20):  # the loop keeps serving while the decision waits for the lock
+            await asyncio.sleep(0.005)
+        assert not task.done()
+        release.set()
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(main())
+    thread.join(10)
+    assert zoo.submission(sub_uuid).status == "cancelled"
+
+
 def members(path):
     with tarfile.open(path) as tar:
         return {m.name: (tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()}

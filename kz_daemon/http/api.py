@@ -234,7 +234,7 @@ async def cancel_submission(request: Request) -> Response:
     if not is_admin and (who is None or who != view.get("submitter_id")):
         raise ZooError("FORBIDDEN", "only the submitter (or an admin token) can cancel this submission",
                        {"uuid": uuid})
-    await run_in_threadpool(state.zoo.cancel, uuid, who or "admin")
+    await state.zoo.cancel_async(uuid, who or "admin")
     view = await run_in_threadpool(state.zoo.submission, uuid)
     return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
 

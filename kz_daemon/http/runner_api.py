@@ -96,7 +96,7 @@ async def renew(request: Request) -> Response:
     doc = await limits.read_json_object(request, state.settings.max_json_bytes, required=("lease_id",))
     lease_id = _str_field(doc, "lease_id")
     uuid = request.path_params["uuid"]
-    expires = await run_in_threadpool(state.zoo.renew, uuid, runner_id, lease_id)
+    expires = await state.zoo.renew_async(uuid, runner_id, lease_id)
     return JSONResponse({"uuid": uuid, "lease_id": lease_id, "lease_expires_at": rfc3339(expires)})
 
 
@@ -110,7 +110,7 @@ async def release(request: Request) -> Response:
     if not isinstance(reason, str):
         raise ZooError("BAD_REQUEST", "field reason must be a string", {"field": "reason"})
     uuid = request.path_params["uuid"]
-    await run_in_threadpool(state.zoo.release, uuid, runner_id, lease_id, reason[:500])
+    await state.zoo.release_async(uuid, runner_id, lease_id, reason[:500])
     return JSONResponse({"uuid": uuid, "released": True})
 
 

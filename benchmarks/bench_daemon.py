@@ -9,6 +9,11 @@ Prints ONE JSON object with --json:
   accept_p50_ms    latency of ``report_result`` for an accepted result on a repo of
   accept_p99_ms    --packages packages (hard checks, commit 1, commit 2, both fsynced,
                    worktree files, incremental index.json, five durable events)
+  renew_per_s      lease renewals per second from --runners runners at once, each renewing
+                   its own lease in a loop through ``Zoo.renew_async`` as the HTTP handler
+                   does (decision on the loop's thread, fsync awaited; shared fsyncs);
+                   ``renew_threads_per_s``: the same through the blocking ``Zoo.renew`` from
+                   as many threads (the HTTP thread-pool path); each one durable event
   index_rebuild_s  full ``build_index`` of the --packages repo, cold (no parse cache, files
                    in the page cache), on all CPUs: forked workers, as the daemon's start-up
                    rebuild runs; best of 3
@@ -110,6 +115,72 @@ def bench_intake(work: Path, count: int) -> float:
     return count / elapsed
 
 
+def bench_renewals(work: Path, runners: int, per_runner: int) -> dict:
+    """Renewals/s (one durable event each) from ``runners`` concurrent lease holders."""
+    import asyncio
+    import threading
+
+    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.service import Zoo
+
+    config = init_state_dir(work / "renew", seed_from=ROOT / "examples")
+    zoo = Zoo(config)
+    zoo.start()
+    fsyncs = [0]
+    real_append = zoo.store._log.append
+
+    def counting_append(records):
+        """EventLog.append, counted (one fsync per call)."""
+        fsyncs[0] += 1
+        return real_append(records)
+
+    try:
+        for i in range(runners):  # one job per kernel is in flight: a kernel per runner
+            drop_into_inbox(config.paths.spool, f"r{i}.tar.gz", axpy_tarball(f"cpu/Renew/Axpy/fp32/r{i:03d}"))
+        wait_until(lambda: zoo.store.state.status_counts.get("queued", 0) >= runners)
+        leases = [zoo.claim(f"runner{i}", "cpu", 0) for i in range(runners)]
+        zoo.store._log.append = counting_append
+        out = {"renew_runners": runners, "renewals": runners * per_runner}
+
+        async def holder(i: int) -> None:
+            """One runner renewing its lease, as the HTTP handler does."""
+            for _ in range(per_runner):
+                await zoo.renew_async(leases[i].uuid, f"runner{i}", leases[i].lease_id)
+
+        async def all_holders() -> float:
+            """Every runner at once; their wall time."""
+            started = time.perf_counter()
+            await asyncio.gather(*[holder(i) for i in range(runners)])
+            return time.perf_counter() - started
+
+        elapsed = asyncio.run(all_holders())
+        out["renew_per_s"] = round(runners * per_runner / elapsed)
+        out["renew_events_per_fsync"] = round(runners * per_runner / max(1, fsyncs[0]), 1)
+        fsyncs[0] = 0
+        barrier = threading.Barrier(runners + 1)
+
+        def thread_holder(i: int) -> None:
+            """One runner renewing its lease through the blocking call."""
+            barrier.wait()
+            for _ in range(per_runner):
+                zoo.renew(leases[i].uuid, f"runner{i}", leases[i].lease_id)
+
+        pool = [threading.Thread(target=thread_holder, args=(i,)) for i in range(runners)]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for t in pool:
+            t.join()
+        elapsed = time.perf_counter() - started
+        out["renew_threads_per_s"] = round(runners * per_runner / elapsed)
+        out["renew_threads_events_per_fsync"] = round(runners * per_runner / max(1, fsyncs[0]), 1)
+    finally:
+        zoo.store._log.append = real_append
+        zoo.stop()
+    return out
+
+
 def bench_accept(work: Path, packages: int, accepts: int) -> tuple[list[float], dict]:
     """Accept latencies (ms) on a repo of ``packages`` packages, and full index rebuild times (s)."""
     from kz_daemon import indexer
@@ -182,17 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--packages", type=int, default=10_000)
     parser.add_argument("--accepts", type=int, default=100)
     parser.add_argument("--intake", type=int, default=300)
+    parser.add_argument("--runners", type=int, default=32, help="concurrent lease holders renewing")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kz-bench-", dir=os.environ.get("KZ_BENCH_DIR")))
     load_start = round(os.getloadavg()[0], 2)
     calibration_start = calibration_s()
     try:
         intake = bench_intake(work, args.intake)
+        renewals = bench_renewals(work, args.runners, 10_000 // args.runners)
         latencies, rebuild = bench_accept(work, args.packages, args.accepts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = {
         "intake_per_s": round(intake, 1),
+        **renewals,
         "accept_p50_ms": round(statistics.median(latencies), 2),
         "accept_p99_ms": round(percentile(latencies, 0.99), 2),
         "accept_max_ms": round(max(latencies), 2),

@@ -14,35 +14,53 @@ from kz_events.audit import verify_log
 from kz_events.store import Store
 
 CHILD = textwrap.dedent("""
-    import sys, uuid
+    import asyncio, sys, uuid
     from kz_events import events as E
     from kz_events.store import Store
     store = Store.open(sys.argv[1], segment_bytes=int(sys.argv[2]), snapshot_every=int(sys.argv[3]))
     print("OPEN", store.state.seq, flush=True)
-    i = 0
-    while True:
-        i += 1
+
+    def batch(i):
         u = str(uuid.uuid4())
         k = f"sm_90/Op{i % 7}/x/fp16/k"
         if i % 3:
-            seqs = store.emit(E.SubmissionReceived(u, k, "crash", "spool", "f.tar.gz", i, "a" * 64))
-        else:  # a batch: one write, one fsync
-            seqs = store.emit(E.SubmissionReceived(u, k, "crash", "spool", "f.tar.gz", i, "a" * 64),
-                              E.SubmissionValidated(u, k, "sm_90", False, []),
-                              E.JobQueued(u, k, "sm_90"))
-        print("ACK", seqs[-1], u, flush=True)
+            return u, [E.SubmissionReceived(u, k, "crash", "spool", "f.tar.gz", i, "a" * 64)]
+        return u, [E.SubmissionReceived(u, k, "crash", "spool", "f.tar.gz", i, "a" * 64),  # one write
+                   E.SubmissionValidated(u, k, "sm_90", False, []),
+                   E.JobQueued(u, k, "sm_90")]
+
+    async def emitter(c):  # many coroutines at once: they share fsyncs
+        i = c
+        while True:
+            i += 8
+            u, events = batch(i)
+            seqs = await store.emit_async(*events)
+            print("ACK", seqs[-1], u, flush=True)
+
+    async def emitters():
+        await asyncio.gather(*[emitter(c) for c in range(8)])
+
+    if sys.argv[4] == "emit":
+        i = 0
+        while True:
+            i += 1
+            u, events = batch(i)
+            seqs = store.emit(*events)
+            print("ACK", seqs[-1], u, flush=True)
+    asyncio.run(emitters())
 """)
 
 
 @pytest.mark.slow
-def test_sigkill_mid_append_loses_no_acknowledged_event(tmp_path):
+@pytest.mark.parametrize("emitters", ["emit", "emit_async"])
+def test_sigkill_mid_append_loses_no_acknowledged_event(tmp_path, emitters):
     events_dir = tmp_path / "events"
     rng = random.Random(1234)
     acked: dict[str, int] = {}
     kills = 30
     for round_ in range(kills):
         proc = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(events_dir), "20000", "150"],
+            [sys.executable, "-c", CHILD, str(events_dir), "20000", "150", emitters],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         opened = proc.stdout.readline()
         assert opened.startswith("OPEN"), proc.stderr.read()

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
-from machine import calibration_s, machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
+from machine import calibration_s, machine_facts, timed_threads  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def machine() -> dict:
@@ -118,7 +118,6 @@ def bench_intake(work: Path, count: int) -> float:
 def bench_renewals(work: Path, runners: int, per_runner: int) -> dict:
     """Renewals/s (one durable event each) from ``runners`` concurrent lease holders."""
     import asyncio
-    import threading
 
     from kz_daemon.runtime import init_state_dir
     from kz_daemon.service import Zoo
@@ -157,22 +156,12 @@ def bench_renewals(work: Path, runners: int, per_runner: int) -> dict:
         out["renew_per_s"] = round(runners * per_runner / elapsed)
         out["renew_events_per_fsync"] = round(runners * per_runner / max(1, fsyncs[0]), 1)
         fsyncs[0] = 0
-        barrier = threading.Barrier(runners + 1)
-
         def thread_holder(i: int) -> None:
             """One runner renewing its lease through the blocking call."""
-            barrier.wait()
             for _ in range(per_runner):
                 zoo.renew(leases[i].uuid, f"runner{i}", leases[i].lease_id)
 
-        pool = [threading.Thread(target=thread_holder, args=(i,)) for i in range(runners)]
-        for t in pool:
-            t.start()
-        barrier.wait()
-        started = time.perf_counter()
-        for t in pool:
-            t.join()
-        elapsed = time.perf_counter() - started
+        elapsed = timed_threads(runners, thread_holder)
         out["renew_threads_per_s"] = round(runners * per_runner / elapsed)
         out["renew_threads_events_per_fsync"] = round(runners * per_runner / max(1, fsyncs[0]), 1)
     finally:

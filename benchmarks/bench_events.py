@@ -29,7 +29,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from kz_events import events as E
 from kz_events.replay import replay_dir
 from kz_events.store import Store
 from kz_events.workload import simulate
-from machine import calibration_s  # benchmarks/ is sys.path[0]
+from machine import calibration_s, timed_threads  # benchmarks/ is sys.path[0]
 
 
 def _filesystem(path: Path) -> str:
@@ -97,22 +96,12 @@ def _group_commit_round(events_dir: Path, mode: str, emitters: int, per_emitter:
 
     store._log.append = counting_append  # count fsyncs (one per append call)
     if mode == "threads":
-        barrier = threading.Barrier(emitters + 1)
-
         def work(t: int) -> None:
             """One emitter thread."""
-            barrier.wait()
             for i in range(per_emitter):
                 store.emit(_received(i, f"g{t}"))
 
-        pool = [threading.Thread(target=work, args=(t,)) for t in range(emitters)]
-        for t in pool:
-            t.start()
-        barrier.wait()
-        start = time.perf_counter()
-        for t in pool:
-            t.join()
-        elapsed = time.perf_counter() - start
+        elapsed = timed_threads(emitters, work)
     else:
         async def work_async(c: int) -> None:
             """One emitter coroutine."""

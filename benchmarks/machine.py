@@ -45,3 +45,23 @@ def calibration_s() -> float:
             total += i
         best = min(best, time.perf_counter() - start)
     return round(best, 4)
+
+
+def timed_threads(count: int, work) -> float:
+    """Seconds for ``count`` threads running ``work(i)``, all released together by a barrier."""
+    import threading
+
+    barrier = threading.Barrier(count + 1)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        work(i)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in pool:
+        t.join()
+    return time.perf_counter() - started

@@ -190,21 +190,12 @@ def test_renewals_on_the_http_loop_share_fsyncs(zoo, monkeypatch):
 
 def test_an_http_decision_waits_in_a_thread_while_the_zoo_lock_is_held(zoo):
     import asyncio
-    import threading
+
+    from tests.helpers.threads import held_in_another_thread
 
     sub_uuid = queue(zoo, AXPY_ID, "x")
-    holding, release = threading.Event(), threading.Event()
 
-    def holder():
-        with zoo.lock:  # like an accept saga's decision
-            holding.set()
-            release.wait(20)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert holding.wait(10)
-
-    async def main():
+    async def main(release):
         task = asyncio.ensure_future(zoo.cancel_async(sub_uuid, "alice"))
         for _ in range(20):  # the loop keeps serving while the decision waits for the lock
             await asyncio.sleep(0.005)
@@ -212,8 +203,8 @@ def test_an_http_decision_waits_in_a_thread_while_the_zoo_lock_is_held(zoo):
         release.set()
         await asyncio.wait_for(task, 20)
 
-    asyncio.run(main())
-    thread.join(10)
+    with held_in_another_thread(zoo.lock) as release:  # like an accept saga's decision
+        asyncio.run(main(release))
     assert zoo.submission(sub_uuid).status == "cancelled"
 
 

@@ -519,30 +519,20 @@ def test_a_submitted_ticket_is_durable_after_wait_and_committed_by_close(tmp_pat
 def test_emit_async_does_not_block_the_loop_while_another_thread_holds_the_state_lock(tmp_path):
     import asyncio
 
+    from tests.helpers.threads import held_in_another_thread
+
     store = Store.open(tmp_path / "events", fsync=False)
-    holding, release = threading.Event(), threading.Event()
 
-    def holder():
-        with store.lock:       # like a snapshot being encoded
-            holding.set()
-            release.wait(20)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert holding.wait(10)
-
-    async def main():
-        ticks = 0
+    async def main(release):
         task = asyncio.ensure_future(store.emit_async(*received("u1")))
-        while ticks < 20:       # the loop keeps running while the fold waits for the lock
+        for _ in range(20):  # the loop keeps running while the fold waits for the lock
             await asyncio.sleep(0.005)
-            ticks += 1
         assert not task.done()
         release.set()
         return await asyncio.wait_for(task, 20)
 
-    assert asyncio.run(main()) == [1, 2]
-    thread.join(10)
+    with held_in_another_thread(store.lock) as release:  # like a snapshot being encoded
+        assert asyncio.run(main(release)) == [1, 2]
     store.close()
 
 

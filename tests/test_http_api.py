@@ -216,6 +216,43 @@ def test_claim_returns_204_when_nothing_matches(r1):
     assert resp.status_code == 204 and resp.content == b""
 
 
+def test_concurrent_renewals_are_all_durable_and_share_fsyncs(live, anon, r1, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/renew_many")
+    claim = _claim(r1, uuid)
+    store = live.zoo.store
+    requests = 24
+    batches: list[int] = []
+    real_append = store._log.append
+
+    def append(records):
+        batches.append(len(records))
+        if len(batches) == 1:  # hold the first commit until every renewal waits for its fsync
+            deadline = time.monotonic() + 10
+            while len(store._futures) < requests and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return real_append(records)
+
+    monkeypatch.setattr(store._log, "append", append)
+    before = store.state.seq
+
+    def renew(_):
+        with live.client("runner:r1") as client:
+            return client.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]})
+
+    with ThreadPoolExecutor(requests) as pool:
+        answers = list(pool.map(renew, range(requests)))
+    assert [a.status_code for a in answers] == [200] * requests
+    assert store.seq - before == requests == sum(batches)
+    assert len(batches) <= 2  # the decisions did not queue behind each other's fsync
+    monkeypatch.undo()
+    resp = r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": claim["lease_id"]})
+    assert resp.status_code == 200
+    cancelled = anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={})
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+
+
 def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
     uuid = _queue(live, anon)
     claim = _claim(r1, uuid)

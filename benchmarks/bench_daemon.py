@@ -1,6 +1,7 @@
 """Daemon core benchmark: intake rate, accept-saga latency at 10,000 packages, index rebuild time.
 
 Usage: python benchmarks/bench_daemon.py [--json] [--packages 10000] [--accepts 100] [--intake 300]
+       [--runners 32] [--renewals 10000]
 
 Prints ONE JSON object with --json:
   intake_per_s     tarballs per second from the drop into spool/inbox to ``queued``
@@ -243,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accepts", type=int, default=100)
     parser.add_argument("--intake", type=int, default=300)
     parser.add_argument("--runners", type=int, default=32, help="concurrent lease holders renewing")
+    parser.add_argument("--renewals", type=int, default=10_000, help="renewals in all (split over the runners)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kz-bench-", dir=os.environ.get("KZ_BENCH_DIR")))
     load_start = round(os.getloadavg()[0], 2)
     calibration_start = calibration_s()
     try:
         intake = bench_intake(work, args.intake)
-        renewals = bench_renewals(work, args.runners, 10_000 // args.runners)
+        renewals = bench_renewals(work, args.runners, args.renewals // args.runners)
         latencies, rebuild = bench_accept(work, args.packages, args.accepts)
     finally:
         shutil.rmtree(work, ignore_errors=True)

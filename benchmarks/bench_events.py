@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=1_000_000, help="size of the replay log")
     parser.add_argument("--emitters", type=int, default=32,
                         help="concurrent group-commit emitters (coroutines, then threads)")
+    parser.add_argument("--group-events", type=int, default=20_000,
+                        help="events per group-commit round (split over the emitters)")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of the fsync loop")
     parser.add_argument("--dir", default=None, help="where to work (default: the tmp dir)")
     parser.add_argument("--out", default=None, help="also write the JSON object to this file")
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
         result.update(bench_append_fsync(root, args.seconds))
-        result.update(bench_group_commit(root, args.emitters, 20_000 // args.emitters))
+        result.update(bench_group_commit(root, args.emitters, args.group_events // args.emitters))
         result.update(bench_append_many(root, 200, 100))
         result.update(bench_replay_and_cold_start(root, args.events))
         result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

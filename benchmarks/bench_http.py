@@ -114,7 +114,8 @@ class Daemon:
 
 def wrk(url: str, connections: int, duration: float) -> dict:
     """Requests/s and latency percentiles (ms) from ``wrk --latency``."""
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{int(duration)}s", "--latency", url],
+    seconds = max(1, round(duration))  # wrk takes whole seconds; -d0s is an error
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url],
                          capture_output=True, text=True, check=True).stdout
     units = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 

@@ -46,3 +46,18 @@ def test_group_commit_floor_prints_its_figures(tmp_path):
     doc = run_bench("bench_group_commit_floor.py", "--threads", "4", "--per-thread", "50",
                     "--dir", str(tmp_path), tmp_path=tmp_path)
     assert doc["events"] == 200 and doc["events_per_s"] > 0 and doc["events_per_fsync"] >= 1
+
+
+def test_bench_index_prints_its_figures(tmp_path):
+    doc = run_bench("bench_index.py", "--packages", "20", "--repeat", "1", tmp_path=tmp_path)
+    assert doc["packages"] == doc["valid"] == 20
+    assert doc["cold_workers1_best_s"] > 0 and doc["cached_workers1_best_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_http_prints_its_figures(tmp_path):
+    doc = run_bench("bench_http.py", "--kernels", "20", "--duration", "0.5", "--submits", "2",
+                    "--state-dir", str(tmp_path / "state"), tmp_path=tmp_path)
+    assert doc["kernels_non_2xx"] == 0
+    for key in ("kernels_req_per_s", "status_p99_ms", "submit_to_claim_ms"):
+        assert doc[key] > 0, key

@@ -3,8 +3,9 @@
 Which job a runner gets is the reducer's pure ``next_claimable`` (arch match, at
 most one job per kernel_id in flight, round-robin across kernels); this module
 only turns decisions into events, under the zoo's decision lock so that a check
-and its event are one step. Every status change is an event: there is no queue
-state here besides the fold of the log.
+and its event are one step (the events are folded there; their fsync is waited for
+after the lock is released, so concurrent decisions share one). Every status change
+is an event: there is no queue state here besides the fold of the log.
 
 The tarball a runner receives (:func:`runner_package`) is the submission plus the
 kernel's current ``.kernel_package/bench_result.yaml`` at HEAD, or a seed scorecard

@@ -53,6 +53,45 @@ def test_replay_equals_the_incremental_state(seed, n, batch, segment_bytes):
             assert store.report["replayed"] == n
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 400), data=st.data())
+def test_replay_equals_the_state_built_by_every_way_of_emitting(seed, n, data):
+    """emit, emit_async, and submit with the wait now, later, or never (close commits it)."""
+    import asyncio
+
+    events = list(simulate(random.Random(seed), n))
+    with tempfile.TemporaryDirectory() as tmp:
+        events_dir = Path(tmp) / "events"
+        store = Store.open(events_dir, segment_bytes=4_000, snapshot_every=0)
+        loop = asyncio.new_event_loop()
+        unwaited = []
+        i = 0
+        while i < n:
+            size = data.draw(st.integers(1, 12), label="batch")
+            batch = events[i:i + size]
+            i += len(batch)
+            how = data.draw(st.sampled_from(["emit", "emit_async", "submit", "submit_later"]), label="how")
+            if how == "emit":
+                seqs = store.emit(*batch)
+            elif how == "emit_async":
+                seqs = loop.run_until_complete(store.emit_async(*batch))
+            else:
+                ticket = store.submit(*batch)
+                seqs = ticket.seqs
+                if how == "submit":
+                    assert ticket.wait() == seqs
+                else:
+                    unwaited.append(ticket)
+            assert seqs == list(range(i - len(batch) + 1, i + 1))
+        for ticket in unwaited[:len(unwaited) // 2]:  # some waited for late, the rest never
+            ticket.wait()
+        incremental = store.state.copy()
+        store.close()
+        loop.close()
+        assert incremental.seq == n
+        assert replay_dir(events_dir) == incremental
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 500), data=st.data())
 def test_snapshot_plus_tail_equals_full_replay(seed, n, data):

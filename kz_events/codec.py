@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -35,40 +34,6 @@ def _refuse_constant(name: str) -> Any:
 
 #: strict parser: NaN and Infinity are refused like any other non-JSON.
 parse_json = json.JSONDecoder(parse_constant=_refuse_constant).decode
-
-
-def _parse_json_bytes_slowly(data: bytes) -> Any:
-    """``parse_json`` of UTF-8 bytes (ValueError for bytes that are not UTF-8)."""
-    return parse_json(data.decode("utf-8"))
-
-
-try:
-    from orjson import loads as _orjson_loads
-except ImportError:  # pragma: no cover - orjson is a dependency; a bare source tree still works
-    _orjson_loads = None
-
-#: a run of 19 digits: maybe an integer outside 64 bits, which orjson reads as a float
-_LONG_DIGITS = re.compile(rb"\d{19}").search
-
-
-def _parse_json_bytes_fast(data: bytes) -> Any:
-    """orjson's reading of ``data``, which equals ``parse_json``'s for everything else.
-
-    orjson refuses what ``parse_json`` refuses (NaN, Infinity) and a few things it takes
-    (lone surrogates, numbers that overflow a float): a ValueError either way, and the
-    caller's line-by-line path decides. It turns integers beyond 64 bits into floats,
-    so bytes with a run of 19 digits or more go to the json module instead (a hex hash
-    can hold such a run too: that only costs the faster parser).
-    """
-    if _LONG_DIGITS(data) is not None:
-        return _parse_json_bytes_slowly(data)
-    return _orjson_loads(data)
-
-
-#: ``parse_json`` of UTF-8 bytes, for replay's batches of payloads: orjson where it is
-#: installed (2-3x faster than the json module on these batches), with the same result.
-parse_json_bytes: Callable[[bytes], Any] = (_parse_json_bytes_fast if _orjson_loads is not None
-                                            else _parse_json_bytes_slowly)
 
 def _not_json(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")

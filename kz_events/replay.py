@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kz_events import replay_worker
-from kz_events.codec import DecodeError, decode_dict, parse_json, parse_json_bytes, upcast_payload
+from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
 from kz_events.log import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import _HANDLERS, ReducerError
@@ -67,7 +67,7 @@ def _parse_group(group: list[bytes]) -> tuple[tuple, list[Any]] | tuple[None, li
     fields = cut_group(group)
     if fields is not None:
         try:
-            payloads = parse_json_bytes(payload_array(group, fields[4]))
+            payloads = parse_json(payload_array(group, fields[4]).decode("utf-8"))
             if len(payloads) == len(group):
                 return fields, payloads
         except ValueError:
@@ -265,7 +265,7 @@ def _fold_vouched(state: State, table: dict, msg: tuple, seq: int, h: bytes,
     """Fold a group the worker vouched for; returns (last seq, its hash, last line's length)."""
     _, _, start, end, n, last_hash, last_len, text, tss, kinds = msg
     try:
-        payloads = parse_json_bytes(text)
+        payloads = parse_json(text.decode("utf-8"))
         tss = tss.decode("ascii").split(" ")
     except ValueError:
         payloads = None

@@ -193,22 +193,3 @@ def test_timestamp_formatter_matches_format_ts():
         t = rng.uniform(0, 2e9)
         assert fmt(t) == codec.format_ts(t)
     assert fmt(1.9999999) == codec.format_ts(1.9999999) == "1970-01-01T00:00:02.000000Z"
-
-
-@pytest.mark.parametrize("text", [
-    b'[{"a":1180591620717411303424}]', b'[-9223372036854775809]', b'[18446744073709551615]',
-    b'[9223372036854775807,-9223372036854775808]', b'["12345678901234567890123"]',
-    b'[0.1,1e-7,-0.0,2.5E+3]', b'[1.7976931348623157e308,5e-324]',
-    b'["\\u00e9\\ud83d\\ude00\\n\\"\\\\"]', '["é😀"]'.encode("utf-8"), b'[{"a":1,"a":2}]', b'[]'])
-def test_the_fast_payload_parser_reads_what_the_json_module_reads(text):
-    expected = codec._parse_json_bytes_slowly(text)
-    got = codec.parse_json_bytes(text)
-    assert got == expected
-    assert json.dumps(got) == json.dumps(expected)  # same types too: an int stays an int
-
-
-@pytest.mark.parametrize("text", [b'[NaN]', b'[Infinity]', b'[-Infinity]', b'[1e400]', b'["\\ud800"]',
-                                  b'[1,]', b'\xff', b'[1] x'])
-def test_the_fast_payload_parser_refuses_with_a_value_error(text):
-    with pytest.raises(ValueError):
-        codec.parse_json_bytes(text)

@@ -227,30 +227,3 @@ def test_the_worker_vouches_only_for_canonical_chained_lines(tmp_path):
     sent.clear()  # a wrong starting hash: the group is not vouched for
     replay_worker._run(events_dir, [1], 1, 0, 0, b"1" * 64, sent.append)
     assert sent[1][:5] == ("U", 1, 0, len(b"\n".join(lines)) + 1, len(lines))
-
-
-@pytest.mark.parametrize("parser", ["orjson", "json"])
-def test_either_payload_parser_replays_to_the_same_state(tmp_path, monkeypatch, parser):
-    """orjson where installed, the json module elsewhere: the fast path's result is the same."""
-    if parser == "json":
-        monkeypatch.setattr(replay_module, "parse_json_bytes", codec._parse_json_bytes_slowly)
-    else:
-        assert codec.parse_json_bytes is not codec._parse_json_bytes_slowly, "orjson is a dependency"
-    events_dir = tmp_path / "events"
-    expected = build_log(events_dir, 1500, 11, segment_bytes=40_000)
-    assert replay_dir(events_dir) == expected
-
-
-def test_integers_beyond_64_bits_replay_as_integers(tmp_path):
-    """orjson reads them as floats: such a batch must be read by the json module."""
-    from kz_events.store import Store
-
-    events_dir = tmp_path / "events"
-    with Store.open(events_dir, fsync=False) as store:
-        store.emit(*[E.SubmissionReceived(f"u{i}", "k/z", "s\u00e9", "http", "f", i, "a" * 64) for i in range(50)])
-        store.emit(E.IndexUpdated(version=2 ** 70, head=None, kernels=3))
-        store.emit(E.IndexUpdated(version=2 ** 70 + 1, head=None, kernels=4))
-        live = store.state.copy()
-    replayed = replay_dir(events_dir)
-    assert replayed == live
-    assert type(replayed.index_version) is int and replayed.index_version == 2 ** 70 + 1

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
-from machine import calibration_s, machine_facts, timed_threads  # noqa: E402  (benchmarks/ is sys.path[0])
+from machine import AppendCounter, calibration_s, machine_facts, timed_coroutines, timed_threads  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def machine() -> dict:
@@ -118,55 +118,40 @@ def bench_intake(work: Path, count: int) -> float:
 
 def bench_renewals(work: Path, runners: int, per_runner: int) -> dict:
     """Renewals/s (one durable event each) from ``runners`` concurrent lease holders."""
-    import asyncio
-
     from kz_daemon.runtime import init_state_dir
     from kz_daemon.service import Zoo
 
     config = init_state_dir(work / "renew", seed_from=ROOT / "examples")
     zoo = Zoo(config)
     zoo.start()
-    fsyncs = [0]
-    real_append = zoo.store._log.append
-
-    def counting_append(records):
-        """EventLog.append, counted (one fsync per call)."""
-        fsyncs[0] += 1
-        return real_append(records)
-
     try:
         for i in range(runners):  # one job per kernel is in flight: a kernel per runner
             drop_into_inbox(config.paths.spool, f"r{i}.tar.gz", axpy_tarball(f"cpu/Renew/Axpy/fp32/r{i:03d}"))
         wait_until(lambda: zoo.store.state.status_counts.get("queued", 0) >= runners)
         leases = [zoo.claim(f"runner{i}", "cpu", 0) for i in range(runners)]
-        zoo.store._log.append = counting_append
-        out = {"renew_runners": runners, "renewals": runners * per_runner}
+        renewals = runners * per_runner
+        out = {"renew_runners": runners, "renewals": renewals}
 
         async def holder(i: int) -> None:
             """One runner renewing its lease, as the HTTP handler does."""
             for _ in range(per_runner):
                 await zoo.renew_async(leases[i].uuid, f"runner{i}", leases[i].lease_id)
 
-        async def all_holders() -> float:
-            """Every runner at once; their wall time."""
-            started = time.perf_counter()
-            await asyncio.gather(*[holder(i) for i in range(runners)])
-            return time.perf_counter() - started
+        with AppendCounter(zoo.store) as fsyncs:
+            elapsed = timed_coroutines(runners, holder)
+        out["renew_per_s"] = round(renewals / elapsed)
+        out["renew_events_per_fsync"] = round(renewals / max(1, fsyncs.count), 1)
 
-        elapsed = asyncio.run(all_holders())
-        out["renew_per_s"] = round(runners * per_runner / elapsed)
-        out["renew_events_per_fsync"] = round(runners * per_runner / max(1, fsyncs[0]), 1)
-        fsyncs[0] = 0
         def thread_holder(i: int) -> None:
             """One runner renewing its lease through the blocking call."""
             for _ in range(per_runner):
                 zoo.renew(leases[i].uuid, f"runner{i}", leases[i].lease_id)
 
-        elapsed = timed_threads(runners, thread_holder)
-        out["renew_threads_per_s"] = round(runners * per_runner / elapsed)
-        out["renew_threads_events_per_fsync"] = round(runners * per_runner / max(1, fsyncs[0]), 1)
+        with AppendCounter(zoo.store) as fsyncs:
+            elapsed = timed_threads(runners, thread_holder)
+        out["renew_threads_per_s"] = round(renewals / elapsed)
+        out["renew_threads_events_per_fsync"] = round(renewals / max(1, fsyncs.count), 1)
     finally:
-        zoo.store._log.append = real_append
         zoo.stop()
     return out
 

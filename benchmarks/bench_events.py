@@ -20,7 +20,6 @@ temporary directory (``--dir`` to choose where: the filesystem matters for fsync
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -36,7 +35,7 @@ from kz_events import events as E
 from kz_events.replay import replay_dir
 from kz_events.store import Store
 from kz_events.workload import simulate
-from machine import calibration_s, timed_threads  # benchmarks/ is sys.path[0]
+from machine import AppendCounter, calibration_s, timed_coroutines, timed_threads  # benchmarks/ is sys.path[0]
 
 
 def _filesystem(path: Path) -> str:
@@ -86,38 +85,24 @@ def bench_group_commit(root: Path, emitters: int, per_emitter: int, rounds: int 
 def _group_commit_round(events_dir: Path, mode: str, emitters: int, per_emitter: int) -> tuple[int, float]:
     """One round of ``bench_group_commit``: (events/s, events per fsync)."""
     store = Store.open(events_dir, snapshot_every=0)
-    fsyncs = [0]
-    real_append = store._log.append
+    with AppendCounter(store) as fsyncs:
+        if mode == "threads":
+            def work(t: int) -> None:
+                """One emitter thread."""
+                for i in range(per_emitter):
+                    store.emit(_received(i, f"g{t}"))
 
-    def counting_append(records):
-        """EventLog.append, counted (one fsync per call)."""
-        fsyncs[0] += 1
-        return real_append(records)
+            elapsed = timed_threads(emitters, work)
+        else:
+            async def work_async(c: int) -> None:
+                """One emitter coroutine."""
+                for i in range(per_emitter):
+                    await store.emit_async(_received(i, f"g{c}"))
 
-    store._log.append = counting_append  # count fsyncs (one per append call)
-    if mode == "threads":
-        def work(t: int) -> None:
-            """One emitter thread."""
-            for i in range(per_emitter):
-                store.emit(_received(i, f"g{t}"))
-
-        elapsed = timed_threads(emitters, work)
-    else:
-        async def work_async(c: int) -> None:
-            """One emitter coroutine."""
-            for i in range(per_emitter):
-                await store.emit_async(_received(i, f"g{c}"))
-
-        async def run_all() -> float:
-            """All the coroutines at once; their wall time."""
-            started = time.perf_counter()
-            await asyncio.gather(*[work_async(c) for c in range(emitters)])
-            return time.perf_counter() - started
-
-        elapsed = asyncio.run(run_all())
+            elapsed = timed_coroutines(emitters, work_async)
     store.close()
     total = emitters * per_emitter
-    return round(total / elapsed), round(total / max(1, fsyncs[0]), 1)
+    return round(total / elapsed), round(total / max(1, fsyncs.count), 1)
 
 
 def bench_append_many(root: Path, batches: int, size: int) -> dict:

@@ -1,4 +1,5 @@
-"""Facts about the machine a benchmark ran on, recorded beside every figure.
+"""Facts about the machine a benchmark ran on, recorded beside every figure, and the
+timing and counting helpers the scripts share.
 
 Imported by the scripts in this folder (run as ``python benchmarks/<script>.py``, so this
 folder is on ``sys.path``).
@@ -65,3 +66,35 @@ def timed_threads(count: int, work) -> float:
     for t in pool:
         t.join()
     return time.perf_counter() - started
+
+
+def timed_coroutines(count: int, work) -> float:
+    """Seconds for ``count`` coroutines ``work(i)`` gathered on one new event loop."""
+    import asyncio
+
+    async def run_all() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*[work(i) for i in range(count)])
+        return time.perf_counter() - started
+
+    return asyncio.run(run_all())
+
+
+class AppendCounter:
+    """``with AppendCounter(store) as fsyncs:``: counts the store's log appends (one fsync
+    each) in ``fsyncs.count`` while the block runs."""
+
+    def __init__(self, store) -> None:
+        self.store, self.count = store, 0
+        self._real = store._log.append
+
+    def _append(self, records):
+        self.count += 1
+        return self._real(records)
+
+    def __enter__(self) -> "AppendCounter":
+        self.store._log.append = self._append
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store._log.append = self._real

@@ -1,7 +1,9 @@
 """Queue: arch match, one job per kernel in flight, fairness, leases, attempts, cancel, runner tarball."""
 from __future__ import annotations
 
+import asyncio
 import tarfile
+import threading
 
 import pytest
 import yaml
@@ -10,6 +12,7 @@ from kz_daemon.errors import ZooError
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, drop_queued_axpy
+from tests.helpers.events import hold_log_appends
 
 OTHER = "cpu/Elementwise/Axpy/fp32/other_impl"
 THIRD = "cpu/Elementwise/Axpy/fp32/third_impl"
@@ -98,8 +101,6 @@ def test_release_puts_the_job_back(zoo):
 
 
 def test_claim_waits_for_a_job(zoo):
-    import threading
-
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("c", zoo.claim("r1", "cpu", 20)))
     t.start()
@@ -121,30 +122,12 @@ def test_cancel_rules(zoo):
     assert info.value.code == "NOT_FOUND"
 
 
-def _hold_appends(monkeypatch, gate):
-    """Make every EventLog.append wait for ``gate`` (a threading.Event); returns the batch sizes."""
-    from kz_events.log import EventLog
-
-    batches = []
-    real_append = EventLog.append
-
-    def append(self, records):
-        batches.append(len(records))
-        gate.wait(20)
-        return real_append(self, records)
-
-    monkeypatch.setattr(EventLog, "append", append)
-    return batches
-
-
 @pytest.mark.parametrize("decision", ["claim", "renew", "release", "cancel"])
 def test_a_decision_does_not_hold_the_zoo_lock_through_its_fsync(zoo, monkeypatch, decision):
-    import threading
-
     sub_uuid = queue(zoo, AXPY_ID, "x")
     lease = zoo.claim("r1", "cpu", 0).lease_id if decision != "claim" else None
     gate = threading.Event()
-    batches = _hold_appends(monkeypatch, gate)
+    batches = hold_log_appends(monkeypatch, gate.is_set, every=True)
     call = {"claim": lambda: zoo.claim("r1", "cpu", 0),
             "renew": lambda: zoo.renew(sub_uuid, "r1", lease),
             "release": lambda: zoo.release(sub_uuid, "r1", lease, "bye"),
@@ -163,13 +146,10 @@ def test_a_decision_does_not_hold_the_zoo_lock_through_its_fsync(zoo, monkeypatc
 
 
 def test_renewals_on_the_http_loop_share_fsyncs(zoo, monkeypatch):
-    import asyncio
-    import threading
-
     sub_uuid = queue(zoo, AXPY_ID, "x")
     lease = zoo.claim("r1", "cpu", 0).lease_id
     gate = threading.Event()
-    batches = _hold_appends(monkeypatch, gate)
+    batches = hold_log_appends(monkeypatch, gate.is_set, every=True)
     renewals = 30
 
     async def main():
@@ -189,8 +169,6 @@ def test_renewals_on_the_http_loop_share_fsyncs(zoo, monkeypatch):
 
 
 def test_an_http_decision_waits_in_a_thread_while_the_zoo_lock_is_held(zoo):
-    import asyncio
-
     from tests.helpers.threads import held_in_another_thread
 
     sub_uuid = queue(zoo, AXPY_ID, "x")

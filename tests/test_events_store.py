@@ -1,6 +1,7 @@
 """The Store and the segment log: durability, group commit, snapshots, repair, locking."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -9,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from kz_events.snapshot import list_snapshots
 from kz_events.state import State
 from kz_events.store import Store, StoreBroken, StoreClosed
 from kz_events.workload import build_log, simulate
+from tests.helpers.events import hold_log_appends
 
 
 def fold(events) -> State:
@@ -57,7 +58,6 @@ def test_replay_equals_the_incremental_state(seed, n, batch, segment_bytes):
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 400), data=st.data())
 def test_replay_equals_the_state_built_by_every_way_of_emitting(seed, n, data):
     """emit, emit_async, and submit with the wait now, later, or never (close commits it)."""
-    import asyncio
 
     events = list(simulate(random.Random(seed), n))
     with tempfile.TemporaryDirectory() as tmp:
@@ -250,19 +250,9 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
 def test_concurrent_emitters_share_one_fsync(tmp_path, monkeypatch):
     store = Store.open(tmp_path / "events", snapshot_every=0)
     store.emit(*received("u0"))
-    batches: list[int] = []
-    real_append = EventLog.append
     followers = 7
-
-    def append(self, records):
-        batches.append(len(records))
-        if len(batches) == 1:  # hold the first leader until every follower has queued
-            deadline = time.monotonic() + 20
-            while len(store._pending) < followers and time.monotonic() < deadline:
-                threading.Event().wait(0.001)
-        return real_append(self, records)
-
-    monkeypatch.setattr(EventLog, "append", append)
+    # hold the first leader until every follower has queued
+    batches = hold_log_appends(monkeypatch, lambda: len(store._pending) >= followers)
     results: list[list[int]] = []
     threads = [threading.Thread(target=lambda i=i: results.append(
         store.emit(E.SubmissionReceived(f"u{i}", "k/x", "s", "http", "f", 1, "a" * 64))))
@@ -468,30 +458,11 @@ def test_an_emitter_interrupted_while_waiting_leaves_no_commit_leaderless(tmp_pa
 
 # --- submit / wait, and coroutines ----------------------------------------------------
 
-def _hold_first_append(monkeypatch, until):
-    """Make the first EventLog.append wait until ``until()`` is true; returns the batch sizes."""
-    batches: list[int] = []
-    real_append = EventLog.append
-
-    def append(self, records):
-        batches.append(len(records))
-        if len(batches) == 1:
-            deadline = time.monotonic() + 20
-            while not until() and time.monotonic() < deadline:
-                time.sleep(0.001)
-        return real_append(self, records)
-
-    monkeypatch.setattr(EventLog, "append", append)
-    return batches
-
-
 def test_coroutines_emitting_share_fsyncs_and_lose_nothing(tmp_path, monkeypatch):
-    import asyncio
-
     store = Store.open(tmp_path / "events", snapshot_every=0)
     coroutines = 50
     # the first commit is held until every coroutine waits: the rest must share one more fsync
-    batches = _hold_first_append(monkeypatch, lambda: len(store._futures) >= coroutines)
+    batches = hold_log_appends(monkeypatch, lambda: len(store._futures) >= coroutines)
 
     async def one(i: int) -> list[int]:
         return await store.emit_async(*received(f"c{i}"))
@@ -509,8 +480,6 @@ def test_coroutines_emitting_share_fsyncs_and_lose_nothing(tmp_path, monkeypatch
 
 
 def test_threads_and_coroutines_emitting_together_lose_nothing(tmp_path):
-    import asyncio
-
     events_dir = tmp_path / "events"
     store = Store.open(events_dir, segment_bytes=8_000, snapshot_every=0)
     got: list[int] = []
@@ -556,8 +525,6 @@ def test_a_submitted_ticket_is_durable_after_wait_and_committed_by_close(tmp_pat
 
 
 def test_emit_async_does_not_block_the_loop_while_another_thread_holds_the_state_lock(tmp_path):
-    import asyncio
-
     from tests.helpers.threads import held_in_another_thread
 
     store = Store.open(tmp_path / "events", fsync=False)
@@ -576,8 +543,6 @@ def test_emit_async_does_not_block_the_loop_while_another_thread_holds_the_state
 
 
 def test_a_failed_fsync_fails_the_awaiting_coroutines(tmp_path, monkeypatch):
-    import asyncio
-
     store = Store.open(tmp_path / "events")
 
     def broken(fd):
@@ -598,11 +563,9 @@ def test_a_failed_fsync_fails_the_awaiting_coroutines(tmp_path, monkeypatch):
 
 
 def test_a_cancelled_coroutine_s_events_are_still_committed(tmp_path, monkeypatch):
-    import asyncio
-
     store = Store.open(tmp_path / "events", snapshot_every=0)
     gate = threading.Event()
-    _hold_first_append(monkeypatch, gate.is_set)
+    hold_log_appends(monkeypatch, gate.is_set)
 
     async def main():
         first = asyncio.ensure_future(store.emit_async(*received("u1")))

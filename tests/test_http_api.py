@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.helpers.events import hold_log_appends
 from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, LiveServer, package_tarball
 
 AXPY_CASES = ("n4k", "n64k", "n1m")
@@ -223,18 +224,8 @@ def test_concurrent_renewals_are_all_durable_and_share_fsyncs(live, anon, r1, mo
     claim = _claim(r1, uuid)
     store = live.zoo.store
     requests = 24
-    batches: list[int] = []
-    real_append = store._log.append
-
-    def append(records):
-        batches.append(len(records))
-        if len(batches) == 1:  # hold the first commit until every renewal waits for its fsync
-            deadline = time.monotonic() + 10
-            while len(store._futures) < requests and time.monotonic() < deadline:
-                time.sleep(0.001)
-        return real_append(records)
-
-    monkeypatch.setattr(store._log, "append", append)
+    # hold the first commit until every renewal waits for its fsync
+    batches = hold_log_appends(monkeypatch, lambda: len(store._futures) >= requests, timeout=10)
     before = store.state.seq
 
     def renew(_):

@@ -1,0 +1,33 @@
+"""The on-disk layout of a kernel package: one set of names for every part of the project.
+
+A package is a folder whose path in the kernel repo is its kernel_id. Its contract
+area ``.kernel_package/`` holds exactly the four ``CONTRACT_FILES``; everything beside
+it is the submitter's source area. ``bench_result.yaml`` (the scorecard) is written by
+the server only; a seed scorecard marks every record with ``SEED_SHA``.
+"""
+from __future__ import annotations
+
+__all__ = ["KP", "DESC", "BENCH_RESULT", "BUILD_TEST_ENV", "BENCHMARK", "CONTRACT_FILES",
+           "HARNESS_FILES", "SEED_SHA", "SEED_SUBMITTER", "PENDING_COMMIT", "is_seed_sha"]
+
+#: the contract area's folder name.
+KP = ".kernel_package"
+DESC = "desc.yaml"
+BENCH_RESULT = "bench_result.yaml"
+BUILD_TEST_ENV = "build_test_env.py"
+BENCHMARK = "benchmark.py"
+#: the four files a valid package's contract area holds.
+CONTRACT_FILES = (DESC, BENCH_RESULT, BUILD_TEST_ENV, BENCHMARK)
+#: the contract files that define how a package is measured (locked for existing kernels).
+HARNESS_FILES = (DESC, BUILD_TEST_ENV, BENCHMARK)
+
+#: the seed sentinel: a record with this commit_sha is a placeholder, never a measurement.
+SEED_SHA = "0000000"
+SEED_SUBMITTER = "seed"
+#: the placeholder the accept saga writes into the scorecard before its source commit exists.
+PENDING_COMMIT = "__PENDING_COMMIT__"
+
+
+def is_seed_sha(sha: object) -> bool:
+    """True for the seed sentinel (``"0000000"``; any all-zero sha counts)."""
+    return isinstance(sha, str) and sha != "" and set(sha) == {"0"}

@@ -14,12 +14,9 @@ members, zero mtimes and owners) and cached per scorecard blob.
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
 import json
 import os
-import tarfile
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -28,6 +25,7 @@ from pathlib import Path
 from kz_daemon import scorecard
 from kz_daemon.errors import ZooError
 from kz_daemon.intake import PACKAGE_FILE, read_submission
+from kz_runner.contract.targz import deterministic_targz
 
 KP = ".kernel_package"
 BENCH = "bench_result.yaml"
@@ -258,28 +256,4 @@ def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, lim
         entries[member.name] = (member.kind, member.mode, scan.captured.get(member.name, b""))
     bench_path = f"{kernel_id}/{KP}/{BENCH}"
     entries[bench_path] = ("file", 0o644, bench_result)
-    return deterministic_tar(entries)
-
-
-def deterministic_tar(entries: dict[str, tuple[str, int, bytes]]) -> bytes:
-    """tar.gz bytes of ``{name: (kind, mode, data)}`` in sorted order with fixed metadata."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(entries):
-            kind, mode, data = entries[name]
-            info = tarfile.TarInfo(name)
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mode = mode
-            if kind == "dir":
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
+    return deterministic_targz(entries)

@@ -9,18 +9,19 @@ bytes, whatever the files' timestamps or owners on disk.
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import os
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from kz_events.durable import atomic_write
 
 from .codes import problem
 from .kernel_id import find_repo_root, kernel_id_from_path
 from .problems import Problem, Report
-from .tarball import Limits, normalized_mode
+from .tarball import Limits
+from .targz import deterministic_targz
 from .validate import BENCH_RESULT, analyze_package_dir, contract_path, is_ignored, validate_tarball
 from .yamlio import YAMLError, load_yaml
 
@@ -90,46 +91,20 @@ def package_entries(package_dir: str | os.PathLike, exclude: Path | None = None)
     return sorted(out)
 
 
-def _info(name: str, is_dir: bool, size: int, mode: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE if is_dir else tarfile.REGTYPE
-    info.size = 0 if is_dir else size
-    info.mode = normalized_mode(mode, is_dir)
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
 def build_tarball(package_dir: str | os.PathLike, kernel_id: str, exclude: Path | None = None) -> tuple[bytes, int]:
     """The deterministic ``.tar.gz`` bytes of a package and the number of files in it."""
     root = Path(package_dir)
-    raw = io.BytesIO()
+    entries: dict[str, tuple[str, int, bytes]] = {kernel_id: ("dir", 0o755, b"")}
     files = 0
-    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:  # type: ignore[arg-type]
-            tf.addfile(_info(kernel_id, True, 0, 0o755))
-            for rel, is_dir in package_entries(root, exclude):
-                path = root / rel
-                st = os.lstat(path)
-                name = f"{kernel_id}/{rel}"
-                if is_dir:
-                    tf.addfile(_info(name, True, 0, st.st_mode))
-                    continue
-                with open(path, "rb") as handle:
-                    data = handle.read()
-                tf.addfile(_info(name, False, len(data), st.st_mode), io.BytesIO(data))
-                files += 1
-    return raw.getvalue(), files
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    for rel, is_dir in package_entries(root, exclude):
+        path = root / rel
+        mode = os.lstat(path).st_mode
+        if is_dir:
+            entries[f"{kernel_id}/{rel}"] = ("dir", mode, b"")
+            continue
+        entries[f"{kernel_id}/{rel}"] = ("file", mode, path.read_bytes())
+        files += 1
+    return deterministic_targz(entries), files
 
 
 def default_output(kernel_id: str) -> Path:
@@ -165,6 +140,6 @@ def pack_package(package_dir: str | os.PathLike, out: str | os.PathLike | None =
     if not report.valid:
         return PackResult(report, kid)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(target, data)
+    atomic_write(target, data)
     return PackResult(report, kid, target, hashlib.sha256(data).hexdigest(), len(data), files)
 

@@ -149,3 +149,45 @@ def test_follow_shows_a_line_only_once_its_newline_is_written(tmp_path):
         for event in story.follow_events(events_dir, 0, sleep=sleep):
             seen.append(event["seq"])
     assert seen == [1, 2]
+
+
+def test_show_takes_the_eight_character_prefix_tail_prints(state_dir, capsys):
+    path, state = state_dir
+    uuid = next(u for u, s in state.submissions.items() if s.status == "accepted")
+    assert main(["events", "tail", "--state-dir", str(path), "-n", "1000"]) == 0
+    printed = {line.split()[3] for line in capsys.readouterr().out.splitlines() if len(line.split()) > 3}
+    assert uuid[:8] in printed  # what a user copies from tail
+    assert main(["events", "show", uuid[:8], "--state-dir", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["submission"] == uuid and doc["status"] == "accepted"
+    assert main(["events", "show", uuid[:8].upper(), "--state-dir", str(path)]) == 0
+    assert f"submission {uuid}" in capsys.readouterr().out
+
+
+def test_show_takes_the_seq_of_one_of_the_submissions_events(state_dir, capsys):
+    path, state = state_dir
+    uuid, sub = next((u, s) for u, s in state.submissions.items() if s.status == "accepted")
+    seq = sub.history[-1][0]
+    if any(u.startswith(str(seq)) for u in state.submissions):
+        pytest.skip("the seq is also a uuid prefix in this log")
+    assert main(["events", "show", str(seq), "--state-dir", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["submission"] == uuid
+
+
+def test_show_lists_the_candidates_of_an_ambiguous_prefix_and_exits_2(state_dir, capsys):
+    path, state = state_dir
+    uuids = sorted(state.submissions)
+    prefix = next(u[:1] for u in uuids if sum(v.startswith(u[:1]) for v in uuids) >= 2)
+    matching = [u for u in uuids if u.startswith(prefix)]
+    assert main(["events", "show", prefix, "--state-dir", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "ambiguous" in captured.err and captured.out == ""
+    listed = [line.split()[0] for line in captured.err.splitlines()[1:] if not line.lstrip().startswith("...")]
+    assert listed == matching[:len(listed)] and len(listed) == min(len(matching), 20)
+
+
+def test_show_says_an_unknown_prefix_matches_nothing(state_dir, capsys):
+    path, state = state_dir
+    unknown = next(p for p in ("zz", "qq") if not any(u.startswith(p) for u in state.submissions))
+    assert main(["events", "show", unknown, "--state-dir", str(path)]) == 1
+    assert f"no submission matches {unknown!r}" in capsys.readouterr().err

@@ -7,6 +7,8 @@ import sys
 
 NAME = "events"
 HELP = "read the event log: 'tail' the latest events, 'show UUID' a submission's full story"
+#: how many candidates an ambiguous prefix lists before saying "and N more"
+SHOWN_CANDIDATES = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tail.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     tail.add_argument("--json", action="store_true", help="print the raw JSON lines")
     show = sub.add_parser("show", help="a submission's full story, from the log")
-    show.add_argument("uuid", metavar="UUID", help="submission uuid")
+    show.add_argument("uuid", metavar="UUID",
+                      help="submission uuid, a unique prefix of it (tail prints 8 characters), "
+                           "or the seq number of one of its events")
     show.add_argument("--state-dir", default="./kz-data", metavar="DIR",
                       help="state directory (default ./kz-data); the log is DIR/events")
     show.add_argument("--json", action="store_true",
@@ -36,8 +40,39 @@ def _emit(event: dict, as_json: bool) -> None:
         sys.stdout.write(format_event(event) + "\n")
 
 
+def matching_submissions(events_dir, token: str, known) -> dict[str, str]:
+    """The submissions ``token`` may name, each with why: a uuid prefix, or the seq of one of its events.
+
+    ``known`` is every submission uuid of the log. A full uuid matches itself only.
+    """
+    from kz_events import story
+
+    if token in known:
+        return {token: "uuid"}
+    low = token.lower()
+    found = {uuid: "uuid prefix" for uuid in known if uuid.lower().startswith(low)}
+    if token.isdigit() and int(token) > 0:
+        seq = int(token)
+        event = next(iter(story.iter_events(events_dir, after_seq=seq - 1)), None)
+        subject = (event or {}).get("subject") or {}
+        if event is not None and event.get("seq") == seq and subject.get("submission"):
+            found.setdefault(subject["submission"], f"subject of event seq {seq}")
+    return found
+
+
+def _known_uuids(events_dir, state) -> set[str]:
+    """Every submission uuid: from the rebuilt state, else from the raw lines."""
+    from kz_events import story
+
+    if state is not None:
+        return set(state.submissions)
+    return {e["subject"]["submission"] for e in story.iter_events(events_dir, contains=b'"submission"')
+            if (e.get("subject") or {}).get("submission")}
+
+
 def run(args: argparse.Namespace) -> int:
-    """0 ok; 1 for ``show`` of an unknown uuid; 2 when there is no log or no subcommand."""
+    """0 ok; 1 for ``show`` of an unknown submission; 2 when there is no log, no subcommand,
+    or an ambiguous prefix (the candidates are listed)."""
     from pathlib import Path
 
     cmd = getattr(args, "events_command", None)
@@ -67,20 +102,36 @@ def run(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 pass  # Ctrl-C ends --follow; everything shown was complete
         return 0
-    events = story.submission_events(events_dir, args.uuid)
-    if not events:
-        print(f"kz events: no events for submission {args.uuid} in {events_dir}", file=sys.stderr)
-        return 1
     from kz_events.replay import load_state
 
     try:
-        submission = load_state(events_dir).submissions.get(args.uuid)
+        state = load_state(events_dir)
     except Exception as exc:  # the story is still worth showing from the raw lines
         print(f"kz events: could not rebuild the state ({exc}); showing raw events",
               file=sys.stderr)
-        submission = None
+        state = None
+    found = matching_submissions(events_dir, args.uuid, _known_uuids(events_dir, state))
+    if not found:
+        print(f"kz events: no submission matches {args.uuid!r} (not a uuid, a uuid prefix, or the "
+              f"seq of a submission's event) in {events_dir}", file=sys.stderr)
+        return 1
+    if len(found) > 1:
+        print(f"kz events: {args.uuid!r} is ambiguous; it matches {len(found)} submissions:",
+              file=sys.stderr)
+        for uuid, why in sorted(found.items())[:SHOWN_CANDIDATES]:
+            print(f"  {uuid}  ({why})", file=sys.stderr)
+        if len(found) > SHOWN_CANDIDATES:
+            print(f"  ... and {len(found) - SHOWN_CANDIDATES} more; give more characters",
+                  file=sys.stderr)
+        return 2
+    (uuid,) = found
+    events = story.submission_events(events_dir, uuid)
+    if not events:
+        print(f"kz events: no events for submission {uuid} in {events_dir}", file=sys.stderr)
+        return 1
+    submission = state.submissions.get(uuid) if state is not None else None
     if args.json:
-        doc = {"submission": args.uuid,
+        doc = {"submission": uuid,
                "status": submission.status if submission else None,
                "kernel_id": submission.kernel_id if submission else None,
                "sha_src": submission.sha_src if submission else None,
@@ -88,5 +139,5 @@ def run(args: argparse.Namespace) -> int:
                "events": events}
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        print(story.render_story(args.uuid, events, submission))
+        print(story.render_story(uuid, events, submission))
     return 0

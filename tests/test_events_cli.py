@@ -191,3 +191,32 @@ def test_show_says_an_unknown_prefix_matches_nothing(state_dir, capsys):
     unknown = next(p for p in ("zz", "qq") if not any(u.startswith(p) for u in state.submissions))
     assert main(["events", "show", unknown, "--state-dir", str(path)]) == 1
     assert f"no submission matches {unknown!r}" in capsys.readouterr().err
+
+
+def test_replay_verify_fails_when_the_log_has_no_events(tmp_path, capsys):
+    (tmp_path / "events").mkdir()
+    assert main(["replay", "--state-dir", str(tmp_path), "--verify"]) == 1
+    assert "nothing to verify" in capsys.readouterr().out
+    assert main(["replay", "--state-dir", str(tmp_path), "--verify", "--json"]) == 1
+    verify = json.loads(capsys.readouterr().out)["verify"]
+    assert verify["ok"] is False and verify["checked"] == []
+    assert main(["replay", "--state-dir", str(tmp_path)]) == 0  # a plain replay of an empty log is fine
+    assert main(["replay", "--state-dir", str(tmp_path / "missing"), "--verify"]) == 2
+
+
+def test_replay_verify_without_a_snapshot_says_it_verified_the_log_only(tmp_path, capsys):
+    state = build_log(tmp_path / "events", 50, 3, snapshot_every=0)
+    assert main(["replay", "--state-dir", str(tmp_path), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"verify: verified the log only ({state.seq} events" in out and "no snapshot" in out
+    assert main(["replay", "--state-dir", str(tmp_path), "--verify", "--json"]) == 0
+    verify = json.loads(capsys.readouterr().out)["verify"]
+    assert verify["ok"] is True and verify["checked"] == ["log"] and verify["snapshot"] is None
+
+
+def test_replay_verify_names_the_snapshot_it_compared(state_dir, capsys):
+    path, state = state_dir
+    assert main(["replay", "--state-dir", str(path), "--verify"]) == 0
+    out = capsys.readouterr().out
+    snap = next((path / "events" / "snapshots").glob("*.snap")).name
+    assert f"and snapshot {snap}: the state replayed up to seq {state.seq} equals it" in out

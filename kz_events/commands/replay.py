@@ -1,4 +1,10 @@
-"""``kz replay``: rebuild the state from the log alone; ``--verify`` compares it with the snapshot."""
+"""``kz replay``: rebuild the state from the log alone; ``--verify`` compares it with the snapshot.
+
+Every replay checks each line of the log (order, hash chain, known type, a transition
+the reducer accepts). ``--verify`` also compares the newest snapshot with the state
+replayed up to its seq, and says which of the two it could check: an empty log is a
+failure (nothing was verified), a log without a snapshot is verified as a log only.
+"""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
                         help="state directory (default ./kz-data); the log is DIR/events")
     parser.add_argument("--verify", action="store_true",
-                        help="also replay up to the newest snapshot's seq and compare; exit 1 on divergence")
+                        help="also replay up to the newest snapshot's seq and compare; exit 1 on divergence "
+                             "or when the log has no events (without a snapshot only the log is verified)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -32,8 +39,11 @@ def _differences(a, b) -> list[str]:
     return diffs
 
 
+LOG_CHECKS = "every line in order, on the hash chain, of a known type, accepted by the reducer"
+
+
 def run(args: argparse.Namespace) -> int:
-    """0 ok; 1 when --verify finds a divergence or the log is corrupt; 2 without a log."""
+    """0 ok; 1 when the log is corrupt, or --verify finds a divergence or no events; 2 without a log dir."""
     from pathlib import Path
 
     events_dir = Path(args.state_dir) / "events"
@@ -60,8 +70,14 @@ def run(args: argparse.Namespace) -> int:
         from kz_events.snapshot import SnapshotError, list_snapshots, read_snapshot, snapshot_dir
 
         seqs = list_snapshots(events_dir)
-        if not seqs:
-            doc["verify"] = {"ok": None, "message": "no snapshot to compare with"}
+        if state.seq == 0:
+            doc["verify"] = {"ok": False, "checked": [], "snapshot": None,
+                             "message": f"nothing to verify: the log in {events_dir} has no events"}
+            verdict = 1
+        elif not seqs:
+            doc["verify"] = {"ok": True, "checked": ["log"], "snapshot": None, "seq": state.seq,
+                             "message": f"verified the log only ({state.seq} events: {LOG_CHECKS}); "
+                                        "no snapshot to compare with"}
         else:
             path = snapshot_dir(events_dir) / f"{seqs[-1]:020d}.snap"
             try:
@@ -75,11 +91,15 @@ def run(args: argparse.Namespace) -> int:
                 diffs = _differences(rebuilt, snap_state)
                 if rebuilt.seq != pos.seq:
                     diffs.insert(0, f"the log ends at seq {rebuilt.seq}, the snapshot is at {pos.seq}")
-                doc["verify"] = {"ok": not diffs, "snapshot": path.name, "seq": pos.seq,
-                                 "differences": diffs[:50]}
+                doc["verify"] = {"ok": not diffs, "checked": ["log", "snapshot"], "snapshot": path.name,
+                                 "seq": pos.seq, "differences": diffs[:50],
+                                 "message": (f"verified the log ({state.seq} events: {LOG_CHECKS}) and "
+                                             f"snapshot {path.name}: the state replayed up to seq {pos.seq} "
+                                             "equals it") if not diffs else ""}
                 verdict = 1 if diffs else 0
             except (SnapshotError, ValueError, CorruptLog) as exc:
-                doc["verify"] = {"ok": False, "snapshot": path.name, "message": str(exc)}
+                doc["verify"] = {"ok": False, "checked": ["log", "snapshot"], "snapshot": path.name,
+                                 "message": str(exc)}
                 verdict = 1
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -92,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
         v = doc.get("verify")
         if v is not None:
             if v.get("ok"):
-                print(f"  verify: matches snapshot {v['snapshot']} at seq {v['seq']}")
-            elif v.get("ok") is None:
                 print(f"  verify: {v['message']}")
+            elif v.get("differences"):
+                print(f"  verify: DIVERGES from {v.get('snapshot')}: " + "; ".join(v["differences"]))
             else:
-                print(f"  verify: DIVERGES from {v.get('snapshot')}: "
-                      + "; ".join(v.get("differences") or [v.get("message", "")]))
+                print(f"  verify: FAILED: {v.get('message', '')}"
+                      + (f" ({v['snapshot']})" if v.get("snapshot") else ""))
     return verdict

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
 from machine import AppendCounter, calibration_s, machine_facts, timed_coroutines, timed_threads  # noqa: E402  (benchmarks/ is sys.path[0])

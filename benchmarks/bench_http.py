@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 AXPY = "cpu/Elementwise/Axpy/fp32/numpy_ref"
 

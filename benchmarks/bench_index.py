@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 from machine import calibration_s, cpu_model  # noqa: E402  (benchmarks/ is sys.path[0])
 
 from kz_runner.contract.index import build_index, dumps, update_index, write_index  # noqa: E402

@@ -3,30 +3,19 @@
 # example (CuPy code runs on CUDA too), kz_runner.bench vs triton do_bench, and
 # repeatability of the sm_90 benchmarks (identical resubmissions).
 #
-#   benchmarks/gpu_examples.sh [OUTDIR]      # OUTDIR defaults to $OUT, else ./gpu-results
+#   benchmarks/gpu_examples.sh [OUTDIR]      # OUTDIR defaults to ./gpu-results
 #   RUNS=20 benchmarks/gpu_examples.sh       # more repeat runs (default 8)
 #
-# Needs python3 with numpy, pyyaml, cupy, torch+triton (for the agreement check)
-# and jsonschema; where jsonschema is missing, wheels in .whl/ are installed to
-# /tmp/site first (see /work/.library/device/README.md). The repo need not be
-# installed: the repo root goes on PYTHONPATH.
+# Run on a GPU host after installing kernel_zoo with its CuPy extra (docs/deploy/README.md),
+# plus torch and triton for the agreement check:
+#
+#   pip install -e '.[cuda13]' torch triton      # or [cuda12]; on ROCm, CuPy for your ROCm release
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUTDIR=${1:-${OUT:-gpu-results}}
+OUTDIR=${1:-gpu-results}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import jsonschema" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-# schemas/ ships as the package kz_schemas (a setuptools package-dir mapping): without an
-# install, expose it through a link in a scratch folder on PYTHONPATH.
-SHIM=$(mktemp -d /tmp/kz-shim.XXXXXX) && ln -s "$PWD/schemas" "$SHIM/kz_schemas"
-export PYTHONPATH=$PWD:$SHIM${PYTHONPATH:+:$PYTHONPATH}
-
-kz() {  # the kz console script, without needing it installed
-    python3 -m kz_daemon "$@"
-}
+command -v kz >/dev/null || { echo "kz is not installed: pip install -e '.[cuda13]'" >&2; exit 2; }
 
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples/sm_90/Elementwise/Axpy/fp16/cupy_elementwise/src"))
 
 SIZES = (22, 24, 25, 26)

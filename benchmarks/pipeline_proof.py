@@ -1,6 +1,6 @@
 """The full pipeline on real GPUs: a daemon, one runner per GPU, the sm_90 examples resubmitted.
 
-What it measures (issue 6, "proof on the H200"):
+What it measures:
 
 - repeatability: each example is submitted ``--resubmits`` times in a row through the whole
   pipeline (spool → queue → runner → accept → git → index); for each case, the coefficient of
@@ -17,8 +17,8 @@ Every figure comes from the submissions' own status documents (``kz submit --jso
 
 ``PKG:N`` resubmits that package N times instead of ``--resubmits``.
 
-Needs the daemon's dependencies importable (on the device machine: wheels installed to a
-``--target`` folder on PYTHONPATH) and CuPy. Prints a table last; writes
+Needs kernel_zoo installed with its CuPy extra on the GPU host (``pip install -e '.[cuda13]'``
+from a checkout, or ``[cuda12]``): the daemon, the runner and CuPy. Prints a table last; writes
 ``DIR/pipeline_proof.json`` with every raw value and ``DIR/daemon.log``/``runner-N.log``.
 """
 from __future__ import annotations
@@ -37,14 +37,13 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 DEFAULT_PACKAGES = sorted(str(p.parent.parent.relative_to(ROOT))
                           for p in (ROOT / "examples" / "sm_90").glob("*/*/*/*/.kernel_package/desc.yaml"))
 
 
 def kz_argv(*args: str) -> list[str]:
-    """The kz console script as a module call, so no install is needed."""
+    """The kz console script as a module call of this interpreter, so the install measured is this one."""
     return [sys.executable, "-m", "kz_daemon", *args]
 
 

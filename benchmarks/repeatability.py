@@ -15,7 +15,6 @@ import argparse
 import ast
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -23,11 +22,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from kz_runner.bench import regression_check  # noqa: E402
 from kz_runner.contract.checks import parse_output  # noqa: E402
 from kz_runner.contract.validate import read_metas  # noqa: E402
+
+
+def display_path(pkg: Path) -> str:
+    """The package's path relative to the repository when it lies inside it, so results name no machine."""
+    pkg = pkg.resolve()
+    return str(pkg.relative_to(ROOT)) if pkg.is_relative_to(ROOT) else str(pkg)
 
 
 def module_constant(source: str, name: str):
@@ -43,16 +47,15 @@ def module_constant(source: str, name: str):
 
 def run_package(pkg: Path, runs: int) -> dict:
     """Build once, benchmark ``runs`` times; per-case statistics of the primary metric."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     source = (pkg / ".kernel_package" / "benchmark.py").read_text()
     metas, _ = read_metas(source)
     tolerance = module_constant(source, "REGRESSION_TOLERANCE")
     with tempfile.TemporaryDirectory(prefix="kz-repeat-") as work:
-        subprocess.run([sys.executable, ".kernel_package/build_test_env.py", work], cwd=pkg, env=env, check=True)
+        subprocess.run([sys.executable, ".kernel_package/build_test_env.py", work], cwd=pkg, check=True)
         values: dict[str, list[float]] = {m["test_case_id"]: [] for m in metas}
         accepts = []
         for i in range(runs):
-            done = subprocess.run([sys.executable, ".kernel_package/benchmark.py", work], cwd=pkg, env=env,
+            done = subprocess.run([sys.executable, ".kernel_package/benchmark.py", work], cwd=pkg,
                                   capture_output=True, check=True)
             doc, problems = parse_output(done.stdout)
             if problems:
@@ -89,7 +92,7 @@ def run_package(pkg: Path, runs: int) -> dict:
             "false_rejects": rejects,
             "worst_vs_best_so_far": worst if math.isfinite(worst) else None,
         }
-    return {"package": str(pkg), "regression_tolerance": tolerance, "runs": runs,
+    return {"package": display_path(pkg), "regression_tolerance": tolerance, "runs": runs,
             "overall_accepts": sum(accepts), "cases": cases}
 
 
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'package / case':<60} {'median':>12} {'cv %':>7} {'spread %':>9} {'rejects':>8}")
     for res in results:
         for cid, c in res["cases"].items():
-            name = f"{Path(res['package']).relative_to(ROOT) if Path(res['package']).is_relative_to(ROOT) else res['package']}:{cid}"
+            name = f"{res['package']}:{cid}"
             cv = f"{c['cv'] * 100:.3f}" if c["cv"] is not None else "-"
             spread = f"{c['spread'] * 100:.2f}" if c["spread"] is not None else "-"
             print(f"{name[-60:]:<60} {c['median']:>9.4g} {c['unit']:<3}{cv:>6} {spread:>9} "

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from kz_events.codec import GENESIS, DecodeError, canonical_bytes, decode_dict, parse_json
 from kz_events.log import list_segments, segment_name
-from kz_events.reducer import _HANDLERS, ReducerError
+from kz_events.reducer import ReducerError, handler_for
 from kz_events.state import State
 
 __all__ = ["Finding", "verify_log", "iter_lines"]
@@ -154,7 +154,7 @@ class _Auditor:
             self.add("BAD_EVENT", pos, where, str(exc))
         else:
             try:
-                _HANDLERS[env.type](self.state, pos, env.ts, env.payload)
+                handler_for(env.type)(self.state, pos, env.ts, env.payload)
             except ReducerError as exc:
                 self.add("REFUSED", pos, where, f"the reducer refuses it: {exc}")
             except (KeyError, TypeError, AttributeError, ValueError) as exc:

@@ -28,7 +28,7 @@ __all__ = [
     "Event", "EVENT_TYPES", "register", "event_class", "json_schema", "doc",
     "SubmissionReceived", "SubmissionValidated", "SubmissionRejected",
     "JobQueued", "JobClaimed", "JobLeaseRenewed", "JobLeaseExpired", "JobReleased",
-    "JobRequeued", "JobCancelled", "JobFailed", "ResultReported",
+    "JobCancelled", "JobFailed", "ResultReported",
     "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
     "DaemonStarted", "LogRepaired",
@@ -240,19 +240,6 @@ class JobReleased(Event):
     runner_id: str = doc(_RUNNER)
     lease_id: str = doc(_LEASE)
     reason: str = doc("Why the runner released it.")
-
-
-@register
-class JobRequeued(Event):
-    """A job that is ``running`` (lease dropped) or ``accepting`` goes back to ``queued``.
-
-    For recovery paths that do not end a lease through expiry or release (a lease
-    that ends that way already puts the job back to ``queued``).
-    """
-
-    TYPE = "job.requeued"
-    uuid: str = doc(_UUID)
-    reason: str = doc("Why it was requeued.")
 
 
 @register

@@ -7,16 +7,22 @@ event that is refused (``InvalidTransition``, ``SequenceGap``) leaves the state
 exactly as it was. Callers folding several events atomically use
 ``checkpoint``/``restore``.
 
-The lifecycle (status words as in the docs)::
+The lifecycle (``kz_events.status.Status``)::
 
     received --job.queued--> queued --job.claimed--> running --accept.started--> accepting
-    running --job.lease_expired / job.released / job.requeued--> queued
+    running --job.lease_expired / job.released--> queued
     accepting --accept.completed--> accepted        accepting --accept.rolled_back--> failed
     any non-terminal --submission.rejected--> rejected
     any non-terminal --job.failed--> failed
     received/queued/running --job.cancelled--> cancelled
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
+
+What each event does is one handler per event class; ``handler_for(JobQueued)`` (or
+``handler_for("job.queued")``) returns it, for the replay's and the audit's own
+dispatch tables. A status is stored in the State as its plain word (a ``str``, not
+the ``Status`` member): snapshots encode the State with ``marshal``, which knows
+only built-in types, and the word compares equal to the member.
 """
 from __future__ import annotations
 
@@ -24,12 +30,15 @@ import copy
 import sys
 from typing import Any, Callable, Iterable
 
+from kz_events import events as E
 from kz_events.codec import Envelope
 from kz_events.state import Kernel, Lease, State, Submission
+from kz_events.status import Status
 
 __all__ = [
     "REDUCER_VERSION", "ReducerError", "InvalidTransition", "SequenceGap",
-    "apply", "apply_record", "fold", "next_claimable", "checkpoint", "restore",
+    "apply", "apply_record", "fold", "handler_for", "next_claimable", "checkpoint", "restore",
+    "Handler",
 ]
 
 #: bump whenever the fold changes meaning or the State layout; older snapshots are ignored.
@@ -70,7 +79,7 @@ def apply_record(state: State, seq: int, ts: str, type_word: str, payload: dict)
     """The fast path of ``apply`` for already-validated parts of an envelope."""
     if seq != state.seq + 1:
         raise SequenceGap(seq, type_word, f"expected seq {state.seq + 1}")
-    handler = _HANDLERS.get(type_word)
+    handler = _BY_WORD.get(type_word)
     if handler is None:
         raise InvalidTransition(seq, type_word, "the reducer does not know this event type")
     handler(state, seq, ts, payload)
@@ -96,7 +105,8 @@ def _sub(state: State, seq: int, type_word: str, p: dict, allowed: Iterable[str]
     return sub
 
 
-def _set_status(state: State, sub: Submission, status: str, seq: int, ts: str) -> None:
+def _set_status(state: State, sub: Submission, status: Status, seq: int, ts: str) -> None:
+    status = _WORD[status]
     counts = state.status_counts
     counts[sub.status] -= 1
     counts[status] = counts.get(status, 0) + 1
@@ -149,7 +159,7 @@ def _free_kernel(state: State, sub: Submission) -> None:
         kernel.in_flight = None
 
 
-def _finish(state: State, sub: Submission, status: str, seq: int, ts: str) -> None:
+def _finish(state: State, sub: Submission, status: Status, seq: int, ts: str) -> None:
     """Move to a terminal status and let go of everything the job held."""
     _dequeue(state, sub)
     _end_lease(state, sub)
@@ -170,7 +180,10 @@ def _check_lease(state: State, seq: int, t: str, p: dict, sub: Submission) -> Le
 
 # --- handlers -------------------------------------------------------------------------
 
-_LIVE = ("received", "queued", "running", "accepting")
+_LIVE = (Status.RECEIVED, Status.QUEUED, Status.RUNNING, Status.ACCEPTING)
+#: the plain word stored for each status (see the module docstring).
+_WORD: dict[Status, str] = {status: _intern(status.value) for status in Status}
+_RECEIVED = _WORD[Status.RECEIVED]
 
 
 def _received(state: State, seq: int, ts: str, p: dict) -> None:
@@ -180,14 +193,14 @@ def _received(state: State, seq: int, ts: str, p: dict) -> None:
     # interned: many submissions share these strings (smaller state, faster snapshots)
     state.submissions[uuid] = Submission(
         uuid, _intern(p["kernel_id"]), _intern(p["submitter_id"]), _intern(p["source"]), ts,
-        "received", [[seq, "received", ts]])
+        _RECEIVED, [[seq, _RECEIVED, ts]])
     counts = state.status_counts
-    counts["received"] = counts.get("received", 0) + 1
+    counts[_RECEIVED] = counts.get(_RECEIVED, 0) + 1
 
 
 def _validated(state: State, seq: int, ts: str, p: dict) -> None:
     t = "submission.validated"
-    sub = _sub(state, seq, t, p, ("received",))
+    sub = _sub(state, seq, t, p, (Status.RECEIVED,))
     if sub.arch is not None:
         raise InvalidTransition(seq, t, "already validated", sub.uuid)
     if p["kernel_id"] != sub.kernel_id:
@@ -201,12 +214,12 @@ def _rejected(state: State, seq: int, ts: str, p: dict) -> None:
     sub = _sub(state, seq, "submission.rejected", p, _LIVE)
     sub.reasons.append({"stage": p["stage"], "code": p["code"], "message": p["message"],
                         "seq": seq})
-    _finish(state, sub, "rejected", seq, ts)
+    _finish(state, sub, Status.REJECTED, seq, ts)
 
 
 def _queued(state: State, seq: int, ts: str, p: dict) -> None:
     t = "job.queued"
-    sub = _sub(state, seq, t, p, ("received",))
+    sub = _sub(state, seq, t, p, (Status.RECEIVED,))
     if p["kernel_id"] != sub.kernel_id:
         raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
     if sub.arch is not None and p["arch"] != sub.arch:
@@ -215,12 +228,12 @@ def _queued(state: State, seq: int, ts: str, p: dict) -> None:
         sub.arch = _intern(p["arch"])
     sub.queued_seq = seq
     _enqueue(state, sub)
-    _set_status(state, sub, "queued", seq, ts)
+    _set_status(state, sub, Status.QUEUED, seq, ts)
 
 
 def _claimed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "job.claimed"
-    sub = _sub(state, seq, t, p, ("queued",))
+    sub = _sub(state, seq, t, p, (Status.QUEUED,))
     kernel = state.kernels[sub.kernel_id]
     if kernel.in_flight is not None:
         raise InvalidTransition(
@@ -235,12 +248,12 @@ def _claimed(state: State, seq: int, ts: str, p: dict) -> None:
     kernel.last_claim_seq = seq
     sub.attempts = p["attempt"]
     sub.runner_id, sub.lease_id, sub.lease_expires_at = lease.runner_id, lease.lease_id, lease.expires_at
-    _set_status(state, sub, "running", seq, ts)
+    _set_status(state, sub, Status.RUNNING, seq, ts)
 
 
 def _renewed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "job.lease_renewed"
-    sub = _sub(state, seq, t, p, ("running",))
+    sub = _sub(state, seq, t, p, (Status.RUNNING,))
     lease = _check_lease(state, seq, t, p, sub)
     state.queue.in_flight[sub.uuid] = Lease(
         lease.runner_id, lease.lease_id, p["lease_expires_at"], lease.attempt)
@@ -252,12 +265,12 @@ def _back_in_line(state: State, sub: Submission, seq: int, ts: str) -> None:
     _free_kernel(state, sub)
     sub.lease_expires_at = None
     _enqueue(state, sub)
-    _set_status(state, sub, "queued", seq, ts)
+    _set_status(state, sub, Status.QUEUED, seq, ts)
 
 
 def _expired(state: State, seq: int, ts: str, p: dict) -> None:
     t = "job.lease_expired"
-    sub = _sub(state, seq, t, p, ("running",))
+    sub = _sub(state, seq, t, p, (Status.RUNNING,))
     lease = _check_lease(state, seq, t, p, sub)
     if p["attempt"] != lease.attempt:
         raise InvalidTransition(seq, t, f"attempt {p['attempt']} != lease's {lease.attempt}", sub.uuid)
@@ -266,34 +279,27 @@ def _expired(state: State, seq: int, ts: str, p: dict) -> None:
 
 def _released(state: State, seq: int, ts: str, p: dict) -> None:
     t = "job.released"
-    sub = _sub(state, seq, t, p, ("running",))
+    sub = _sub(state, seq, t, p, (Status.RUNNING,))
     _check_lease(state, seq, t, p, sub)
     _back_in_line(state, sub, seq, ts)
 
 
-def _requeued(state: State, seq: int, ts: str, p: dict) -> None:
-    sub = _sub(state, seq, "job.requeued", p, ("running", "accepting"))
-    sub.result = None
-    sub.base_head = sub.sha_src = sub.sha_br = None
-    _back_in_line(state, sub, seq, ts)
-
-
 def _cancelled(state: State, seq: int, ts: str, p: dict) -> None:
-    sub = _sub(state, seq, "job.cancelled", p, ("received", "queued", "running"))
+    sub = _sub(state, seq, "job.cancelled", p, (Status.RECEIVED, Status.QUEUED, Status.RUNNING))
     sub.reasons.append({"stage": "cancel", "code": "CANCELLED", "message": p["reason"],
                         "by": p["by"], "seq": seq})
-    _finish(state, sub, "cancelled", seq, ts)
+    _finish(state, sub, Status.CANCELLED, seq, ts)
 
 
 def _failed(state: State, seq: int, ts: str, p: dict) -> None:
     sub = _sub(state, seq, "job.failed", p, _LIVE)
     sub.reasons.append({"stage": "job", "code": p["code"], "message": p["message"], "seq": seq})
-    _finish(state, sub, "failed", seq, ts)
+    _finish(state, sub, Status.FAILED, seq, ts)
 
 
 def _reported(state: State, seq: int, ts: str, p: dict) -> None:
     t = "result.reported"
-    sub = _sub(state, seq, t, p, ("running",))
+    sub = _sub(state, seq, t, p, (Status.RUNNING,))
     _check_lease(state, seq, t, p, sub)
     cases = p["cases"]
     sub.result = {
@@ -306,7 +312,7 @@ def _reported(state: State, seq: int, ts: str, p: dict) -> None:
 
 def _accept_started(state: State, seq: int, ts: str, p: dict) -> None:
     t = "accept.started"
-    sub = _sub(state, seq, t, p, ("running",))
+    sub = _sub(state, seq, t, p, (Status.RUNNING,))
     if sub.result is None or sub.uuid in state.queue.in_flight:
         raise InvalidTransition(seq, t, "no result reported for the current attempt", sub.uuid)
     if not sub.result["overall_accept"]:
@@ -314,12 +320,12 @@ def _accept_started(state: State, seq: int, ts: str, p: dict) -> None:
     if p["kernel_id"] != sub.kernel_id:
         raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != {sub.kernel_id}", sub.uuid)
     sub.base_head = p["base_head"]
-    _set_status(state, sub, "accepting", seq, ts)
+    _set_status(state, sub, Status.ACCEPTING, seq, ts)
 
 
 def _source_committed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "accept.source_committed"
-    sub = _sub(state, seq, t, p, ("accepting",))
+    sub = _sub(state, seq, t, p, (Status.ACCEPTING,))
     if sub.sha_src is not None and sub.sha_src != p["sha_src"]:
         raise InvalidTransition(seq, t, f"source already committed as {sub.sha_src}", sub.uuid)
     sub.sha_src = p["sha_src"]
@@ -327,7 +333,7 @@ def _source_committed(state: State, seq: int, ts: str, p: dict) -> None:
 
 def _scorecard_committed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "accept.scorecard_committed"
-    sub = _sub(state, seq, t, p, ("accepting",))
+    sub = _sub(state, seq, t, p, (Status.ACCEPTING,))
     if sub.sha_src != p["sha_src"]:
         raise InvalidTransition(seq, t, f"sha_src {p['sha_src']} != committed {sub.sha_src}", sub.uuid)
     if sub.sha_br is not None and sub.sha_br != p["sha_br"]:
@@ -337,7 +343,7 @@ def _scorecard_committed(state: State, seq: int, ts: str, p: dict) -> None:
 
 def _completed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "accept.completed"
-    sub = _sub(state, seq, t, p, ("accepting",))
+    sub = _sub(state, seq, t, p, (Status.ACCEPTING,))
     if sub.sha_src != p["sha_src"] or sub.sha_br != p["sha_br"]:
         raise InvalidTransition(
             seq, t, f"commits {p['sha_src']}/{p['sha_br']} != saga's {sub.sha_src}/{sub.sha_br}",
@@ -345,15 +351,15 @@ def _completed(state: State, seq: int, ts: str, p: dict) -> None:
     kernel = _kernel(state, sub.kernel_id)
     kernel.head_src, kernel.head_br = sub.sha_src, sub.sha_br
     kernel.accepted += 1
-    _finish(state, sub, "accepted", seq, ts)
+    _finish(state, sub, Status.ACCEPTED, seq, ts)
 
 
 def _rolled_back(state: State, seq: int, ts: str, p: dict) -> None:
-    sub = _sub(state, seq, "accept.rolled_back", p, ("accepting",))
+    sub = _sub(state, seq, "accept.rolled_back", p, (Status.ACCEPTING,))
     sub.reasons.append({"stage": "accept", "code": "ROLLED_BACK", "message": p["reason"],
                         "seq": seq})
     sub.sha_src = sub.sha_br = None
-    _finish(state, sub, "failed", seq, ts)
+    _finish(state, sub, Status.FAILED, seq, ts)
 
 
 def _index_updated(state: State, seq: int, ts: str, p: dict) -> None:
@@ -377,29 +383,48 @@ def _log_repaired(state: State, seq: int, ts: str, p: dict) -> None:
                           "quarantine_file": p["quarantine_file"]})
 
 
-_HANDLERS: dict[str, Callable[[State, int, str, dict], None]] = {
-    "submission.received": _received,
-    "submission.validated": _validated,
-    "submission.rejected": _rejected,
-    "job.queued": _queued,
-    "job.claimed": _claimed,
-    "job.lease_renewed": _renewed,
-    "job.lease_expired": _expired,
-    "job.released": _released,
-    "job.requeued": _requeued,
-    "job.cancelled": _cancelled,
-    "job.failed": _failed,
-    "result.reported": _reported,
-    "accept.started": _accept_started,
-    "accept.source_committed": _source_committed,
-    "accept.scorecard_committed": _scorecard_committed,
-    "accept.completed": _completed,
-    "accept.rolled_back": _rolled_back,
-    "index.updated": _index_updated,
-    "mirror.pushed": _mirror_pushed,
-    "daemon.started": _daemon_started,
-    "log.repaired": _log_repaired,
+#: a handler folds one event: (state, seq, ts, payload); it checks before it changes anything.
+Handler = Callable[[State, int, str, dict], None]
+
+#: what each event does, by event class (``handler_for`` is the public lookup).
+_HANDLERS: dict[type[E.Event], Handler] = {
+    E.SubmissionReceived: _received,
+    E.SubmissionValidated: _validated,
+    E.SubmissionRejected: _rejected,
+    E.JobQueued: _queued,
+    E.JobClaimed: _claimed,
+    E.JobLeaseRenewed: _renewed,
+    E.JobLeaseExpired: _expired,
+    E.JobReleased: _released,
+    E.JobCancelled: _cancelled,
+    E.JobFailed: _failed,
+    E.ResultReported: _reported,
+    E.AcceptStarted: _accept_started,
+    E.AcceptSourceCommitted: _source_committed,
+    E.AcceptScorecardCommitted: _scorecard_committed,
+    E.AcceptCompleted: _completed,
+    E.AcceptRolledBack: _rolled_back,
+    E.IndexUpdated: _index_updated,
+    E.MirrorPushed: _mirror_pushed,
+    E.DaemonStarted: _daemon_started,
+    E.LogRepaired: _log_repaired,
 }
+#: the same by type word: the fold of a log line knows only the word.
+_BY_WORD: dict[str, Handler] = {cls.TYPE: handler for cls, handler in _HANDLERS.items()}
+
+
+def handler_for(event_type: str | type[E.Event]) -> Handler:
+    """The handler of an event class (or of its type word): ``handler(state, seq, ts, payload)``.
+
+    It folds the event into ``state`` without setting ``state.seq`` (the caller does,
+    after it) and raises ``ReducerError`` for an event it refuses, leaving the state
+    unchanged. Raises KeyError for a type the reducer does not know.
+    """
+    table = _BY_WORD if isinstance(event_type, str) else _HANDLERS
+    try:
+        return table[event_type]
+    except KeyError:
+        raise KeyError(f"the reducer has no handler for {event_type!r}") from None
 
 
 # --- atomic folding of several events ---------------------------------------------------

@@ -30,9 +30,9 @@ from kz_events import replay_worker
 from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
 from kz_events.log import CorruptLog, EventLog, Position, segment_name
-from kz_events.reducer import _HANDLERS, ReducerError
+from kz_events.reducer import REDUCER_VERSION, ReducerError, handler_for
 from kz_events.replay_worker import check_chain, cut_group, payload_array, read_group
-from kz_events.snapshot import gc_paused
+from kz_events.snapshot import gc_paused, load_newest
 from kz_events.state import State
 
 __all__ = ["PIPELINE_MIN_BYTES", "load_state", "replay_dir", "replay_into"]
@@ -136,12 +136,12 @@ def replay_into(log: EventLog, state: State, start: Position | None = None,
 
 def _tables() -> dict:
     """Handlers and fields by type (line-by-line path) and by line end (fast path, key None)."""
-    table: dict = {t.encode(): (_HANDLERS[t], str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
+    table: dict = {t.encode(): (handler_for(cls), str(cls.VERSION).encode(), frozenset(cls.FIELDS), t)
                    for t, cls in EVENT_TYPES.items()}
     # the fast path's table: a line's end (type and version) -> handler, fields,
     # type, version to upcast from (0: current)
     kinds = {f',"type":"{t}","v":{v}}}'.encode(): (
-        _HANDLERS[t], frozenset(cls.FIELDS), t, 0 if v == cls.VERSION else v)
+        handler_for(cls), frozenset(cls.FIELDS), t, 0 if v == cls.VERSION else v)
         for t, cls in EVENT_TYPES.items() for v in range(1, cls.VERSION + 1)}
     current = {end: entry for end, entry in kinds.items() if not entry[3]}
     table[None] = (kinds, {end: e[0] for end, e in current.items()},
@@ -402,9 +402,6 @@ def replay_dir(events_dir: Path | str) -> State:
 
 def load_state(events_dir: Path | str) -> State:
     """The current State of a log, read-only: newest usable snapshot plus the tail."""
-    from kz_events.reducer import REDUCER_VERSION
-    from kz_events.snapshot import load_newest
-
     log = EventLog.open(events_dir, readonly=True)
     try:
         state, start, _ = load_newest(Path(events_dir), REDUCER_VERSION, log.check_position)

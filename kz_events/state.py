@@ -16,13 +16,9 @@ from operator import attrgetter
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
+from kz_events.status import STATUSES, TERMINAL
+
 __all__ = ["STATUSES", "TERMINAL", "Lease", "Submission", "Kernel", "Queue", "State"]
-
-#: the status words of a submission, in lifecycle order.
-STATUSES = ("received", "queued", "running", "accepting", "accepted",
-            "rejected", "failed", "cancelled")
-TERMINAL = frozenset(("accepted", "rejected", "failed", "cancelled"))
-
 
 class Lease(NamedTuple):
     """A runner's hold on a running job (a named tuple: cheap to build on every renewal)."""
@@ -42,7 +38,7 @@ class Submission:
     submitter_id: str
     source: str                      # http | spool
     received_at: str                 # ts of submission.received
-    status: str                      # one of STATUSES
+    status: str                      # a Status word (stored as plain str: snapshots marshal it)
     history: list                    # [[seq, status, ts], ...] one entry per status change
     reasons: list = field(default_factory=list)   # [{stage, code, message, seq}] why it ended
     arch: str | None = None          # from submission.validated / job.queued
@@ -168,7 +164,8 @@ class State:
         return {
             "seq": self.seq,
             "submissions": len(self.submissions),
-            "by_status": {s: self.status_counts[s] for s in STATUSES if self.status_counts.get(s)},
+            "by_status": {s.value: self.status_counts[s] for s in STATUSES
+                          if self.status_counts.get(s)},
             "pending": len(self.queue.pending),
             "in_flight": len(self.queue.in_flight),
             "kernels": len(self.kernels),

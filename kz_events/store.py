@@ -250,10 +250,6 @@ class Store:
             ticket = await asyncio.to_thread(self.submit, *events)
         return await ticket.wait_async()
 
-    def append_many(self, events: list[Event]) -> list[int]:
-        """``emit(*events)``: one fold, one write, one fsync for the whole batch."""
-        return self.emit(*events)
-
     def submit(self, *events: Event) -> "Ticket":
         """Fold ``events`` (all or none) and queue their lines; the lines are not durable yet.
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from kz_events import events as E
 from kz_events.codec import parse_json
 from kz_events.log import list_segments, segment_name
 
@@ -20,48 +21,49 @@ def _short(sha: Any) -> str:
     return str(sha)[:12] if sha else "-"
 
 
-_DESCRIBE: dict[str, Callable[[dict], str]] = {
-    "submission.received": lambda p: (f"received {p['filename']} ({p['size']} bytes, "
-                                      f"sha256 {_short(p['sha256'])}) from {p['submitter_id']} "
-                                      f"via {p['source']}"),
-    "submission.validated": lambda p: (f"validated: arch {p['arch']}"
-                                       + (", new kernel" if p["new_kernel"] else "")
-                                       + (f", warnings {', '.join(p['warnings'])}"
-                                          if p["warnings"] else "")),
-    "submission.rejected": lambda p: f"rejected at {p['stage']}: {p['code']}: {p['message']}",
-    "job.queued": lambda p: f"queued for a {p['arch']} runner",
-    "job.claimed": lambda p: (f"claimed by {p['runner_id']} (attempt {p['attempt']}, "
-                              f"lease {p['lease_id']})"),
-    "job.lease_renewed": lambda p: f"lease {p['lease_id']} renewed by {p['runner_id']}",
-    "job.lease_expired": lambda p: (f"lease {p['lease_id']} of {p['runner_id']} expired "
-                                    f"(attempt {p['attempt']}); back in the queue"),
-    "job.released": lambda p: (f"released by {p['runner_id']}: {p['reason']}; back in the queue"),
-    "job.requeued": lambda p: f"requeued: {p['reason']}",
-    "job.cancelled": lambda p: f"cancelled by {p['by']}: {p['reason']}",
-    "job.failed": lambda p: f"failed: {p['code']}: {p['message']}",
-    "result.reported": lambda p: (f"result from {p['runner_id']}: "
-                                  f"{'accept' if p['overall_accept'] else 'no accept'}, "
-                                  f"build {'ok' if p['build_ok'] else 'FAILED'}, "
-                                  f"{len(p['cases'])} cases"),
-    "accept.started": lambda p: f"accept saga started on {_short(p['base_head'])}",
-    "accept.source_committed": lambda p: f"source commit {_short(p['sha_src'])}",
-    "accept.scorecard_committed": lambda p: f"scorecard commit {_short(p['sha_br'])}",
-    "accept.completed": lambda p: (f"accepted: source {_short(p['sha_src'])}, "
-                                   f"branch {_short(p['sha_br'])}"),
-    "accept.rolled_back": lambda p: f"accept saga rolled back: {p['reason']}",
-    "index.updated": lambda p: (f"index v{p['version']} at {_short(p['head'])} "
-                                f"({p['kernels']} kernels)"),
-    "mirror.pushed": lambda p: (f"mirror {p['remote']} {'<-' if p['ok'] else 'FAILED'} "
-                                f"{_short(p['sha'])}" + (f": {p['error']}" if p["error"] else "")),
-    "daemon.started": lambda p: f"daemon {p['version']} started (pid {p['pid']})",
-    "log.repaired": lambda p: (f"log repaired: {p['dropped_bytes']} torn bytes moved to "
-                               f"{p['quarantine_file']}"),
+#: one sentence per event class, from the payload.
+_DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
+    E.SubmissionReceived: lambda p: (f"received {p['filename']} ({p['size']} bytes, "
+                                     f"sha256 {_short(p['sha256'])}) from {p['submitter_id']} "
+                                     f"via {p['source']}"),
+    E.SubmissionValidated: lambda p: (f"validated: arch {p['arch']}"
+                                      + (", new kernel" if p["new_kernel"] else "")
+                                      + (f", warnings {', '.join(p['warnings'])}"
+                                         if p["warnings"] else "")),
+    E.SubmissionRejected: lambda p: f"rejected at {p['stage']}: {p['code']}: {p['message']}",
+    E.JobQueued: lambda p: f"queued for a {p['arch']} runner",
+    E.JobClaimed: lambda p: (f"claimed by {p['runner_id']} (attempt {p['attempt']}, "
+                             f"lease {p['lease_id']})"),
+    E.JobLeaseRenewed: lambda p: f"lease {p['lease_id']} renewed by {p['runner_id']}",
+    E.JobLeaseExpired: lambda p: (f"lease {p['lease_id']} of {p['runner_id']} expired "
+                                  f"(attempt {p['attempt']}); back in the queue"),
+    E.JobReleased: lambda p: (f"released by {p['runner_id']}: {p['reason']}; back in the queue"),
+    E.JobCancelled: lambda p: f"cancelled by {p['by']}: {p['reason']}",
+    E.JobFailed: lambda p: f"failed: {p['code']}: {p['message']}",
+    E.ResultReported: lambda p: (f"result from {p['runner_id']}: "
+                                 f"{'accept' if p['overall_accept'] else 'no accept'}, "
+                                 f"build {'ok' if p['build_ok'] else 'FAILED'}, "
+                                 f"{len(p['cases'])} cases"),
+    E.AcceptStarted: lambda p: f"accept saga started on {_short(p['base_head'])}",
+    E.AcceptSourceCommitted: lambda p: f"source commit {_short(p['sha_src'])}",
+    E.AcceptScorecardCommitted: lambda p: f"scorecard commit {_short(p['sha_br'])}",
+    E.AcceptCompleted: lambda p: (f"accepted: source {_short(p['sha_src'])}, "
+                                  f"branch {_short(p['sha_br'])}"),
+    E.AcceptRolledBack: lambda p: f"accept saga rolled back: {p['reason']}",
+    E.IndexUpdated: lambda p: (f"index v{p['version']} at {_short(p['head'])} "
+                               f"({p['kernels']} kernels)"),
+    E.MirrorPushed: lambda p: (f"mirror {p['remote']} {'<-' if p['ok'] else 'FAILED'} "
+                               f"{_short(p['sha'])}" + (f": {p['error']}" if p["error"] else "")),
+    E.DaemonStarted: lambda p: f"daemon {p['version']} started (pid {p['pid']})",
+    E.LogRepaired: lambda p: (f"log repaired: {p['dropped_bytes']} torn bytes moved to "
+                              f"{p['quarantine_file']}"),
 }
 
 
 def describe(event: dict) -> str:
     """One human sentence for an event dict (a parsed log line)."""
-    fn = _DESCRIBE.get(event.get("type", ""))
+    word = event.get("type")
+    fn = _DESCRIBE.get(E.EVENT_TYPES.get(word)) if isinstance(word, str) else None
     try:
         return fn(event["payload"]) if fn else f"{event.get('type')} {event.get('payload')}"
     except (KeyError, TypeError):

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import json
+import marshal
 import random
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kz_events import events as E
+from kz_events import state as state_module
 from kz_events.reducer import (InvalidTransition, SequenceGap, apply, apply_record, checkpoint,
-                               fold, next_claimable, restore)
+                               fold, handler_for, next_claimable, restore)
 from kz_events.codec import Envelope, decode_line, encode, line_hash, GENESIS
 from kz_events.state import State
+from kz_events.status import STATUSES, TERMINAL, Status
 from kz_events.workload import new_uuid, simulate
 
 TS = "2026-11-30T06:00:00.000001Z"
@@ -195,7 +198,6 @@ def _fuzz_event(rng: random.Random, state: State) -> E.Event:
         E.JobLeaseRenewed(u, rid, lid, 2.0),
         E.JobLeaseExpired(u, rid, lid, max(1, attempt)),
         E.JobReleased(u, rid, lid, "r"),
-        E.JobRequeued(u, "r"),
         E.JobCancelled(u, "op", "r"),
         E.JobFailed(u, "C", "m"),
         E.ResultReported(u, rid, lid, "c" * 64, rng.random() < 0.7, True, [], {}),
@@ -226,3 +228,22 @@ def test_refused_events_leave_the_state_exactly_as_it_was(seed, n, tries):
         for kid, kernel in state.kernels.items():
             assert (kid in state.queue.waiting_kernels) == bool(kernel.pending)
         assert set(state.queue.pending) == {u for k in state.kernels.values() for u in k.pending}
+
+
+def test_every_event_class_has_one_handler_reached_by_class_or_type_word():
+    for cls in E.EVENT_TYPES.values():
+        assert handler_for(cls) is handler_for(cls.TYPE)
+    with pytest.raises(KeyError, match="job.teleported"):
+        handler_for("job.teleported")
+
+
+def test_status_words_are_the_shared_vocabulary_and_snapshot_as_plain_strings():
+    assert state_module.STATUSES is STATUSES and state_module.TERMINAL is TERMINAL
+    state = fold_events(simulate(random.Random(7), 600))
+    statuses = {sub.status for sub in state.submissions.values()}
+    assert statuses <= set(Status) and Status.ACCEPTED in statuses
+    # plain str, not the enum member: the snapshot body is marshal, which refuses subclasses
+    assert {type(sub.status) for sub in state.submissions.values()} == {str}
+    assert {type(word) for word in state.status_counts} == {str}
+    marshal.dumps(state.to_json())
+    assert set(state.summary()["by_status"]) <= {s.value for s in Status}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from json import encoder as _enc
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -42,8 +43,6 @@ def _not_json(obj: Any) -> Any:
 def _make_dumps() -> Callable[[Any], str]:
     """The canonical encoder: json's C encoder built once (``JSONEncoder.encode`` builds one
     per call), sorted keys, compact, no ASCII escaping, NaN refused."""
-    from json import encoder as _enc
-
     slow = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                             allow_nan=False).encode
     if _enc.c_make_encoder is None:  # pragma: no cover - CPython always has it

@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Iterator
 
 from kz_events.codec import GENESIS, parse_json
+from kz_events.durable import fsync_dir
 
 __all__ = [
     "LogError", "LogLocked", "CorruptLog", "Position", "Repair", "EventLog",
     "segment_name", "list_segments", "fsync_dir", "DEFAULT_SEGMENT_BYTES",
 ]
+# fsync_dir is kz_events.durable's, named here too because the daemon's spool imports it
+# from this module.
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _SEGMENT_RE = re.compile(r"^(\d{20})\.jsonl$")
@@ -87,15 +90,6 @@ def list_segments(events_dir: Path) -> list[int]:
         if m and entry.is_file():
             found.append(int(m.group(1)))
     return sorted(found)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a created, renamed or removed entry in it is durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _acquire_lock(events_dir: Path) -> int:

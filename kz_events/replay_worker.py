@@ -29,6 +29,8 @@ length and ``marshal`` bytes.
 """
 from __future__ import annotations
 
+import fcntl
+import gc
 import hashlib
 import marshal
 import os
@@ -36,6 +38,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from kz_events.log import EventLog
 
 __all__ = ["check_chain", "cut_group", "main", "messages", "payload_array", "read_group", "spawn", "stop"]
 
@@ -161,10 +165,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 def _deepen_pipe(fd: int) -> None:
     try:
-        import fcntl
-
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
-    except (OSError, ImportError):
+    except OSError:
         pass  # a shallow pipe only costs more switches between the two processes
 
 
@@ -184,8 +186,6 @@ def _vouch(group: list[bytes], seq: int, h: bytes) -> tuple[tuple | None, bytes]
 
 def _run(events_dir: Path, segments: list[int], segment: int, offset: int, seq: int,
          h: bytes, send) -> None:
-    from kz_events.log import EventLog
-
     log = EventLog(events_dir, None, segments, None, 0, False, readonly=False)
     for first in segments:
         if first < segment:
@@ -206,8 +206,6 @@ def _run(events_dir: Path, segments: list[int], segment: int, offset: int, seq: 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kz_events.replay_worker DIR SEGMENTS SEGMENT OFFSET SEQ HASH`` (see above)."""
-    import gc
-
     gc.disable()  # many short-lived bytes objects and no cycles: collections would only cost
     argv = sys.argv[1:] if argv is None else argv
     out = sys.stdout.buffer

@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from kz_events.log import Position, fsync_dir
+from kz_events.durable import atomic_write, fsync_dir
+from kz_events.log import Position
 from kz_events.state import State
 
 __all__ = ["SNAPSHOT_FORMAT", "gc_paused", "encode_snapshot", "write_snapshot", "load_newest",
@@ -85,16 +86,11 @@ def write_snapshot(events_dir: Path, seq: int, data: bytes, *, keep: int = 2,
     sdir = snapshot_dir(events_dir)
     sdir.mkdir(exist_ok=True)
     final = sdir / f"{seq:020d}.snap"
-    tmp = sdir / f".{seq:020d}.snap.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, final)
+    # the folder is fsynced once below, after the pruning, rather than once per change
+    atomic_write(final, data, fsync=fsync, sync_dir=False)
     for old in list_snapshots(events_dir)[:-keep] if keep > 0 else []:
         (sdir / f"{old:020d}.snap").unlink(missing_ok=True)
-    for stale in sdir.glob(".*.snap.tmp"):  # left by a crash mid-write (one writer: the lock)
+    for stale in sdir.glob(".*.snap*.tmp"):  # left by a crash mid-write (one writer: the lock)
         stale.unlink(missing_ok=True)
     if fsync:
         fsync_dir(sdir)

@@ -14,6 +14,7 @@ from typing import Iterator
 from kz_events import events as E
 from kz_events.reducer import apply_record, next_claimable
 from kz_events.state import State
+from kz_events.store import Store
 
 __all__ = ["simulate", "new_uuid"]
 
@@ -133,8 +134,6 @@ def _simulate(rng: random.Random, n_events: int, *, kernels: int = 20,
 
 def build_log(events_dir, n_events: int, seed: int = 0, *, batch: int = 50, **store_options):
     """Write a simulated log of ``n_events`` into ``events_dir`` (no fsync); returns the State."""
-    from kz_events.store import Store
-
     store_options.setdefault("fsync", False)
     events = list(simulate(random.Random(seed), n_events))
     with Store.open(events_dir, **store_options) as store:

@@ -1,7 +1,9 @@
 """`kz submit PATH`: validate and pack locally, upload, follow the status, print the verdict.
 
 Exit codes: 0 accepted (or queued with --no-wait), 1 rejected (locally, at intake or
-by the run), 2 error (network, auth, limits, timeout, usage).
+by the run), 2 error (network, auth, limits, timeout, usage). With ``--json`` stdout
+holds exactly one JSON document whatever the outcome (errors too: ``{"status":
+"error", ...}``); progress and warnings go to stderr.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import sys
 NAME = "submit"
 HELP = "submit a package (directory or .tar.gz) to a kernel_zoo server and follow its status"
 DEFAULT_SERVER = "http://127.0.0.1:8470"
+# what an HTTP header value may hold: printable ASCII, no spaces
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,22 +30,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="submitter id (env KZ_SUBMITTER; default: your user name)")
     parser.add_argument("--token", default=os.environ.get("KZ_TOKEN"),
                         help="submitter token when the server requires one (env KZ_TOKEN)")
-    parser.add_argument("--kernel-id", default=None, help="kernel_id (default: from the package)")
+    parser.add_argument("--kernel-id", default=None,
+                        help="kernel_id (default: the tarball's top folder, or for a directory its "
+                             "bench_result.yaml, else its path under the kernel repo root)")
+    parser.add_argument("--idempotency-key", default=None, metavar="KEY",
+                        help="the upload's Idempotency-Key (default: a new uuid4 per invocation); "
+                             "repeat a key to make a repeated submission a no-op on the server")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--no-wait", action="store_true", help="return once the server has queued it")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds to follow the status before giving up (default 3600)")
 
 
-def _progress(enabled: bool):
-    def show(doc: dict, elapsed: float) -> None:
-        if enabled:
+class _Watcher:
+    """Shows progress (unless quiet) and each distinct queue warning once, on stderr."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.warned: set[str] = set()
+
+    def progress(self, doc: dict, elapsed: float) -> None:
+        """One line per status change."""
+        if not self.quiet:
             print(f"[{elapsed:6.1f}s] {doc.get('status')}", file=sys.stderr, flush=True)
-    return show
+
+    def document(self, doc: dict) -> None:
+        """Every status document: print a queue warning the first time it appears."""
+        from kz_runner.submit import queue_warning_line
+
+        line = queue_warning_line(doc)
+        if line and line not in self.warned:
+            self.warned.add(line)
+            print(line, file=sys.stderr, flush=True)
 
 
 def _emit_json(doc: dict) -> None:
     print(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True))
+
+
+def _error(args: argparse.Namespace, message: str, code: str = "ERROR", **extra) -> int:
+    """Report an exit-2 failure: on stderr, and as the one JSON document with --json."""
+    print(f"kz submit: {message}", file=sys.stderr)
+    if args.json:
+        _emit_json({"status": "error", "code": code, "message": message, **extra})
+    return 2
+
+
+def _render_problem(found: dict) -> str:
+    """A problem dict in ``kz validate``'s one-line form."""
+    from kz_runner.contract.problems import Problem
+
+    try:
+        return Problem(**found).render()
+    except TypeError:  # not one of ours (a server's free-form reason): show it as it came
+        return f"{found.get('code')}: {found.get('message')}"
+
+
+def _intake_rejected(args: argparse.Namespace, exc) -> int:
+    from kz_runner import submit as sub
+
+    doc = {"status": "rejected", "stage": "intake", "code": exc.code, "message": exc.message,
+           "details": exc.details}
+    if args.json:
+        _emit_json(doc)
+        return sub.EXIT_REJECTED
+    print(f"kz submit: rejected at intake: {exc.message}", file=sys.stderr)
+    problems = [p for p in (exc.details or {}).get("problems") or [] if isinstance(p, dict)]
+    for found in problems:
+        print(f"  {_render_problem(found)}", file=sys.stderr)
+    if not problems:
+        for line in sub.reason_lines((exc.details or {}).get("reasons")):
+            print(f"  {line}", file=sys.stderr)
+    return sub.EXIT_REJECTED
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
 
     submitter = args.submitter or getpass.getuser()
     if not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", submitter):
-        print(f"kz submit: {submitter!r} is not a valid submitter id (1-64 of A-Z a-z 0-9 . _ @ + -); "
-              "pass --submitter", file=sys.stderr)
-        return 2
+        return _error(args, f"{submitter!r} is not a valid submitter id (1-64 of A-Z a-z 0-9 . _ @ + -); "
+                            "pass --submitter", "USAGE")
+    key = args.idempotency_key or sub.new_idempotency_key()
+    if not IDEMPOTENCY_KEY_RE.match(key):
+        return _error(args, f"{key!r} is not a usable idempotency key (1-255 printable ASCII characters, "
+                            "no spaces)", "USAGE")
     try:
         prepared = sub.prepare(args.path, args.kernel_id)
     except sub.LocalRejection as exc:
@@ -61,35 +124,26 @@ def run(args: argparse.Namespace) -> int:
             _emit_json({"status": "rejected", "stage": "local", "message": str(exc), "problems": exc.problems})
         else:
             print(f"kz submit: {exc}; nothing was uploaded", file=sys.stderr)
-            for p in exc.problems:
-                print(f"  {p.get('code')}: {p.get('message')}", file=sys.stderr)
+            for found in exc.problems:
+                print(f"  {_render_problem(found)}", file=sys.stderr)
         return sub.EXIT_REJECTED
     except sub.SubmitError as exc:
-        print(f"kz submit: {exc}", file=sys.stderr)
-        return sub.EXIT_ERROR
+        return _error(args, str(exc), "USAGE")
     try:
         client = ZooClient(args.server, args.token)
     except ValueError as exc:
-        print(f"kz submit: {exc}", file=sys.stderr)
-        return sub.EXIT_ERROR
-    quiet = args.json
+        return _error(args, str(exc), "USAGE")
+    watcher = _Watcher(quiet=args.json)
+    uuid = None
     try:
         try:
-            created = sub.upload(client, prepared, submitter)
+            created = sub.upload(client, prepared, submitter, key)
         except ApiError as exc:
             if exc.code == "VALIDATION_ERROR":
-                doc = {"status": "rejected", "stage": "intake", "code": exc.code, "message": exc.message,
-                       "details": exc.details}
-                if args.json:
-                    _emit_json(doc)
-                else:
-                    print(f"kz submit: rejected at intake: {exc.message}", file=sys.stderr)
-                    for reason in (exc.details or {}).get("reasons") or []:
-                        print(f"  {reason}", file=sys.stderr)
-                return sub.EXIT_REJECTED
+                return _intake_rejected(args, exc)
             raise
         uuid = created.get("uuid")
-        if not quiet:
+        if not args.json:
             print(f"submitted {prepared.kernel_id} as {uuid} ({created.get('status')}); "
                   f"status: {args.server.rstrip('/')}/submissions/{uuid}", file=sys.stderr)
         if args.no_wait:
@@ -98,13 +152,12 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(uuid)
             return sub.EXIT_ACCEPTED
-        final = sub.follow(client, uuid, args.timeout, _progress(not quiet))
+        final = sub.follow(client, uuid, args.timeout, watcher.progress, on_doc=watcher.document)
     except ApiError as exc:
-        print(f"kz submit: server answered {exc.status} {exc.code}: {exc.message}", file=sys.stderr)
-        return sub.EXIT_ERROR
+        return _error(args, f"server answered {exc.status} {exc.code}: {exc.message}", exc.code,
+                      uuid=uuid, details=exc.details)
     except (ClientError, sub.SubmitError, OSError) as exc:
-        print(f"kz submit: {exc}", file=sys.stderr)
-        return sub.EXIT_ERROR
+        return _error(args, str(exc), type(exc).__name__, uuid=uuid)
     finally:
         if prepared.packed:
             sub.discard(prepared)
@@ -116,9 +169,6 @@ def run(args: argparse.Namespace) -> int:
         print(sub.case_table(final))
         if final.get("commit_sha"):
             print(f"commit: {final['commit_sha']}")
-        for reason in final.get("reasons") or []:
-            if isinstance(reason, dict):
-                print(f"reason: {reason.get('code', '')}: {reason.get('message', '')}")
-            else:
-                print(f"reason: {reason}")
+        for line in sub.reason_lines(final.get("reasons")) + sub.log_tail_lines(final):
+            print(line)
     return sub.exit_code_for(status)

@@ -20,13 +20,14 @@ log, then the commit trailers in git) and does only what is missing:
 
 The scorecard is a pure function of (the scorecard in commit 1's tree, result.json,
 submitter, the ts of ``accept.started``), so a restarted saga rebuilds the same
-bytes. ``KZ_CRASH_AT=<point>`` kills the process with SIGKILL at that point (the
+bytes. :func:`finish_saga` runs the saga and, when it cannot finish, rolls it back
+(nothing of it in git) or leaves it for a retry (the lease reaper, the next
+start-up). ``KZ_CRASH_AT=<point>`` kills the process with SIGKILL at that point (the
 crash tests' fault injection); see ``CRASH_POINTS``.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 from typing import Any
@@ -36,15 +37,23 @@ import yaml
 from kz_daemon import scorecard
 from kz_daemon.errors import ZooError
 from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
-from kz_daemon.intake import PACKAGE_FILE, contract_limits, read_submission
-from kz_daemon.queue import BENCH, KP, check_lease
-from kz_daemon.spool import write_json_atomic
+from kz_daemon.pending import StoredRun, result_bytes
+from kz_daemon.ports import Daemon
+from kz_daemon.queue import check_lease
+from kz_daemon.readmodel import SubmissionView, view_of
+from kz_events import events as ev
+from kz_events.status import Status
+from kz_runner.contract.checks import check_result
+from kz_runner.contract.layout import BENCH_RESULT, DESC, KP
+from kz_runner.contract.tarball import scan_tarball
 
 CRASH_POINTS = (
     "after_result_reported", "before_source_commit", "before_source_ref", "after_source_commit",
     "after_source_event", "before_scorecard_ref", "after_scorecard_commit", "after_scorecard_event",
     "after_index", "after_completed",
 )
+#: statuses a submission can have because of the result reported under its last lease
+REPORTED_STATUSES = (Status.ACCEPTING, Status.ACCEPTED, Status.REJECTED, Status.FAILED)
 
 
 def crash_point(name: str) -> None:
@@ -75,42 +84,13 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
     return out
 
 
-def result_bytes(result: dict | None) -> bytes:
-    """The bytes stored as ``runs/<uuid>/result.json``; their sha256 is ``result.reported``'s result_sha256."""
-    return json.dumps(result, sort_keys=True, allow_nan=True).encode() + b"\n"
-
-
-def _store_run(zoo, sub_uuid: str, result: dict | None, logs: bytes, env: dict, failure: dict | None) -> str:
-    folder = zoo.config.paths.runs / sub_uuid
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "logs.txt").write_bytes(logs or b"")
-    write_json_atomic(folder / "env.json", env or {}, fsync=False)
-    write_json_atomic(folder / "failure.json", failure, fsync=False)
-    data = result_bytes(result)
-    tmp = folder / ".result.json.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / "result.json")
-    return hashlib.sha256(data).hexdigest()
-
-
-def load_result(zoo, sub_uuid: str) -> Any:
-    """The stored result.json of a submission (None when the runner sent none)."""
-    return json.loads((zoo.config.paths.runs / sub_uuid / "result.json").read_text())
-
-
-def judge(zoo, sub, result: Any, failure: dict | None):
-    """(accepted, code, message, details, invalid) for a reported result: pure apart from reading METAS."""
-    from kz_runner.contract.checks import check_result
-
+def judge(sub: Any, result: Any, failure: dict | None, metas: list[dict]):
+    """(accepted, code, message, details, invalid) for a reported result: pure (``metas`` from intake)."""
     if failure:
         code = str(failure.get("code") or "RUNNER_FAILURE")
         return False, code, str(failure.get("message") or code), {"failure": failure}, False
     if result is None:
         return False, "BAD_OUTPUT", "the runner reported no result document", {}, False
-    metas = read_submission(zoo.config.paths.pending, sub.uuid).get("metas") or []
     case_ids = [m.get("test_case_id") for m in metas]
     verdict = check_result(result, kernel_id=sub.kernel_id, case_ids=case_ids)
     if verdict.accepted:
@@ -120,28 +100,26 @@ def judge(zoo, sub, result: Any, failure: dict | None):
     return False, code, verdict.reason, details, verdict.invalid
 
 
-def report_result(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
-                  logs: bytes, env: dict, failure: dict | None):
+def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
+                  logs: bytes, env: dict, failure: dict | None) -> SubmissionView:
     """Take a runner's report: hard checks, then the accept saga or a rejection; returns the view.
 
     Idempotent by (uuid, lease_id): a runner retries a report whose answer it lost, so
     the same report again (same runner and lease, same result bytes) after it was taken
     answers with the current view; one with another result is a CONFLICT.
     """
-    from kz_events import events as ev
-
     with zoo.lock:
         repeat = repeated_report(zoo, sub_uuid, runner_id, lease_id, result)
         if repeat is not None:
             return repeat
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
-        digest = _store_run(zoo, sub_uuid, result, logs, env, failure)
-        accepted, code, message, details, invalid = judge(zoo, sub, result, failure)
-        metas = read_submission(zoo.config.paths.pending, sub_uuid).get("metas") or []
+        run = zoo.pending.store_run(sub_uuid, result, logs, env, failure)
+        metas = zoo.pending.metas(sub_uuid)
+        accepted, code, message, details, invalid = judge(sub, result, failure, metas)
         overall = result.get("overall", {}) if isinstance(result, dict) else {}
         overall = overall if isinstance(overall, dict) else {}
         reported = ev.ResultReported(
-            uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=digest,
+            uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=run.sha256,
             overall_accept=accepted, build_ok=overall.get("build_ok") is True,
             cases=case_summary(result, metas), env=env or {})
         if accepted:
@@ -153,16 +131,15 @@ def report_result(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dic
                                                            message=message, details=details))
     crash_point("after_result_reported")
     if accepted:
-        from kz_daemon.recovery import finish_saga
-
-        finish_saga(zoo, sub_uuid)  # finished, rolled back, or left for the reaper to retry
+        finish_saga(zoo, sub_uuid, run, metas)  # finished, rolled back, or left for the reaper to retry
     view = zoo.submission(sub_uuid)
     if invalid:
         raise ZooError("RESULT_INVALID", message, {"uuid": sub_uuid, **details})
     return view
 
 
-def repeated_report(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None):
+def repeated_report(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str,
+                    result: dict | None) -> SubmissionView | None:
     """The view when this report was already taken for this lease (None: not a repeat).
 
     A repeat is a report from the runner and lease whose ``result.reported`` moved the
@@ -170,8 +147,6 @@ def repeated_report(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: d
     hash to the recorded ``result_sha256``, else ZooError CONFLICT: one lease, one result.
     Reports of any other lease or runner fall through to ``check_lease`` (LEASE_LOST).
     """
-    from kz_daemon.service import view_of
-
     with zoo.store.lock:
         state = zoo.store.state
         sub = state.submissions.get(sub_uuid)
@@ -188,18 +163,11 @@ def repeated_report(zoo, sub_uuid: str, runner_id: str, lease_id: str, result: d
     return view
 
 
-#: statuses a submission can have because of the result reported under its last lease
-REPORTED_STATUSES = ("accepting", "accepted", "rejected", "failed")
-
-
 # -- the saga --------------------------------------------------------------------------
-def submission_files(zoo, sub_uuid: str, kernel_id: str) -> dict[str, tuple[bytes, int]]:
+def submission_files(zoo: Daemon, sub_uuid: str, kernel_id: str) -> dict[str, tuple[bytes, int]]:
     """The submission's files, relative to the package root: {rel: (bytes, git mode)}."""
-    from kz_runner.contract.tarball import scan_tarball
-
-    package = zoo.config.paths.pending / sub_uuid / PACKAGE_FILE
     limits = zoo.config.limits
-    scan = scan_tarball(package, contract_limits(limits), capture=lambda n: True,
+    scan = scan_tarball(zoo.pending.package(sub_uuid), limits.contract_limits, capture=lambda n: True,
                         capture_bytes=limits.max_member_bytes)
     if not scan.ok:
         raise ZooError("VALIDATION_ERROR", "the stored package no longer passes the tarball checks",
@@ -215,7 +183,7 @@ def submission_files(zoo, sub_uuid: str, kernel_id: str) -> dict[str, tuple[byte
 
 def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
     """The desc.yaml reference_sources absent from ``files`` (None when desc.yaml is unreadable)."""
-    raw = files.get(f"{KP}/desc.yaml")
+    raw = files.get(f"{KP}/{DESC}")
     try:
         desc = scorecard.load(raw[0]) if raw else None
     except yaml.YAMLError:
@@ -230,37 +198,65 @@ def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
     return missing
 
 
-def _accept_ts(sub) -> str:
+def _accept_ts(sub: Any) -> str:
     for _seq, status, ts in reversed(sub.history):
-        if status == "accepting":
+        if status == Status.ACCEPTING:
             return ts[:19] + "Z"
     return sub.received_at[:19] + "Z"
 
 
-def _trailers(sub, step: str, **extra: str) -> dict[str, str]:
+def _trailers(sub: Any, step: str, **extra: str) -> dict[str, str]:
     out = {"Kz-Submission": sub.uuid, "Kz-Submitter": sub.submitter_id,
            "Kz-Runner": sub.runner_id or "unknown", "Kz-Step": step}
     out.update(extra)
     return out
 
 
-def new_scorecard(zoo, sub, sha_src: str) -> bytes:
+def new_scorecard(zoo: Daemon, sub: Any, sha_src: str, result: Any, metas: list[dict]) -> bytes:
     """Commit 2's bench_result.yaml bytes: the rewrite of the card in commit 1's tree, stamped with SHA_src."""
     kid = sub.kernel_id
-    metas = read_submission(zoo.config.paths.pending, sub.uuid).get("metas") or []
-    old = scorecard.load(zoo.git.read_file(f"{kid}/{KP}/{BENCH}", sha_src))
-    result = load_result(zoo, sub.uuid)
+    old = scorecard.load(zoo.git.read_file(f"{kid}/{KP}/{BENCH_RESULT}", sha_src))
     card = scorecard.update_scorecard(old, kid, metas, result, sub.submitter_id, _accept_ts(sub))
     return scorecard.dump(scorecard.stamp(card, sha_src))
 
 
-def run_saga(zoo, sub_uuid: str) -> None:
+def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
+                metas: list[dict] | None = None) -> str:
+    """Drive an ``accepting`` saga to its end: 'finished', 'rolled_back' (nothing of it in git), or 'pending'.
+
+    'pending' means part of it reached git but the rest failed: it stays ``accepting``
+    and is retried (by the lease reaper, and at the next start-up). ``run`` and ``metas``
+    are what the caller already holds (a report); without them the saga reads them from
+    the pending store.
+    """
+    try:
+        run_saga(zoo, sub_uuid, run, metas)
+        return "finished"
+    except Exception as exc:
+        with zoo.git_lock:
+            current = zoo.store.state.submissions[sub_uuid]
+            if current.status != Status.ACCEPTING:
+                return "finished"
+            in_git = zoo.git.find_commits("Kz-Submission", sub_uuid, since=current.base_head)
+            if not in_git and current.sha_src is None:
+                zoo.store.emit(ev.AcceptRolledBack(
+                    uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
+                return "rolled_back"
+        zoo.log(f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later")
+        return "pending"
+
+
+def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: list[dict] | None = None) -> None:
     """Drive the accept saga of ``sub_uuid`` (status ``accepting``) to a terminal status; idempotent."""
-    from kz_events import events as ev
+    def result() -> Any:
+        return run.result if run is not None else zoo.pending.load_result(sub_uuid)
+
+    def case_metas() -> list[dict]:
+        return metas if metas is not None else zoo.pending.metas(sub_uuid)
 
     with zoo.git_lock:
         sub = zoo.store.state.submissions[sub_uuid]  # only the saga changes an accepting submission
-        if sub.status != "accepting":
+        if sub.status != Status.ACCEPTING:
             return
         kid = sub.kernel_id
         author = zoo.config.repo.author
@@ -282,11 +278,10 @@ def run_saga(zoo, sub_uuid: str) -> None:
             changes: dict[str, Any] = {kid: None}
             for rel, content in files.items():
                 changes[f"{kid}/{rel}"] = content
-            old_card = zoo.git.read_file(f"{kid}/{KP}/{BENCH}", head) if head else None
+            old_card = zoo.git.read_file(f"{kid}/{KP}/{BENCH_RESULT}", head) if head else None
             if old_card is not None:
-                changes[f"{kid}/{KP}/{BENCH}"] = old_card
-            result = load_result(zoo, sub_uuid)
-            reason = str((result.get("overall") or {}).get("accept_reason") or "")
+                changes[f"{kid}/{KP}/{BENCH_RESULT}"] = old_card
+            reason = str((result().get("overall") or {}).get("accept_reason") or "")
             message = format_message(f"accept {kid} (submission {sub_uuid[:8]})", _trailers(sub, "source"),
                                      body=reason)
             zoo.git.before_ref_update = lambda: crash_point("before_source_ref")
@@ -304,12 +299,12 @@ def run_saga(zoo, sub_uuid: str) -> None:
         sub = zoo.store.state.submissions[sub_uuid]
         sha_br = sub.sha_br or steps.get("scorecard")
         if sha_br is None:
-            data = new_scorecard(zoo, sub, sha_src)
+            data = new_scorecard(zoo, sub, sha_src, result(), case_metas())
             message = format_message(f"bench_result update (source {sha_src[:7]})",
                                      _trailers(sub, "scorecard", **{"Kz-Source": sha_src}))
             zoo.git.before_ref_update = lambda: crash_point("before_scorecard_ref")
             try:
-                sha_br = zoo.git.commit_changes({f"{kid}/{KP}/{BENCH}": data}, message, author, sha_src)
+                sha_br = zoo.git.commit_changes({f"{kid}/{KP}/{BENCH_RESULT}": data}, message, author, sha_src)
             finally:
                 zoo.git.before_ref_update = None
             crash_point("after_scorecard_commit")

@@ -20,14 +20,21 @@ everything agrees:
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-PENDING = "__PENDING_COMMIT__"
+from kz_daemon import indexer
+from kz_daemon.config import Config
+from kz_daemon.gitstore import WORKTREE_MARK, GitStore
+from kz_events.replay import replay_dir
+from kz_runner.contract.layout import PENDING_COMMIT
+
 VOLATILE_INDEX_KEYS = ("generated_at", "built_at")
 
 
@@ -66,9 +73,6 @@ def daemon_running(events_dir: str | Path) -> bool:
     The writer takes ``LOCK_EX | LOCK_NB`` (kz_events.log); a shared try-lock here
     fails exactly while it is held, and is let go at once.
     """
-    import fcntl
-    import os
-
     try:
         fd = os.open(Path(events_dir) / "LOCK", os.O_RDONLY)
     except FileNotFoundError:
@@ -86,10 +90,6 @@ def daemon_running(events_dir: str | Path) -> bool:
 
 def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[Finding]:
     """Compare the event log with git history and index.json; the findings (empty: consistent)."""
-    from kz_daemon.config import Config
-    from kz_daemon.gitstore import GitStore
-    from kz_events.replay import replay_dir
-
     config = Config.load(state_dir, config_file)
     state = replay_dir(config.paths.events)
     running = daemon_running(config.paths.events)
@@ -140,7 +140,7 @@ def _audit_commits(state, git) -> list[Finding]:
             out.append(Finding("ACCEPT_COMMITS", "the scorecard commit is not the source commit's child with the "
                                "expected subject", uuid=sub.uuid, sha=commit2.sha))
         card = git.read_file(f"{sub.kernel_id}/.kernel_package/bench_result.yaml", sub.sha_br) or b""
-        if PENDING.encode() in card:
+        if PENDING_COMMIT.encode() in card:
             out.append(Finding("PENDING_IN_SCORECARD", "bench_result.yaml still holds __PENDING_COMMIT__",
                                uuid=sub.uuid, sha=sub.sha_br))
     if accepted:
@@ -202,9 +202,6 @@ def _commits_behind(git, older: str, head: str) -> int | None:
 
 def _rebuild(git, commit: str) -> dict:
     """A full index document of ``commit`` (from the worktree when it is checked out there)."""
-    from kz_daemon import indexer
-    from kz_daemon.gitstore import WORKTREE_MARK
-
     mark = git.git_dir / WORKTREE_MARK
     tree = git.tree_of(commit).decode()
     if mark.exists() and mark.read_text().strip() == tree:

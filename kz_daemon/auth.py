@@ -15,12 +15,13 @@ import hashlib
 import hmac
 import os
 import secrets
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from kz_events import durable
 
 KINDS = ("runner", "submitter", "admin")
 
@@ -88,18 +89,9 @@ class TokenStore:
             ]
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".auth-", suffix=".yaml")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write("# kernel_zoo tokens: sha256(salt || token); plaintext is never stored here\n")
-                yaml.safe_dump(doc, fh, sort_keys=False)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        text = "# kernel_zoo tokens: sha256(salt || token); plaintext is never stored here\n" \
+            + yaml.safe_dump(doc, sort_keys=False)
+        durable.atomic_write(self.path, text.encode("utf-8"), mode=0o600)
         st = self.path.stat()
         self._stamp = (st.st_mtime_ns, st.st_size)
 
@@ -167,10 +159,7 @@ def write_secret(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600 from the start (never world-readable)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    os.chmod(path, 0o600)
+    durable.atomic_write(path, (text + "\n").encode("utf-8"), mode=0o600)
 
 
 def ensure_local_tokens(state_dir: str | os.PathLike[str], runner_id: str = "local-runner",

@@ -23,6 +23,8 @@ import pkgutil
 import sys
 from types import ModuleType
 
+from kz_runner import __version__
+
 COMMAND_PACKAGES = ("kz_runner.commands", "kz_events.commands", "kz_daemon.commands")
 
 
@@ -50,8 +52,6 @@ def build_parser(commands: dict[str, ModuleType]) -> argparse.ArgumentParser:
         prog="kz",
         description="kernel_zoo: a git-repository-driven GPU operator leaderboard.",
     )
-    from kz_runner import __version__
-
     parser.add_argument("--version", action="version", version=f"kz {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in sorted(commands):

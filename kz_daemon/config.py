@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from kz_daemon.errors import ZooError
+from kz_runner.contract.tarball import Limits as TarballLimits
 
 MIB = 1024 * 1024
 
@@ -108,6 +109,13 @@ class Limits:
     max_member_bytes: int = 64 * MIB
     max_total_bytes: int = 256 * MIB
     max_ratio: float = 200.0
+
+    @property
+    def contract_limits(self) -> TarballLimits:
+        """These limits as the contract library's tarball ``Limits`` (the one validator's input)."""
+        return TarballLimits(compressed_bytes=self.max_compressed_bytes, members=self.max_members,
+                             member_bytes=self.max_member_bytes, total_bytes=self.max_total_bytes,
+                             ratio=float(self.max_ratio))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A thin porcelain over dulwich's object model: the daemon's only way to write git.
 
 Why not ``dulwich.porcelain.add/commit``: they stat and re-read the whole index, so
-a two-commit accept on a repo of 10,000 packages takes over a minute (DESIGN.md §6).
+a two-commit accept on a repo of 10,000 packages takes over a minute (docs/architecture.md).
 Here a commit is built from the object store: only the trees on the changed paths
 are rewritten (bottom-up), new objects are written durably (each loose object file
 fsynced, then its directory), and the branch moves only by compare-and-swap
@@ -22,16 +22,21 @@ Commit messages carry trailers (``Kz-Submission``, ``Kz-Submitter``, ``Kz-Runner
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Union
 
+from dulwich.diff_tree import tree_changes
+from dulwich.index import index_entry_from_stat
 from dulwich.objects import Blob, Commit, Tree
 from dulwich.repo import Repo
 
 from kz_daemon.errors import ZooError
+from kz_events import durable
 
 TREE_MODE = 0o040000
 FILE_MODE = 0o100644
@@ -384,8 +389,6 @@ class GitStore:
         Fast (only the differing subtrees are read); git's index file is left to
         :meth:`sync_index`. Files are replaced by rename, so readers never see half a file.
         """
-        from dulwich.diff_tree import tree_changes
-
         head = self.head()
         if head is None:
             return 0
@@ -418,9 +421,6 @@ class GitStore:
         Rewriting the index costs about a second at 50,000 entries, so the daemon
         calls this from a background thread, never on the accept path.
         """
-        from dulwich.diff_tree import tree_changes
-        from dulwich.index import index_entry_from_stat
-
         target = self._mark(WORKTREE_MARK)
         if target is None:
             return 0
@@ -495,14 +495,6 @@ def _plan(changes: Mapping[str, Change]) -> _Node:
     return root
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _FSYNC_POOL = None
 
 
@@ -510,19 +502,15 @@ def _fsync_all(paths: list[str]) -> None:
     """fsync every path (files or folders), several at once."""
     global _FSYNC_POOL
     if len(paths) == 1:
-        _fsync_dir(paths[0])
+        durable.fsync_path(paths[0])
         return
     if _FSYNC_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
         _FSYNC_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kz-fsync")
-    for _ in _FSYNC_POOL.map(_fsync_dir, paths):
+    for _ in _FSYNC_POOL.map(durable.fsync_path, paths):
         pass
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path)
 
 

@@ -4,7 +4,9 @@ Every accept ends with a commit that changes only the kernel's
 ``.kernel_package/bench_result.yaml`` (commit 2 of the two-commit model), so
 walking the commits that touch that file and reading ``metrics_current`` at each
 gives the primary metric over time. The seed scorecard (``commit_sha: "0000000"``)
-is not an accept and is left out. Results are cached per branch head.
+is not an accept and is left out. Results are cached per branch head. The harness
+of a package (its ``benchmark.py``) is identified by its blob SHA at the head, and
+its declared metrics (unit, direction) are read from that blob's METAS literal.
 """
 from __future__ import annotations
 
@@ -19,8 +21,16 @@ from dulwich.object_store import tree_lookup_path
 from dulwich.repo import Repo
 
 from kz_daemon import scorecard
+from kz_runner.contract.layout import BENCHMARK, KP, is_seed_sha
+from kz_runner.contract.pysource import read_metas
 
-SEED_SHA = "0000000"
+
+@dataclass(frozen=True)
+class Harness:
+    """A package's ``benchmark.py`` at the head: its blob SHA and the metrics its METAS declare."""
+
+    blob: str | None  # git blob SHA (hex), None when the file is missing
+    metrics: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # case -> metric -> unit, direction
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class KernelHistory:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[bytes, list[HistoryPoint]]] = OrderedDict()
         self._cache_size = cache_size
+        self._harness: dict[bytes, Harness] = {}
 
     def _repo(self) -> Repo | None:
         try:
@@ -87,6 +98,35 @@ class KernelHistory:
         with repo:
             head = self._head(repo)
             return self._read(repo, head, path) if head else None
+
+    def harness(self, kernel_id: str) -> Harness:
+        """The kernel's ``benchmark.py`` at the head: blob SHA and declared metrics (cached per blob)."""
+        repo = self._repo()
+        if repo is None:
+            return Harness(None)
+        with repo:
+            head = self._head(repo)
+            blob = _blob_id(repo, repo[head].tree, f"{kernel_id}/{KP}/{BENCHMARK}".encode()) if head else None
+            if blob is None:
+                return Harness(None)
+            with self._lock:
+                cached = self._harness.get(blob)
+            if cached is not None:
+                return cached
+            data = repo[blob].data
+        metas, _problems = read_metas(data)
+        metrics: dict[str, dict[str, dict[str, str]]] = {}
+        for meta in metas or []:
+            if isinstance(meta, dict) and isinstance(meta.get("metrics"), list):
+                metrics[str(meta.get("test_case_id"))] = {
+                    str(m.get("name")): {"unit": str(m.get("unit") or ""), "direction": str(m.get("direction") or "")}
+                    for m in meta["metrics"] if isinstance(m, dict)}
+        found = Harness(blob.decode(), metrics)
+        with self._lock:
+            self._harness[blob] = found
+            while len(self._harness) > self._cache_size:
+                self._harness.pop(next(iter(self._harness)))
+        return found
 
     def package_docs(self, kernel_id: str) -> tuple[Any, Any]:
         """``(desc.yaml, bench_result.yaml)`` of a kernel at the head, parsed (None where absent)."""
@@ -184,7 +224,7 @@ def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
             if not isinstance(record, dict):
                 continue
             sha = str(record.get("commit_sha", ""))
-            if sha == SEED_SHA or sha == "":
+            if is_seed_sha(sha) or sha == "":
                 continue
             value = record.get("value")
             if isinstance(value, (int, float)) and not isinstance(value, bool):

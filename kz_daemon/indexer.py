@@ -12,17 +12,25 @@ JSON). A full rebuild at the same HEAD gives the identical document
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from dulwich.diff_tree import tree_changes
 
-def _lib():
-    from kz_runner.contract import index as lib
-
-    return lib
+from kz_daemon.clock import iso_now
+from kz_daemon.gitstore import GitStore
+from kz_daemon.ports import Daemon
+from kz_events import durable
+from kz_events import events as ev
+from kz_runner.contract import index as lib
+from kz_runner.contract.index_cache import ContentsCache
+from kz_runner.contract.layout import KP
 
 
 def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,
@@ -31,7 +39,7 @@ def build(repo_root: Path, head: str | None = None, generated_at: str | None = N
 
     ``workers`` > 1 forks helper processes: only for a process with no other thread.
     """
-    return _lib().build_index(repo_root, head=head, generated_at=generated_at, cache=cache, workers=workers)
+    return lib.build_index(repo_root, head=head, generated_at=generated_at, cache=cache, workers=workers)
 
 
 #: most processes a start-up rebuild forks (the CLI's ``kz index`` uses the same cap)
@@ -46,8 +54,6 @@ def startup_workers() -> int:
     locked there. With no other thread there is no such lock, and none can appear before the
     fork: only a running thread could start one.
     """
-    import threading
-
     if threading.active_count() != 1 or not hasattr(os, "fork"):
         return 1
     try:
@@ -62,7 +68,7 @@ def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str], head: s
     """``doc`` with the entries of ``kernel_ids`` recomputed from ``repo_root`` (a full build when None)."""
     if doc is None:
         return build(repo_root, head, generated_at, cache)
-    return _lib().update_index(doc, repo_root, list(kernel_ids), head=head, generated_at=generated_at,
+    return lib.update_index(doc, repo_root, list(kernel_ids), head=head, generated_at=generated_at,
                                cache=cache)
 
 
@@ -116,10 +122,7 @@ class IndexFile:
         before, _sep, after = head.partition(json.dumps(_PLACEHOLDER).encode())
         body = b",".join(fragments[k] for k in sorted(fragments))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(before + b"[" + body + b"]" + after + b"\n")
-        os.replace(tmp, self.path)
+        durable.atomic_write(self.path, before + b"[" + body + b"]" + after + b"\n", fsync=False)
 
 
 def _encode(entry: dict) -> bytes:
@@ -137,11 +140,7 @@ class Indexer:
     between its head and HEAD, or rebuilds it when it is unreadable.
     """
 
-    def __init__(self, zoo) -> None:
-        import threading
-
-        from kz_runner.contract.index_cache import ContentsCache
-
+    def __init__(self, zoo: Daemon) -> None:
         self.zoo = zoo
         self.path: Path = zoo.config.paths.index
         self.file = IndexFile(self.path)
@@ -179,14 +178,10 @@ class Indexer:
 
     # -- writing -------------------------------------------------------------------
     def _stamp(self) -> tuple[str | None, str]:
-        from kz_daemon.service import iso_now
-
         return self.zoo.git.head(), iso_now(self.zoo.clock)
 
     def _write_now(self) -> None:
         """Write the in-memory document and announce it (index.updated)."""
-        from kz_events import events as ev
-
         # _write_lock orders writes and their events (never zoo.lock here: callers may
         # hold git_lock); the snapshot is taken under _cond, the slow write outside it.
         with self._write_lock:
@@ -267,14 +262,10 @@ class Indexer:
     # -- the writer thread ---------------------------------------------------------
     def start(self) -> None:
         """Start the background writer."""
-        import threading
-
         self._thread = threading.Thread(target=self._run, name="kz-index-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        import time
-
         while True:
             with self._cond:
                 while not self._dirty and not self._stopping:
@@ -294,8 +285,6 @@ class Indexer:
             try:
                 self._write_now()
             except Exception as exc:  # the next accept or the stop retries
-                import sys
-
                 print(f"kz daemon: index.json not written: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -370,10 +359,7 @@ class OneKernelUpdate:
 
     def update(self, doc: dict, root: Path, kernel_id: str, head, generated_at, cache) -> dict | None:
         """The new document, or None when this is not the simple case."""
-        import bisect
-
-        lib = _lib()
-        if not hasattr(lib, "kernel_entry") or not (root / kernel_id / KP_DIR).is_dir():
+        if not (root / kernel_id / KP).is_dir():
             return None
         if self._doc is not doc and not self._adopt(doc):
             return None
@@ -395,7 +381,7 @@ class OneKernelUpdate:
         for key, value in self.contribution(entry).items():
             self._counts[key] += value
         self._entries[kernel_id] = entry
-        new = {"schema_version": doc.get("schema_version", getattr(lib, "SCHEMA_VERSION", "1.0.0")),
+        new = {"schema_version": doc.get("schema_version", lib.SCHEMA_VERSION),
                "head": head, "generated_at": generated_at, "counts": dict(self._counts),
                "kernels": [self._entries[k] for k in self._ids]}
         self._doc = new
@@ -403,27 +389,24 @@ class OneKernelUpdate:
         return new
 
 
-def changed_packages(git, old_commit: str, new_commit: str) -> list[str]:
+def changed_packages(git: GitStore, old_commit: str, new_commit: str) -> list[str]:
     """kernel_ids whose package folder differs between two commits (present in either)."""
-    from dulwich.diff_tree import tree_changes
-
     found: set[str] = set()
     for change in tree_changes(git.store, git.tree_of(old_commit), git.tree_of(new_commit)):
         for side, commit in ((change.old, old_commit), (change.new, new_commit)):
             if side is None or side.path is None:
                 continue
             parts = side.path.decode().split("/")
-            if KP_DIR in parts:
-                found.add("/".join(parts[:parts.index(KP_DIR)]))
+            if KP in parts:
+                found.add("/".join(parts[:parts.index(KP)]))
                 continue
             for i in range(len(parts) - 1, 0, -1):
                 prefix = "/".join(parts[:i])
-                if prefix in found or git.is_dir(f"{prefix}/{KP_DIR}", commit):
+                if prefix in found or git.is_dir(f"{prefix}/{KP}", commit):
                     found.add(prefix)
                     break
     return sorted(found)
 
 
-KP_DIR = ".kernel_package"
 WRITE_QUIET_S = 0.3   # index.json is written once updates pause this long ...
 MAX_STALE_S = 5.0     # ... or when it is this far behind

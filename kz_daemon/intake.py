@@ -17,21 +17,32 @@ ever decided twice and no file is lost.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from kz_daemon import spool
-from kz_daemon.spool import Claimed, SpoolDirs, write_json_atomic
+from kz_daemon.config import Config, Limits
+from kz_daemon.gitstore import GitStore
+from kz_daemon.pending import PACKAGE_FILE, SUBMISSION_FILE
+from kz_daemon.scorecard import desc_is_frozen
+from kz_daemon.spool import Claimed, SpoolDirs
+from kz_events import durable
+from kz_events import events as ev
+from kz_events.reducer import ReducerError
+from kz_events.store import Store, StoreBroken, StoreClosed
 from kz_runner.bench.manifest import sha256_file
+from kz_runner.contract.layout import BENCHMARK, DESC, KP
+from kz_runner.contract.pysource import read_metas
+from kz_runner.contract.tarball import read_member
+from kz_runner.contract.validate import validate_tarball
 
-PACKAGE_FILE = "package.tar.gz"
 EMIT_BATCH = 16  # files whose events are appended together
-SUBMISSION_FILE = "submission.json"
 REASON_FILE = "reason.json"
-KP = ".kernel_package"
 
 
 @dataclass
@@ -48,15 +59,6 @@ class Outcome:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def contract_limits(limits) -> Any:
-    """The contract library's tarball ``Limits`` from the daemon's config limits."""
-    from kz_runner.contract.tarball import Limits
-
-    return Limits(compressed_bytes=limits.max_compressed_bytes, members=limits.max_members,
-                  member_bytes=limits.max_member_bytes, total_bytes=limits.max_total_bytes,
-                  ratio=float(limits.max_ratio))
-
-
 def _problems_json(problems) -> list[dict]:
     return [p.to_json() for p in problems]
 
@@ -66,13 +68,12 @@ def reject(kernel_id: str, code: str, message: str, **details: Any) -> Outcome:
     return Outcome(False, kernel_id, code=code, message=message, details=details)
 
 
-def validate_file(path: Path, filename: str, limits, expected_kernel_id: str | None) -> tuple[Outcome, dict]:
+def validate_file(path: Path, filename: str, limits: Limits,
+                  expected_kernel_id: str | None) -> tuple[Outcome, dict]:
     """Check one spooled file with the contract library; returns (outcome, facts).
 
     ``facts`` are the validator's (kernel_id, arch, status, test_case_ids ...) plus ``metas``.
     """
-    from kz_runner.contract.validate import validate_tarball
-
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -80,7 +81,7 @@ def validate_file(path: Path, filename: str, limits, expected_kernel_id: str | N
     if not stat.S_ISREG(st.st_mode):
         return reject(expected_kernel_id or "", "TARBALL_CORRUPT",
                       f"{filename} is not a regular file (links and special files are refused)"), {}
-    report = validate_tarball(path, filename, limits=contract_limits(limits), kernel_id=expected_kernel_id)
+    report = validate_tarball(path, filename, limits=limits.contract_limits, kernel_id=expected_kernel_id)
     facts = dict(report.facts)
     kernel_id = facts.get("kernel_id") or expected_kernel_id or ""
     if not report.valid:
@@ -95,19 +96,16 @@ def validate_file(path: Path, filename: str, limits, expected_kernel_id: str | N
                    details={"problems": _problems_json(report.problems)}), facts
 
 
-def read_package_metas(path: Path, kernel_id: str, limits) -> list[dict] | None:
+def read_package_metas(path: Path, kernel_id: str, limits: Limits) -> list[dict] | None:
     """KERNEL_ZOO_TEST_CASE_METAS of a submitted tarball, read with ast (never imported)."""
-    from kz_runner.contract.pysource import read_metas
-    from kz_runner.contract.tarball import read_member
-
-    source = read_member(path, f"{kernel_id}/{KP}/benchmark.py", contract_limits(limits))
+    source = read_member(path, f"{kernel_id}/{KP}/{BENCHMARK}", limits.contract_limits)
     if source is None:
         return None
     metas, _problems = read_metas(source)
     return metas
 
 
-def policy_check(outcome: Outcome, facts: dict, git, allow_new: bool) -> Outcome:
+def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) -> Outcome:
     """Apply the repo-dependent policies to a valid outcome (git reads at HEAD only)."""
     kid = outcome.kernel_id
     parts = kid.split("/")
@@ -116,17 +114,14 @@ def policy_check(outcome: Outcome, facts: dict, git, allow_new: bool) -> Outcome
         if git.is_dir(f"{outer}/{KP}"):
             return reject(kid, "NESTED_PACKAGE", f"{kid} lies inside the source area of package {outer}; "
                           "choose a kernel_id outside it", outer=outer)
-    head_desc_raw = git.read_file(f"{kid}/{KP}/desc.yaml")
+    head_desc_raw = git.read_file(f"{kid}/{KP}/{DESC}")
     exists = head_desc_raw is not None
     if not exists and git.is_dir(kid):
         return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
                       "a package cannot contain packages", kernel_id=kid)
-    if exists:
-        from kz_daemon.queue import desc_is_frozen
-
-        if desc_is_frozen(head_desc_raw):
-            return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
-                          "no submissions", where="repo")
+    if exists and desc_is_frozen(head_desc_raw):
+        return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
+                      "no submissions", where="repo")
     if facts.get("status") == "frozen":
         return reject(kid, "PACKAGE_FROZEN", "the submitted desc.yaml has status: frozen; frozen "
                       "packages are never run (use status: normal)", where="submission")
@@ -142,12 +137,12 @@ def policy_check(outcome: Outcome, facts: dict, git, allow_new: bool) -> Outcome
 class Intake:
     """Decides every spooled file; owns no state besides files (the log is the state)."""
 
-    def __init__(self, config, store, git, git_lock, events, clock_iso: Callable[[], str]) -> None:
+    def __init__(self, config: Config, store: Store, git: GitStore, git_lock: Any,
+                 clock_iso: Callable[[], str]) -> None:
         self.config = config
         self.store = store
         self.git = git
         self.git_lock = git_lock
-        self.ev = events  # the kz_events.events module
         self.clock_iso = clock_iso
         self.dirs = SpoolDirs(config.paths.spool)
         self.pending_dir = config.paths.pending
@@ -179,8 +174,6 @@ class Intake:
 
     def flush(self) -> None:
         """Append the events of the decided files in one go, then clean their work/ files."""
-        from kz_events.reducer import ReducerError
-
         batch, self._batch = self._batch, []
         self._batched.clear()
         if not batch:
@@ -192,16 +185,12 @@ class Intake:
                 try:
                     self.store.emit(*events)
                 except ReducerError as exc:
-                    import sys
-
                     print(f"kz daemon: intake events refused: {exc}", file=sys.stderr)
         for _events, claimed in batch:
             self._cleanup(claimed)
 
     def process_guarded(self, claimed: Claimed) -> None:
         """:meth:`process`, but a file that makes the checks crash is rejected (INTAKE_FAILED), not retried forever."""
-        from kz_events.store import StoreBroken, StoreClosed
-
         try:
             self.process(claimed)
         except (StoreBroken, StoreClosed, OSError):
@@ -257,17 +246,16 @@ class Intake:
                    "details": outcome.details, "received": meta, "outcome": outcome.__dict__}
             name = REASON_FILE
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / name, doc, sync_dir=False)
+        durable.atomic_write_json(folder / name, doc, sync_dir=False)
         if tarball.exists() or tarball.is_symlink():
             os.replace(tarball, folder / PACKAGE_FILE)
-        spool.fsync_dir(folder)         # the JSON and the tarball names
-        spool.fsync_dir(folder.parent)  # the new folder's own name
+        durable.fsync_dir(folder)         # the JSON and the tarball names
+        durable.fsync_dir(folder.parent)  # the new folder's own name
 
     def _emit(self, sub_uuid: str, meta: dict, outcome: Outcome) -> None:
         self.store.emit(*self._events(sub_uuid, meta, outcome))
 
     def _events(self, sub_uuid: str, meta: dict, outcome: Outcome) -> list:
-        ev = self.ev
         received = ev.SubmissionReceived(
             uuid=sub_uuid, kernel_id=outcome.kernel_id, submitter_id=str(meta.get("submitter_id") or "unknown"),
             source="http" if meta.get("source") == "http" else "spool",
@@ -301,18 +289,9 @@ class Intake:
                 doc_path = base / sub_uuid / name
                 if not doc_path.exists() or (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
                     continue  # no decision yet, or the work/ scan redoes it
-                import json
-
                 doc = json.loads(doc_path.read_text())
                 outcome = Outcome(**doc["outcome"])
                 self._emit(sub_uuid, doc["received"], outcome)
                 count += 1
         spool.remove_orphan_work_meta(self.dirs)
         return count
-
-
-def read_submission(pending_dir: Path, sub_uuid: str) -> dict:
-    """The ``submission.json`` intake wrote for a queued submission."""
-    import json
-
-    return json.loads((pending_dir / sub_uuid / SUBMISSION_FILE).read_text())

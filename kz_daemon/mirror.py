@@ -12,15 +12,18 @@ import io
 import threading
 from pathlib import Path
 
+from dulwich import porcelain
+from dulwich.repo import Repo
+
+from kz_daemon.ports import Daemon
+from kz_events import events as ev
+
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 300.0
 
 
 def push(repo_path: Path, url: str, branch: str) -> None:
     """Push ``branch`` of the repo at ``repo_path`` to ``url`` (raises on failure)."""
-    from dulwich import porcelain
-    from dulwich.repo import Repo
-
     if "://" not in url and ":" not in url.split("/", 1)[0]:
         target = Path(url)
         if not target.exists():
@@ -34,7 +37,7 @@ def push(repo_path: Path, url: str, branch: str) -> None:
 class Mirror:
     """Pushes the branch to every configured mirror in a background thread."""
 
-    def __init__(self, zoo) -> None:
+    def __init__(self, zoo: Daemon) -> None:
         self.zoo = zoo
         self.mirrors = zoo.config.mirrors
         self._cond = threading.Condition()
@@ -71,8 +74,6 @@ class Mirror:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        from kz_events import events as ev
-
         backoff = BACKOFF_START_S
         while True:
             with self._cond:

@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kz_daemon import scorecard
+from kz_daemon.config import Limits
 from kz_daemon.errors import ZooError
-from kz_daemon.intake import PACKAGE_FILE, read_submission
+from kz_daemon.gitstore import GitStore
+from kz_daemon.pending import RUNNER_TARBALL, RUNNER_TARBALL_KEY
+from kz_daemon.ports import Daemon
+from kz_events.durable import atomic_write
+from kz_events import events as ev
+from kz_events.reducer import next_claimable
+from kz_events.status import Status
+from kz_runner.contract.layout import BENCH_RESULT, DESC, KP
+from kz_runner.contract.tarball import scan_tarball
 from kz_runner.contract.targz import deterministic_targz
-
-KP = ".kernel_package"
-BENCH = "bench_result.yaml"
-RUNNER_TARBALL = "runner.tar.gz"
-RUNNER_TARBALL_KEY = "runner.json"
 
 
 @dataclass(frozen=True)
@@ -47,15 +51,12 @@ class Claim:
     timeouts: dict
 
 
-def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
+def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
     """Give ``runner_id`` the next job of ``arch`` under a new lease, waiting up to ``wait_s``; None if none.
 
     A job whose package was frozen in the repo after it was queued is rejected
     (PACKAGE_FROZEN) instead of handed out: frozen packages are never claimable.
     """
-    from kz_events import events as ev
-    from kz_events.reducer import next_claimable
-
     deadline = time.monotonic() + max(0.0, wait_s)
     while True:
         with zoo.lock:  # decisions are serialized; lock order: lock -> git_lock -> store.lock
@@ -91,25 +92,12 @@ def claim(zoo, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
                  attempts + 1, sub_arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
 
 
-def is_frozen(git, kernel_id: str) -> bool:
+def is_frozen(git: GitStore, kernel_id: str) -> bool:
     """Whether the package's desc.yaml at HEAD says ``status: frozen``."""
-    return desc_is_frozen(git.read_file(f"{kernel_id}/{KP}/desc.yaml"))
+    return scorecard.desc_is_frozen(git.read_file(f"{kernel_id}/{KP}/{DESC}"))
 
 
-def desc_is_frozen(raw: bytes | None) -> bool:
-    """Whether desc.yaml's bytes say ``status: frozen`` (False for no file or unreadable YAML)."""
-    import yaml
-
-    if raw is None:
-        return False
-    try:
-        desc = scorecard.load(raw)
-    except yaml.YAMLError:
-        return False
-    return isinstance(desc, dict) and desc.get("status") == "frozen"
-
-
-def check_lease(zoo, sub_uuid: str, runner_id: str, lease_id: str | None):
+def check_lease(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str | None) -> tuple[Any, Any]:
     """The submission if ``runner_id`` holds lease ``lease_id`` on it; else ZooError NOT_FOUND/LEASE_LOST."""
     with zoo.store.lock:
         state = zoo.store.state
@@ -123,12 +111,12 @@ def check_lease(zoo, sub_uuid: str, runner_id: str, lease_id: str | None):
     return sub, lease
 
 
-def renew(zoo, sub_uuid: str, runner_id: str, lease_id: str) -> float:
+def renew(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str) -> float:
     """Extend the lease; returns the new expiry (epoch seconds). LEASE_LOST when it is gone."""
     return durable(decide_renew(zoo, sub_uuid, runner_id, lease_id))
 
 
-def durable(decision: tuple):
+def durable(decision: tuple) -> Any:
     """The value of a ``decide_*`` function's ``(value, ticket)`` once its events are durable."""
     value, ticket = decision
     ticket.wait()
@@ -139,10 +127,8 @@ def durable(decision: tuple):
 # I/O, and return (value, ticket): the caller waits for the ticket after zoo.lock is
 # released (``durable``, or ``Zoo.decide_async`` on the HTTP loop), so that concurrent
 # decisions share one fsync instead of queueing behind each other's.
-def decide_renew(zoo, sub_uuid: str, runner_id: str, lease_id: str):
+def decide_renew(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str) -> tuple[float, Any]:
     """``renew``'s decision: (new expiry, ticket)."""
-    from kz_events import events as ev
-
     with zoo.lock:
         check_lease(zoo, sub_uuid, runner_id, lease_id)
         expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
@@ -150,9 +136,7 @@ def decide_renew(zoo, sub_uuid: str, runner_id: str, lease_id: str):
                                                             lease_id=lease_id, lease_expires_at=expires))
 
 
-def _exhausted(zoo, sub) -> list:
-    from kz_events import events as ev
-
+def _exhausted(zoo: Daemon, sub: Any) -> list:
     if sub.attempts >= zoo.config.queue.max_attempts:
         return [ev.JobFailed(uuid=sub.uuid, code="ATTEMPTS_EXHAUSTED",
                              message=f"{sub.attempts} attempts without a result "
@@ -160,25 +144,22 @@ def _exhausted(zoo, sub) -> list:
     return []
 
 
-def release(zoo, sub_uuid: str, runner_id: str, lease_id: str, reason: str) -> None:
+def release(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, reason: str) -> None:
     """The runner gives the job back: queued again (attempt counted), or failed when attempts are spent."""
     durable(decide_release(zoo, sub_uuid, runner_id, lease_id, reason))
 
 
-def decide_release(zoo, sub_uuid: str, runner_id: str, lease_id: str, reason: str):
+def decide_release(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str,
+                   reason: str) -> tuple[None, Any]:
     """``release``'s decision: (None, ticket)."""
-    from kz_events import events as ev
-
     with zoo.lock:
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
         return None, zoo.store.submit(ev.JobReleased(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
                                                      reason=reason or "released"), *_exhausted(zoo, sub))
 
 
-def reap(zoo, now: float | None = None) -> int:
+def reap(zoo: Daemon, now: float | None = None) -> int:
     """Expire every lease past its time (job.lease_expired, then job.failed when attempts are spent)."""
-    from kz_events import events as ev
-
     now = float(zoo.clock()) if now is None else now
     count = 0
     with zoo.lock, zoo.store.lock:
@@ -194,36 +175,37 @@ def reap(zoo, now: float | None = None) -> int:
     return count
 
 
-def cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
+def cancel(zoo: Daemon, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
     """Cancel a submission that has not reached its accept saga; CONFLICT once it has."""
     durable(decide_cancel(zoo, sub_uuid, by, reason))
 
 
-def decide_cancel(zoo, sub_uuid: str, by: str, reason: str = "cancelled"):
+def decide_cancel(zoo: Daemon, sub_uuid: str, by: str, reason: str = "cancelled") -> tuple[None, Any]:
     """``cancel``'s decision: (None, ticket)."""
-    from kz_events import events as ev
-
     with zoo.lock, zoo.store.lock:
         sub = zoo.store.state.submissions.get(sub_uuid)
         if sub is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
-        if sub.status not in ("received", "queued", "running") or (
-                sub.status == "running" and sub.result is not None):
+        if sub.status not in CANCELLABLE or (sub.status == Status.RUNNING and sub.result is not None):
             raise ZooError("CONFLICT", f"submission {sub_uuid} is {sub.status}; only received, queued "
                            "or running submissions can be cancelled", {"status": sub.status})
         return None, zoo.store.submit(ev.JobCancelled(uuid=sub_uuid, by=by, reason=reason))
 
 
+#: the statuses a submission can be cancelled in (a running one only until its result is reported)
+CANCELLABLE = (Status.RECEIVED, Status.QUEUED, Status.RUNNING)
+
+
 # -- the runner's tarball -----------------------------------------------------------
-def runner_package(zoo, sub_uuid: str, runner_id: str) -> Path:
+def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
     """The tar.gz the lease holder runs: the submission plus the current (or seed) scorecard."""
     sub, _lease = check_lease(zoo, sub_uuid, runner_id, None)
-    folder = zoo.config.paths.pending / sub_uuid
+    folder = zoo.pending.folder(sub_uuid)
     kid = sub.kernel_id
     with zoo.git_lock:
-        current = zoo.git.read_file(f"{kid}/{KP}/{BENCH}")
+        current = zoo.git.read_file(f"{kid}/{KP}/{BENCH_RESULT}")
     if current is None:
-        metas = read_submission(zoo.config.paths.pending, sub_uuid).get("metas") or []
+        metas = zoo.pending.metas(sub_uuid)
         current = scorecard.dump(scorecard.seed_scorecard(kid, metas))
     key = hashlib.sha256(current).hexdigest()
     target = folder / RUNNER_TARBALL
@@ -233,20 +215,16 @@ def runner_package(zoo, sub_uuid: str, runner_id: str) -> Path:
             return target
     except (OSError, ValueError):
         pass
-    data = build_runner_tarball(folder / PACKAGE_FILE, kid, current, zoo.config.limits)
-    tmp = folder / f".{RUNNER_TARBALL}.{os.getpid()}.tmp"
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
+    data = build_runner_tarball(zoo.pending.package(sub_uuid), kid, current, zoo.config.limits)
+    # a cache: a crash may lose it (it is rebuilt), never leave it half-written
+    atomic_write(target, data, fsync=False)
     key_file.write_text(json.dumps({"scorecard_sha256": key}) + "\n")
     return target
 
 
-def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits) -> bytes:
+def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits) -> bytes:
     """Deterministic tar.gz bytes: every member of ``package`` plus ``<kid>/.kernel_package/bench_result.yaml``."""
-    from kz_daemon.intake import contract_limits
-    from kz_runner.contract.tarball import scan_tarball
-
-    scan = scan_tarball(package, contract_limits(limits), capture=lambda name: True,
+    scan = scan_tarball(package, limits.contract_limits, capture=lambda name: True,
                         capture_bytes=limits.max_member_bytes)
     if not scan.ok:
         raise ZooError("CONFLICT", f"the stored package of {kernel_id} no longer passes the tarball checks",
@@ -254,6 +232,6 @@ def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, lim
     entries: dict[str, tuple[str, int, bytes]] = {}
     for member in scan.members:
         entries[member.name] = (member.kind, member.mode, scan.captured.get(member.name, b""))
-    bench_path = f"{kernel_id}/{KP}/{BENCH}"
+    bench_path = f"{kernel_id}/{KP}/{BENCH_RESULT}"
     entries[bench_path] = ("file", 0o644, bench_result)
     return deterministic_targz(entries)

@@ -8,7 +8,7 @@ other daemon writes this state directory):
 3. intake outcomes written but not logged get their events (``Intake.recover``);
 4. a result that was logged without its verdict (a torn append) is judged again
    from ``runs/<uuid>/``;
-5. every saga in progress is finished: :func:`kz_daemon.accept.run_saga` looks at
+5. every saga in progress is finished (:func:`kz_daemon.accept.finish_saga`): the saga looks at
    the commit trailers to see what already reached git (commit 1 without commit 2
    → commit 2 is made; both commits without events → the events are emitted;
    nothing in git → the saga runs from the start); a saga that cannot finish
@@ -19,8 +19,13 @@ other daemon writes this state directory):
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
+from typing import Any
+
+from kz_daemon import accept, queue
+from kz_daemon.ports import Daemon
+from kz_events import events as ev
+from kz_events.status import Status
 
 
 @dataclass
@@ -36,10 +41,8 @@ class RecoveryReport:
     index: str = "current"   # what happened to index.json: current | updated | rebuilt
 
 
-def recover(zoo) -> RecoveryReport:
+def recover(zoo: Daemon) -> RecoveryReport:
     """Run every recovery step on ``zoo`` (not started yet); returns what was done."""
-    from kz_daemon import queue
-
     report = RecoveryReport()
     with zoo.git_lock:
         report.git_locks_removed = zoo.git.clear_stale_locks()
@@ -47,13 +50,13 @@ def recover(zoo) -> RecoveryReport:
 
     state = zoo.store.state
     for sub in list(state.submissions.values()):
-        if sub.status == "running" and sub.result is not None and sub.uuid not in state.queue.in_flight:
+        if sub.status == Status.RUNNING and sub.result is not None and sub.uuid not in state.queue.in_flight:
             _rejudge(zoo, sub)
             report.results_rejudged.append(sub.uuid)
     for sub in list(zoo.store.state.submissions.values()):
-        if sub.status != "accepting":
+        if sub.status != Status.ACCEPTING:
             continue
-        outcome = finish_saga(zoo, sub.uuid)
+        outcome = accept.finish_saga(zoo, sub.uuid)
         (report.sagas_rolled_back if outcome == "rolled_back" else report.sagas_finished).append(sub.uuid)
     report.leases_expired = queue.reap(zoo)
 
@@ -62,50 +65,16 @@ def recover(zoo) -> RecoveryReport:
     return report
 
 
-def finish_saga(zoo, sub_uuid: str) -> str:
-    """Drive an ``accepting`` saga to its end: 'finished', 'rolled_back' (nothing of it in git), or 'pending'.
-
-    'pending' means part of it reached git but the rest failed: it stays ``accepting``
-    and is retried (by the lease reaper, and at the next start-up).
-    """
-    from kz_daemon import accept
-
-    try:
-        accept.run_saga(zoo, sub_uuid)
-        return "finished"
-    except Exception as exc:
-        with zoo.git_lock:
-            current = zoo.store.state.submissions[sub_uuid]
-            if current.status != "accepting":
-                return "finished"
-            in_git = zoo.git.find_commits("Kz-Submission", sub_uuid, since=current.base_head)
-            if not in_git and current.sha_src is None:
-                zoo.store.emit(zoo.ev.AcceptRolledBack(
-                    uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
-                return "rolled_back"
-        zoo._log(f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later")
-        return "pending"
-
-
-def _rejudge(zoo, sub) -> None:
+def _rejudge(zoo: Daemon, sub: Any) -> None:
     """Emit the verdict of a result that was logged without one."""
-    from kz_daemon import accept
-
-    folder = zoo.config.paths.runs / sub.uuid
-    try:
-        result = json.loads((folder / "result.json").read_text())
-    except (FileNotFoundError, ValueError):
-        result = None
-    try:
-        failure = json.loads((folder / "failure.json").read_text())
-    except (FileNotFoundError, ValueError):
-        failure = None
-    accepted, code, message, details, _invalid = accept.judge(zoo, sub, result, failure)
+    run = zoo.pending.load_run(sub.uuid)
+    metas = zoo.pending.metas(sub.uuid) if not run.failure and run.result is not None else []
+    accepted, code, message, details, _invalid = accept.judge(sub, run.result, run.failure, metas)
     with zoo.lock:
         if accepted and sub.result and sub.result.get("overall_accept"):
             with zoo.git_lock:
                 base = zoo.git.head()
-            zoo.store.emit(zoo.ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base))
+            zoo.store.emit(ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base))
         else:
-            zoo.store.emit(zoo.ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
-                                                     message=message, details=details))
+            zoo.store.emit(ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
+                                                 message=message, details=details))

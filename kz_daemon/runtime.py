@@ -16,6 +16,7 @@ from typing import Callable
 
 from kz_daemon.config import Config, write_default
 from kz_daemon.gitstore import GitStore, file_mode, format_message
+from kz_daemon.service import Zoo
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -74,8 +75,6 @@ def init_state_dir(state_dir: str | Path, seed_from: str | Path | None = None,
 def run_until_signal(config: Config, on_ready: Callable[[object], None] | None = None,
                      stop_event: threading.Event | None = None) -> int:
     """Start a Zoo, wait for SIGTERM/SIGINT (or ``stop_event``), stop it; returns 0."""
-    from kz_daemon.service import Zoo
-
     stop = stop_event or threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():

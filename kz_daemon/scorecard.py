@@ -1,6 +1,6 @@
 """The scorecard (``.kernel_package/bench_result.yaml``) rewrite on accept: pure functions.
 
-Rules (guide §3.2, DESIGN.md §2):
+Rules (the kernel package guide §3.2; docs/architecture.md):
 
 - cases follow the METAS order; cases no longer in the METAS are dropped;
 - ``metrics_current`` ← every metric of this run (declared ones in METAS order,
@@ -33,12 +33,11 @@ from typing import Any, Iterable
 
 import yaml
 
+from kz_runner.contract.layout import PENDING_COMMIT, SEED_SHA, SEED_SUBMITTER
 from kz_runner.contract.yamlio import load_yaml
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
-SENTINEL = "0000000"
-PENDING = "__PENDING_COMMIT__"
 SCHEMA_VERSION = "1.0.0"
 SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 
@@ -53,7 +52,7 @@ def seed_scorecard(kernel_id: str, metas: Iterable[dict],
     """The placeholder scorecard for a brand-new kernel_id: sentinel records (value 0) for every declared metric."""
     cases = []
     for meta in metas:
-        records = {m["name"]: _record(0, "seed", SENTINEL, recorded_at) for m in meta.get("metrics", [])}
+        records = {m["name"]: _record(0, SEED_SUBMITTER, SEED_SHA, recorded_at) for m in meta.get("metrics", [])}
         cases.append({"test_case_id": meta["test_case_id"], "metrics_best": copy.deepcopy(records),
                       "metrics_current": records, "correctness_current": "unknown"})
     return {"schema_version": SCHEMA_VERSION, "kernel_id": kernel_id, "cases": cases}
@@ -84,18 +83,18 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
         direction = {m["name"]: m.get("direction", "lower_better") for m in meta.get("metrics", [])}
         order = declared + [name for name in values if name not in declared]
 
-        current_records = {name: _record(values[name], submitter, PENDING, recorded_at)
+        current_records = {name: _record(values[name], submitter, PENDING_COMMIT, recorded_at)
                            for name in order if name in values}
         best: dict[str, Any] = {}
         for name in declared:
             prev = old_best.get(name)
-            if name in values and (prev is None or prev.get("commit_sha") == SENTINEL
+            if name in values and (prev is None or prev.get("commit_sha") == SEED_SHA
                                    or beats(values[name], prev["value"], direction[name])):
-                best[name] = _record(values[name], submitter, PENDING, recorded_at)
-            elif prev is not None and prev.get("commit_sha") != SENTINEL:
+                best[name] = _record(values[name], submitter, PENDING_COMMIT, recorded_at)
+            elif prev is not None and prev.get("commit_sha") != SEED_SHA:
                 best[name] = copy.deepcopy(prev)
         for name, prev in old_best.items():
-            if name not in best and name not in declared and prev.get("commit_sha") != SENTINEL:
+            if name not in best and name not in declared and prev.get("commit_sha") != SEED_SHA:
                 best[name] = copy.deepcopy(prev)
         correctness = run.get("correctness", "unknown")
         cases.append({
@@ -113,7 +112,7 @@ def stamp(scorecard: dict, sha_src: str) -> dict[str, Any]:
     for case in out.get("cases", []):
         for key in ("metrics_best", "metrics_current"):
             for record in (case.get(key) or {}).values():
-                if record.get("commit_sha") == PENDING:
+                if record.get("commit_sha") == PENDING_COMMIT:
                     record["commit_sha"] = sha_src
     return out
 
@@ -134,5 +133,16 @@ def load(data: bytes | str | None) -> dict | None:
 
 def pending_in(scorecard: dict) -> bool:
     """Whether any record still carries ``__PENDING_COMMIT__``."""
-    return any(r.get("commit_sha") == PENDING for c in scorecard.get("cases", [])
+    return any(r.get("commit_sha") == PENDING_COMMIT for c in scorecard.get("cases", [])
                for k in ("metrics_best", "metrics_current") for r in (c.get(k) or {}).values())
+
+
+def desc_is_frozen(raw: bytes | None) -> bool:
+    """Whether desc.yaml's bytes say ``status: frozen`` (False for no file or unreadable YAML)."""
+    if raw is None:
+        return False
+    try:
+        desc = load(raw)
+    except yaml.YAMLError:
+        return False
+    return isinstance(desc, dict) and desc.get("status") == "frozen"

@@ -15,84 +15,39 @@ keeps no workflow fields of its own (runners seen is a counter for the queue vie
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from kz_daemon import accept, queue, spool
+from kz_daemon import accept, queue, recovery, spool
+from kz_daemon.clock import iso_now
 from kz_daemon.config import Config
 from kz_daemon.errors import ZooError
 from kz_daemon.gitstore import GitStore
+from kz_daemon.indexer import Indexer
 from kz_daemon.intake import Intake
+from kz_daemon.mirror import Mirror
+from kz_daemon.pending import PendingStore
 from kz_daemon.queue import Claim
+from kz_daemon.readmodel import SubmissionView, not_yet_seen, view_of
+from kz_events import events as ev
+from kz_events.status import Status
+from kz_events.store import Store
+from kz_runner import __version__
 
-TERMINAL = ("accepted", "rejected", "failed", "cancelled")
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...
 SYNC_MAX_DELAY_S = 30.0  # ... but no longer than this
-
-
-@dataclass(frozen=True)
-class SubmissionView:
-    """What the API shows about one submission (built from the fold of the log)."""
-
-    uuid: str
-    kernel_id: str
-    submitter_id: str
-    status: str                      # received|queued|running|accepting|accepted|rejected|failed|cancelled
-    source: str = "spool"
-    received_at: str = ""
-    arch: str | None = None
-    new_kernel: bool | None = None
-    warnings: list = field(default_factory=list)
-    attempts: int = 0
-    runner_id: str | None = None
-    lease_expires_at: float | None = None
-    reasons: list = field(default_factory=list)   # [{stage, code, message, seq}]
-    result: dict | None = None       # summary of the reported result
-    commit_sha: str | None = None    # SHA_src (commit 1): the SHA the API reports
-    sha_br: str | None = None        # the scorecard commit (new HEAD)
-    history: list = field(default_factory=list)   # [[seq, status, ts], ...]
-    seq: int = 0                     # the log position this view was read at (for long polls)
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the status is final."""
-        return self.status in TERMINAL
-
-
-def view_of(sub, seq: int) -> SubmissionView:
-    """A SubmissionView of a reducer ``Submission``."""
-    return SubmissionView(
-        uuid=sub.uuid, kernel_id=sub.kernel_id, submitter_id=sub.submitter_id, status=sub.status,
-        source=sub.source, received_at=sub.received_at, arch=sub.arch, new_kernel=sub.new_kernel,
-        warnings=list(sub.warnings), attempts=sub.attempts, runner_id=sub.runner_id,
-        lease_expires_at=sub.lease_expires_at, reasons=[dict(r) for r in sub.reasons],
-        result=dict(sub.result) if sub.result else None, commit_sha=sub.sha_src, sha_br=sub.sha_br,
-        history=[list(h) for h in sub.history], seq=seq)
-
-
-def iso_now(clock: Callable[[], float]) -> str:
-    """UTC RFC 3339 with seconds for ``clock()``."""
-    return dt.datetime.fromtimestamp(clock(), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Zoo:
     """The daemon core. ``Zoo(config)``; ``start()``; the API methods; ``stop()``."""
 
     def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
-        from kz_events import events as ev
-        from kz_events.store import Store
-
-        from kz_daemon.indexer import Indexer
-        from kz_daemon.mirror import Mirror
-
         self.config = config
         self.clock = clock
-        self.ev = ev
         config.ensure_dirs()
         self.spool = spool.SpoolDirs(config.paths.spool)
         self.spool.ensure()
@@ -102,7 +57,8 @@ class Zoo:
         self.git_lock = threading.RLock()
         self.store = Store.open(config.paths.events, clock=clock)
         self.git = GitStore.open_or_init(config.paths.repo, config.repo.branch, config.repo.fsync, clock)
-        self.intake = Intake(config, self.store, self.git, self.git_lock, ev, lambda: iso_now(clock))
+        self.pending = PendingStore(config.paths.pending, config.paths.runs)
+        self.intake = Intake(config, self.store, self.git, self.git_lock, lambda: iso_now(clock))
         self.indexer = Indexer(self)
         self.mirror = Mirror(self)
         self.stopping = False
@@ -120,11 +76,8 @@ class Zoo:
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         """Recover (log, git locks, sagas, intake outcomes, expired leases), then start the threads."""
-        from kz_daemon import recovery
-        from kz_runner import __version__
-
         recovery.recover(self)
-        self.store.emit(self.ev.DaemonStarted(version=__version__, pid=os.getpid()))
+        self.store.emit(ev.DaemonStarted(version=__version__, pid=os.getpid()))
         self._watcher.start()
         for name, target in (("kz-intake", self._intake_loop), ("kz-reaper", self._reaper_loop),
                              ("kz-sync", self._sync_loop)):
@@ -156,14 +109,14 @@ class Zoo:
             try:
                 step()
             except Exception as exc:
-                self._log(f"stopping {name}: {type(exc).__name__}: {exc}")
+                self.log(f"stopping {name}: {type(exc).__name__}: {exc}")
         self._threads.clear()
         with self.lock, self.git_lock:
             for name, close in (("event store", self.store.close), ("repo", self.git.close)):
                 try:
                     close()
                 except Exception as exc:
-                    self._log(f"closing the {name}: {type(exc).__name__}: {exc}")
+                    self.log(f"closing the {name}: {type(exc).__name__}: {exc}")
 
     def _intake_loop(self) -> None:
         period = self.config.intake.rescan_interval_s
@@ -175,7 +128,7 @@ class Zoo:
             try:
                 self.scan_inbox()
             except Exception as exc:  # keep the daemon alive; the next scan retries
-                self._log(f"intake scan failed: {type(exc).__name__}: {exc}")
+                self.log(f"intake scan failed: {type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
     def scan_inbox(self) -> int:
@@ -184,19 +137,17 @@ class Zoo:
         return self.intake.scan_once()
 
     def _reaper_loop(self) -> None:
-        from kz_daemon.recovery import finish_saga
-
         while not self._stop.wait(self.config.queue.reaper_interval_s):
             try:
                 queue.reap(self)
                 with self.store.lock:
                     state = self.store.state
-                    stuck = [s.uuid for s in state.submissions.values() if s.status == "accepting"] \
-                        if state.status_counts.get("accepting") else []
+                    stuck = [s.uuid for s in state.submissions.values() if s.status == Status.ACCEPTING] \
+                        if state.status_counts.get(Status.ACCEPTING) else []
                 for sub_uuid in stuck:  # a saga that failed half-way (a live one just makes us wait)
-                    finish_saga(self, sub_uuid)
+                    accept.finish_saga(self, sub_uuid)
             except Exception as exc:
-                self._log(f"lease reaper failed: {type(exc).__name__}: {exc}")
+                self.log(f"lease reaper failed: {type(exc).__name__}: {exc}")
 
     def _sync_loop(self) -> None:
         # git's index file costs ~1 s of CPU to rewrite at 50,000 entries: wait for a quiet
@@ -216,7 +167,7 @@ class Zoo:
                     self.git.sync_files()
                     self.git.sync_index()
             except Exception as exc:
-                self._log(f"worktree sync failed: {type(exc).__name__}: {exc}")
+                self.log(f"worktree sync failed: {type(exc).__name__}: {exc}")
 
     def after_accept(self, head: str) -> None:
         """Wake the background work that follows an accept (worktree/index sync, mirrors)."""
@@ -224,9 +175,8 @@ class Zoo:
         self._wake_sync.set()
         self.mirror.notify(head)
 
-    def _log(self, message: str) -> None:
-        import sys
-
+    def log(self, message: str) -> None:
+        """Tell the operator (one line on stderr)."""
         print(f"kz daemon: {message}", file=sys.stderr, flush=True)
 
     # -- intake ---------------------------------------------------------------------------
@@ -247,12 +197,11 @@ class Zoo:
                 sub = state.submissions.get(sub_uuid)
                 view = view_of(sub, state.seq) if sub is not None else None
                 seq = state.seq
-            if view is not None and view.status != "received":
+            if view is not None and view.status != Status.RECEIVED:
                 return view
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return view or SubmissionView(uuid=sub_uuid, kernel_id="", submitter_id="", status="received",
-                                              seq=seq)
+                return view or not_yet_seen(sub_uuid, seq)
             self._wake_intake.set()
             self.store.wait_for_change(seq, min(remaining, 0.5))
 
@@ -371,7 +320,7 @@ class Zoo:
                       "lease_expires_at": lease.expires_at, "attempt": lease.attempt}
                      for u, lease in state.queue.in_flight.items()]
         accepting = [{"uuid": s.uuid, "kernel_id": s.kernel_id} for s in subs.values()
-                     if s.status == "accepting"]
+                     if s.status == Status.ACCEPTING]
         with self._runners_lock:
             runners = {k: dict(v) for k, v in self._runners.items()}
         return {"seq": state.seq, "pending": pending, "in_flight": in_flight, "accepting": accepting,

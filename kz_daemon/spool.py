@@ -21,14 +21,16 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import threading
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers import Observer
+
 from kz_daemon.errors import ZooError
-from kz_events.log import fsync_dir
+from kz_events.durable import atomic_write_json, fsync_dir
 
 TARBALL_SUFFIX = ".tar.gz"
 SIDECAR_SUFFIX = ".meta.json"
@@ -75,23 +77,6 @@ class Claimed:
     uuid: str
     tarball: Path
     meta: dict[str, Any]
-
-
-def write_json_atomic(path: Path, doc: Any, fsync: bool = True, sync_dir: bool = True) -> None:
-    """Write ``doc`` as JSON to ``path`` via a temp file and rename (file and folder fsynced when asked).
-
-    ``sync_dir=False`` leaves the folder's fsync to the caller (who renames more into it).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    data = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync and sync_dir:
-        fsync_dir(path.parent)
 
 
 def is_uuid(text: object) -> bool:
@@ -143,7 +128,7 @@ def drop(dirs: SpoolDirs, fileobj: BinaryIO, meta: dict[str, Any], max_bytes: in
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        write_json_atomic(tmp_meta, meta)
+        atomic_write_json(tmp_meta, meta)
         os.replace(tmp_meta, dirs.inbox / tmp_meta.name)
         os.replace(tmp_tar, dirs.inbox / tmp_tar.name)
         fsync_dir(dirs.inbox)
@@ -229,7 +214,7 @@ def claim(dirs: SpoolDirs, path: Path, known: Callable[[str], bool],
     if side_error:
         record["sidecar_error"] = side_error
     work_meta = dirs.work / f"{sub_uuid}{SIDECAR_SUFFIX}"
-    write_json_atomic(work_meta, record, sync_dir=False)  # the fsync_dir below covers both names
+    atomic_write_json(work_meta, record, sync_dir=False)  # the fsync_dir below covers both names
     target = dirs.work / f"{sub_uuid}{TARBALL_SUFFIX}"
     try:
         os.rename(path, target)
@@ -287,9 +272,6 @@ class InboxWatcher:
 
     def start(self) -> None:
         """Start observing (watchdog's inotify backend on Linux)."""
-        from watchdog.events import FileSystemEventHandler
-        from watchdog.observers import Observer
-
         wake = self.wake
 
         class _Handler(FileSystemEventHandler):

@@ -19,7 +19,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from kz_daemon.errors import ZooError
 from kz_daemon.http import authz, limits, views
 from kz_daemon.http.apispec import Op, Param
-from kz_daemon.http.metrics import render_metrics
+from kz_daemon.http.metrics import accept_latency, render_metrics
+from kz_events.status import Status
+from kz_runner.contract.kernel_id import kernel_id_errors
 
 MAX_PER_PAGE = 1000
 #: Keys of a status document that move without the submission changing.
@@ -132,8 +134,6 @@ async def create_submission(request: Request) -> Response:
         field_id = form.get("submitter_id")
         submitter = authz.final_submitter(principal, early_id,
                                           field_id if isinstance(field_id, str) else None)
-        from kz_runner.contract.kernel_id import kernel_id_errors
-
         problems = kernel_id_errors(kernel_id)
         if problems:
             raise ZooError("VALIDATION_ERROR", f"kernel_id {kernel_id!r} is invalid: {problems[0]}",
@@ -155,7 +155,7 @@ async def create_submission(request: Request) -> Response:
         await form.close()
     view = await run_in_threadpool(state.zoo.wait_intake, uuid, settings.intake_wait_s)
     doc = views.submission_doc(view, _status_url(request, uuid), state.zoo)
-    if doc.get("status") == "rejected":
+    if doc.get("status") == Status.REJECTED:
         reasons = doc.get("reasons") or []
         first = reasons[0] if reasons else {}
         message = first.get("message") if isinstance(first, dict) else str(first)
@@ -165,9 +165,9 @@ async def create_submission(request: Request) -> Response:
                 listed = (r.get("details") or {}).get("problems") if isinstance(r.get("details"), dict) else None
                 problems.extend(listed or [{"code": r.get("code"), "message": r.get("message")}])
         raise ZooError("VALIDATION_ERROR", f"the package was rejected at intake: {message or 'see details'}",
-                       {"uuid": uuid, "status": "rejected", "reasons": reasons, "problems": problems,
+                       {"uuid": uuid, "status": Status.REJECTED, "reasons": reasons, "problems": problems,
                         "status_url": _status_url(request, uuid)})
-    body = {"uuid": uuid, "status": doc.get("status", "received"), "kernel_id": kernel_id,
+    body = {"uuid": uuid, "status": doc.get("status", Status.RECEIVED), "kernel_id": kernel_id,
             "submitter_id": submitter, "status_url": _status_url(request, uuid)}
     return JSONResponse(body, status_code=202, headers={"Location": body["status_url"]})
 
@@ -184,7 +184,7 @@ async def _discard_body(request: Request, cap: int) -> None:
         pass
 
 
-async def _wait_slices(request: Request, deadline: float, step) -> Any:
+async def wait_slices(request: Request, deadline: float, step) -> Any:
     """Call ``step(slice_s)`` in a thread until it returns non-None, the deadline, or a drain."""
     state = request.app.state
     while True:
@@ -216,7 +216,7 @@ async def submission_status(request: Request) -> Response:
             last_seq[0] = fresh.get("seq", last_seq[0])
             return fresh if views.changed(doc, fresh, VOLATILE) else None
 
-        fresh = await _wait_slices(request, time.monotonic() + wait, step)
+        fresh = await wait_slices(request, time.monotonic() + wait, step)
         if fresh is not None:
             doc = fresh
     return JSONResponse(doc)
@@ -271,8 +271,6 @@ async def metrics(request: Request) -> Response:
     zoo = request.app.state.zoo
     data = dict(await run_in_threadpool(zoo.metrics))
     if "accept_latency_seconds" not in data:
-        from kz_daemon.http.metrics import accept_latency
-
         state = getattr(getattr(zoo, "store", None), "state", None)
         data["accept_latency_seconds"] = await run_in_threadpool(
             accept_latency, getattr(state, "submissions", {}))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -135,8 +136,6 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
     ``on_signal(server)``, when given, takes over SIGINT/SIGTERM (it must set
     ``server.should_exit`` eventually); a second signal forces the exit.
     """
-    import uvicorn
-
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's signal hook
             app.state.draining.set()

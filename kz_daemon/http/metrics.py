@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 import re
 import threading
+from datetime import datetime
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
+
+from kz_events.status import Status
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -24,8 +27,6 @@ LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0
 
 
 def _epoch(ts: str) -> float | None:
-    from datetime import datetime
-
     try:
         return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except (AttributeError, ValueError):
@@ -41,10 +42,10 @@ def accept_latency(submissions: Any) -> dict[str, Any]:
     counts = [0] * len(LATENCY_BUCKETS)
     total, count = 0.0, 0
     for sub in list(getattr(submissions, "values", lambda: [])()):
-        if getattr(sub, "status", None) != "accepted":
+        if getattr(sub, "status", None) != Status.ACCEPTED:
             continue
         stamps = {status: ts for _seq, status, ts in getattr(sub, "history", [])}
-        start, end = _epoch(stamps.get("received", "")), _epoch(stamps.get("accepted", ""))
+        start, end = _epoch(stamps.get(Status.RECEIVED, "")), _epoch(stamps.get(Status.ACCEPTED, ""))
         if start is None or end is None:
             continue
         latency = max(0.0, end - start)
@@ -103,8 +104,8 @@ def render_metrics(data: Mapping[str, Any] | None, counters: HttpCounters | None
     data = dict(data or {})
     by_status = data.get("submissions_by_status")
     if isinstance(by_status, Mapping):
-        data.setdefault("submissions_accepted_total", by_status.get("accepted", 0))
-        data.setdefault("submissions_rejected_total", by_status.get("rejected", 0))
+        data.setdefault("submissions_accepted_total", by_status.get(Status.ACCEPTED, 0))
+        data.setdefault("submissions_rejected_total", by_status.get(Status.REJECTED, 0))
     for key in sorted(data.keys()):
         value = data[key]
         name = _metric_name(key)

@@ -17,7 +17,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from kz_daemon.errors import ZooError
 from kz_daemon.http import authz, limits, views
-from kz_daemon.http.api import _wait_slices
+from kz_daemon.http.api import wait_slices
 from kz_daemon.http.apispec import Op
 
 
@@ -74,7 +74,7 @@ async def claim(request: Request) -> Response:
     zoo = state.zoo
     got = await run_in_threadpool(zoo.claim, runner_id, arch, 0)
     if got is None and wait > 0:
-        got = await _wait_slices(request, time.monotonic() + wait,
+        got = await wait_slices(request, time.monotonic() + wait,
                                  lambda slice_s: zoo.claim(runner_id, arch, slice_s))
     if got is None:
         return Response(status_code=204)

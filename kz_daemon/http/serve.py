@@ -8,6 +8,7 @@ then stop uvicorn (in-flight requests get ``graceful_s``), then the Zoo.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import socket
@@ -18,7 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from kz_daemon.auth import TokenStore
+from kz_daemon.errors import ZooError
+from kz_daemon.history import KernelHistory
+from kz_daemon.http.app import create_app, make_server
+from kz_daemon.http.settings import from_config
 from kz_daemon.sdnotify import Notifier
+from kz_daemon.service import Zoo
+from kz_runner import __version__
 
 
 @dataclass
@@ -49,8 +57,6 @@ def bind(host: str, port: int) -> socket.socket:
 def _die_with_parent() -> None:
     """In the runner child (Linux): get SIGTERM when kz up dies, even by SIGKILL."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
@@ -73,8 +79,6 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
           banner: Callable[[str], None] | None = None, out: TextIO = sys.stdout,
           notifier: Notifier | None = None) -> int:
     """Serve ``app`` on ``sock`` until SIGINT/SIGTERM; ``zoo`` must be started already. Returns 0."""
-    from kz_daemon.http.app import make_server
-
     notifier = notifier or Notifier()
     host, port = sock.getsockname()[:2]
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
@@ -132,14 +136,6 @@ def serve_config(config: Any, *, host: str | None = None, port: int | None = Non
     child whose command line ``runner_argv_for(url)`` returns. Returns the exit code
     (2 when the port is taken or the Zoo cannot start).
     """
-    from kz_daemon.auth import TokenStore
-    from kz_daemon.errors import ZooError
-    from kz_daemon.history import KernelHistory
-    from kz_daemon.http.app import create_app
-    from kz_daemon.http.settings import from_config
-    from kz_daemon.service import Zoo
-    from kz_runner import __version__
-
     host = host or config.http.host
     port = config.http.port if port is None else port
     try:

@@ -14,6 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kz_daemon.accept import case_summary
+from kz_events.status import TERMINAL
+
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
 
 
@@ -215,9 +218,6 @@ class Catalog:
         return encoded
 
 
-TERMINAL = frozenset({"accepted", "rejected", "failed", "cancelled"})
-
-
 def run_cases(zoo: Any, uuid: str) -> list[dict[str, Any]]:
     """Per-case results of a submission's reported run (empty before a run was reported).
 
@@ -225,11 +225,8 @@ def run_cases(zoo: Any, uuid: str) -> list[dict[str, Any]]:
     daemon's own helpers (``runs/<uuid>/result.json`` + the submission's METAS).
     """
     try:
-        from kz_daemon.accept import case_summary, load_result
-        from kz_daemon.intake import read_submission
-
-        result = load_result(zoo, uuid)
-        metas = read_submission(zoo.config.paths.pending, uuid).get("metas") or []
+        result = zoo.pending.load_result(uuid)
+        metas = zoo.pending.metas(uuid)
     except Exception:  # no run stored yet, or an older/newer layout: show no cases
         return []
     return case_summary(result, metas) if isinstance(result, dict) else []

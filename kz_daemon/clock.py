@@ -1,0 +1,17 @@
+"""Wall-clock time as the daemon writes it: UTC RFC 3339 strings from an injectable clock."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Callable
+
+__all__ = ["iso_at", "iso_now"]
+
+
+def iso_at(ts: float) -> str:
+    """UTC RFC 3339 with seconds for the epoch time ``ts``."""
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_now(clock: Callable[[], float]) -> str:
+    """UTC RFC 3339 with seconds for ``clock()`` (``time.time`` in the daemon, a fake in tests)."""
+    return iso_at(clock())

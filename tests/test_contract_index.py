@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import jsonschema
@@ -11,7 +12,9 @@ import kz_schemas
 from kz_daemon.cli import main
 from kz_runner.contract.index import build_index, dumps, find_packages, update_index, write_index
 from kz_runner.contract.index_cache import ContentsCache
-from tests.helpers.contract_fixtures import NEWCOMER_ID, copy_newcomer, mark_repo, write_package
+from kz_runner.contract.schema_check import nonfinite_paths
+from tests.helpers.contract_fixtures import NEWCOMER_ID, ROOT, copy_newcomer, mark_repo, write_package
+from tests.test_contract_validate import RULES
 
 A = "cpu/Elementwise/Axpy/fp32/a"
 B = "cpu/Elementwise/Axpy/fp32/b"
@@ -214,3 +217,47 @@ def test_parallel_counts_are_right_when_one_worker_runs_every_chunk(tmp_path, mo
     finally:
         index_module._FORK_STATE = None
     assert [(hits, misses) for _used, _fresh, hits, misses in learned] == [(0, 1), (0, 1)]
+
+
+def test_index_of_the_examples_is_valid(tmp_path):
+    repo = mark_repo(tmp_path / "repo")
+    for arch in ("cpu", "gfx928", "sm_90"):
+        shutil.copytree(ROOT / "examples" / arch, repo / arch, dirs_exist_ok=True, symlinks=True)
+    doc = build_index(repo)
+    assert doc["kernels"] and all(k["valid"] for k in doc["kernels"]), [k["kernel_id"] for k in doc["kernels"]]
+
+
+@pytest.mark.parametrize("rule,mutate,code,still_valid", RULES, ids=[r[0] for r in RULES])
+def test_index_names_the_problem_of_every_failing_fixture(tmp_path, rule, mutate, code, still_valid):
+    repo = mark_repo(tmp_path / "repo")
+    mutate(write_package(repo))
+    write_package(repo, "cpu/Elementwise/Axpy/fp32/other")  # a valid neighbour
+    text = dumps(build_index(repo))
+    assert '"kernel_id":"cpu/Elementwise/Axpy/fp32/other"' in text
+    if code not in ("KERNEL_ID_INVALID", "KERNEL_PACKAGE_MISSING"):  # those are not packages to the index
+        assert f'"code":"{code}"' in text
+
+
+def walk_nonfinite(value, path=""):
+    """The paths of NaN/infinite floats by plain recursion (what nonfinite_paths must name)."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [path or "$"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in walk_nonfinite(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in walk_nonfinite(v, f"{path}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1.0, {"b": 2}], "c": "x"},
+    {"a": [1.0, {"b": float("nan")}], "c": float("inf")},
+    {"when": __import__("datetime").date(2026, 8, 2), "v": float("-inf")},   # not JSON: the walk decides
+    {float("nan"): 1.0},                                                       # a NaN key is not a value
+    [(1.0, float("nan"))],
+    {"deep": [[[[float("inf")]]]]},
+    float("nan"),
+    [],
+])
+def test_nonfinite_paths_names_every_nan_and_infinity(value):
+    assert list(nonfinite_paths(value)) == walk_nonfinite(value)

@@ -3,7 +3,9 @@
 Package code is never imported or executed here: the validator runs on the
 server and on untrusted submissions. ``read_metas`` evaluates the assigned value
 of ``KERNEL_ZOO_TEST_CASE_METAS`` with ``ast.literal_eval``, which accepts only
-literals (strings, numbers, lists, tuples, dicts, sets, booleans, None).
+literals (strings, numbers, lists, tuples, dicts, sets, booleans, None), after
+replacing the names of module-level literal constants by their values
+(:mod:`.literals`).
 
 >>> metas, problems = read_metas('KERNEL_ZOO_TEST_CASE_METAS = [{"test_case_id": "small", '
 ...     '"params": {}, "primary_metric": "ms", "metrics": [{"name": "ms", "unit": "ms", '
@@ -14,15 +16,13 @@ literals (strings, numbers, lists, tuples, dicts, sets, booleans, None).
 from __future__ import annotations
 
 import ast
-import json
-import re
 from typing import Any
 
 from .codes import problem
+from .literals import NotLiteral, literal_value
 from .problems import Problem
 from .schema_check import (
     _json_finite,
-    may_hold_huge_number,
     nonfinite_paths,
     schema_problems,
 )
@@ -106,18 +106,6 @@ def _metas_value_nodes(tree: ast.Module) -> tuple[list[ast.stmt], bool]:
     return top, nested
 
 
-_LITERAL_NODES = (ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.UnaryOp, ast.BinOp,
-                  ast.expr_context, ast.operator, ast.unaryop)
-
-
-def _first_non_literal(node: ast.AST) -> ast.AST:
-    """The first sub-node ``ast.literal_eval`` refuses (the node itself when none is obvious)."""
-    for sub in ast.walk(node):
-        if not isinstance(sub, _LITERAL_NODES):
-            return sub
-    return node
-
-
 def extract_metas(tree: ast.Module, file: str = BENCHMARK_FILE) -> tuple[list | None, list[Problem]]:
     """The literal METAS list of a parsed benchmark.py, or None with problems."""
     nodes, nested = _metas_value_nodes(tree)
@@ -136,12 +124,11 @@ def extract_metas(tree: ast.Module, file: str = BENCHMARK_FILE) -> tuple[list | 
     try:
         value = ast.literal_eval(node.value)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        bad = _first_non_literal(node.value)
-        code = ast.unparse(bad)
-        code = code if len(code) <= 60 else code[:57] + "..."
-        return None, [problem("METAS_NOT_LITERAL", f"line {getattr(bad, 'lineno', node.lineno)}: "
-                              f"{METAS_NAME} is not a literal: `{code}` is computed",
-                              file=file, field=METAS_NAME)]
+        try:  # module-level constants named in it are resolved from the tree, never run
+            value = literal_value(tree, node.value, tree.body.index(node))
+        except NotLiteral as exc:
+            return None, [problem("METAS_NOT_LITERAL", f"line {getattr(exc.node, 'lineno', node.lineno)}: "
+                                  f"{METAS_NAME} is not a literal: {exc}", file=file, field=METAS_NAME)]
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list):
@@ -210,235 +197,12 @@ def read_metas(source: str | bytes, file: str = BENCHMARK_FILE) -> tuple[list[di
 
 def check_benchmark_source(source: str | bytes, file: str = BENCHMARK_FILE) -> tuple[list | None, list[Problem]]:
     """``read_metas`` plus the script entry-point check of benchmark.py."""
-    fast = _fast_benchmark_check(source, file)
-    if fast is not None:
-        return fast
-    return _full_benchmark_check(source, file)
-
-
-def _full_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, list[Problem]]:
-    """:func:`check_benchmark_source` over the whole module's AST (the reference path)."""
     tree, problems = parse_python(source, file)
     if tree is None:
         return None, problems
     metas, problems = extract_metas(tree, file)
     if metas is not None:
         problems = check_metas(metas, file)
-    if not has_main_guard(tree):
-        problems.append(problem("BENCHMARK_NO_MAIN", "no if __name__ == \"__main__\": block", file=file))
-    return metas, problems
-
-
-# ---------------------------------------------------------------- METAS fast path
-#
-# Most of benchmark.py's syntax tree is the METAS literal, and building Python AST
-# objects for it (then walking them in ``literal_eval``) costs more than everything
-# else the index does with the file. The fast path reads a METAS list written in the
-# JSON-like subset of Python literals (double-quoted strings without backslashes,
-# JSON numbers, True/False/None, lists, dicts with string keys, trailing commas,
-# comments) with ``json.loads``, and parses the rest of the module with the list
-# replaced by an empty one of the same line count. It answers only when the module
-# is certainly equivalent to the reference path's input: the name bound once at
-# module level, by ``NAME = [...]`` whose list is exactly the placeholder (checked on
-# the AST of the rest, positions included), and the rest free of syntax errors;
-# otherwise the reference path decides.
-
-_METAS_START = re.compile(r"^" + METAS_NAME + r"[ \t]*=[ \t]*\[", re.MULTILINE)
-#: one token after optional whitespace and comments; group 1..6 = string, opener, closer, comma, colon, scalar
-#: (possessive: a comment runs to the end of its line, never shortened to let a token follow it)
-_LITERAL_TOKEN = re.compile(r"""(?:[ \t\n]+|\#[^\n]*+)*+(?:
-    ("[^"\\\n]*")
-  | ([\[{])
-  | ([\]}])
-  | (,)
-  | (:)
-  | (-?[0-9][0-9.eE+\-]*|(?:True|False|None)\b))""", re.VERBOSE)
-_JSON_WORDS = {"True": "true", "False": "false", "None": "null"}
-_MAX_DEPTH = 50  # far below the Python parser's nesting limit
-
-
-class _NotJsonLike(Exception):
-    """The METAS text is outside the subset the fast path reads."""
-
-
-def _reject_constant(name: str) -> Any:
-    raise _NotJsonLike(name)  # NaN / Infinity are JSON words but Python names, not literals
-
-
-def _json_like_list_tokens(text: str, start: int) -> tuple[list, int]:
-    """The list literal opening at ``text[start]`` and the offset just past its ``]`` (token by token).
-
-    The reference reading of the subset: :func:`_json_like_list` gives the same answers in
-    one pass of regular expressions and falls back here for the rare shapes it leaves out.
-    """
-    parts: list[str] = []
-    depth = 0
-    pos = start
-    pending_comma = False
-    after_value = False  # the last token ended a value: a comma or closer may follow, not a value
-    match_at = _LITERAL_TOKEN.match
-    while True:
-        match = match_at(text, pos)
-        if match is None:
-            raise _NotJsonLike(pos)
-        kind = match.lastindex
-        token = match.group(kind)
-        pos = match.end()
-        if kind == 4:  # comma
-            if pending_comma or not after_value:
-                raise _NotJsonLike(pos)  # ``[,]`` or ``[1,,]``: not Python either
-            pending_comma = True
-            after_value = False
-            continue
-        if pending_comma:  # a trailing comma (Python allows it, JSON does not) is dropped
-            if kind != 3:
-                parts.append(",")
-            pending_comma = False
-        elif after_value and kind != 3 and kind != 5:
-            raise _NotJsonLike(pos)  # two values side by side (``1 2``, ``"a" "b"``): leave it to Python
-        if kind == 6:
-            token = _JSON_WORDS.get(token, token)
-        elif kind == 2:
-            depth += 1
-            if depth > _MAX_DEPTH:
-                raise _NotJsonLike(pos)
-        elif kind == 3:
-            depth -= 1
-        parts.append(token)
-        after_value = kind == 1 or kind == 3 or kind == 6
-        if depth == 0:
-            break
-    try:
-        value = json.loads("".join(parts), parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise _NotJsonLike(str(exc)) from None
-    if not isinstance(value, list):
-        raise _NotJsonLike("not a list")
-    return value, pos
-
-
-# The one-pass reading. ``_SPAN`` takes the longest run of text made only of what the
-# token reader accepts (whitespace, structural characters and number characters, strings
-# without backslashes or newlines, comments, the words True/False/None); it may run past
-# the list. Translating that run to JSON keeps every offset: each word becomes its JSON
-# word of the same length, each comment and each trailing comma (one before a closer)
-# becomes spaces. ``raw_decode`` then reads one JSON value from the ``[`` and says where
-# it ends. JSON is stricter than the token reader nowhere inside a list it accepts
-# (whitespace is kept, so values side by side stay an error; a stray ``e``, ``.`` or ``-``
-# of the character class is no JSON), and it accepts nothing the token reader refuses, so
-# both give the same list and the same end; tests/test_index_speed_paths.py compares them
-# on generated inputs. A comma that may follow no value (``[,`` ``1,,``, or any comma after
-# whitespace), which blanking could hide, sends the text to the token reader (which refuses
-# it when it lies inside the list).
-_SPAN = re.compile(r'''\[(?:[ \t\n\[\]{},:0-9.eE+\-]++|"[^"\\\n]*+"|\#[^\n]*+|(?:True|False|None)\b)*+''')
-_TRAILING_COMMA = re.compile(r",(?=[ \t\n]*+[\]}])")  # before a closer
-#: a comma right after an opener, a comma, a colon (``[,`` ``,,``: not Python) or a space (``1 ,``, rare)
-_COMMA_AFTER_NO_VALUE = re.compile(r",(?<=[\[{,:\s],)")
-_STRING_OR_COMMENT = re.compile(r'"[^"\n]*"|#[^\n]*')
-_STRING = re.compile(r'"[^"]*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
-_EMPTY_PAIR = re.compile(r"\[\]|\{\}")
-_STRING_SEP = "\0"  # stands for a string in the text outside strings (the source holds no NUL)
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _blank_comment(match: re.Match) -> str:
-    token = match.group()
-    return token if token[0] == '"' else " " * len(token)
-
-
-def _max_depth(json_text: str) -> int:
-    """The deepest nesting of brackets in a JSON text (strings without escapes), stopped past _MAX_DEPTH."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", json_text))
-    depth = 0
-    while brackets and depth <= _MAX_DEPTH:
-        brackets = _EMPTY_PAIR.sub("", brackets)
-        depth += 1
-    return depth
-
-
-def _json_like_list(text: str, start: int) -> tuple[list, int]:
-    """The list literal opening at ``text[start]`` and the offset just past its ``]``.
-
-    Raises :class:`_NotJsonLike` exactly when :func:`_json_like_list_tokens` does, and
-    otherwise returns the same list and offset.
-    """
-    found = _SPAN.match(text, start)
-    if found is None:
-        raise _NotJsonLike("no list")
-    span = found.group()
-    parts = span.split('"')
-    outside = _STRING_SEP.join(parts[0::2])
-    if "#" in outside:  # comments: blank them (a comment may hold a quote, so split again)
-        span = _STRING_OR_COMMENT.sub(_blank_comment, span)
-        parts = span.split('"')
-        outside = _STRING_SEP.join(parts[0::2])
-    if "T" in outside or "F" in outside or "N" in outside:
-        outside = outside.replace("True", "true").replace("False", "false").replace("None", "null")
-    if "," in outside:
-        if _COMMA_AFTER_NO_VALUE.search(outside):  # the token reader sorts these out
-            return _json_like_list_tokens(text, start)
-        outside = _TRAILING_COMMA.sub(" ", outside)  # each follows a value: Python drops it
-    parts[0::2] = outside.split(_STRING_SEP)
-    json_text = '"'.join(parts)
-    try:
-        value, end = _DECODER.raw_decode(json_text)
-    except (ValueError, RecursionError) as exc:
-        raise _NotJsonLike(str(exc)) from None
-    if json_text.count("[", 0, end) + json_text.count("{", 0, end) > _MAX_DEPTH \
-            and _max_depth(json_text[:end]) > _MAX_DEPTH:
-        raise _NotJsonLike("nested too deeply")
-    return value, start + end
-
-
-def _fast_benchmark_check(source: str | bytes, file: str) -> tuple[list | None, list[Problem]] | None:
-    """:func:`check_benchmark_source`'s answer by the fast path, or None when it is unsure."""
-    if isinstance(source, bytes):
-        try:
-            text = decode_utf8_sig(source)
-        except UnicodeDecodeError:
-            return None
-    else:
-        text = source
-        if not text.isascii():
-            try:
-                text.encode()
-            except UnicodeEncodeError:  # a lone surrogate: the parser refuses the text, json would not
-                return None
-    if "\r" in text or "\0" in text or "\f" in text:  # other newlines, or no parse at all: reference path
-        return None
-    found = _METAS_START.search(text)
-    if found is None:
-        return None
-    start = found.end() - 1
-    try:
-        metas, end = _json_like_list(text, start)
-    except _NotJsonLike:
-        return None
-    lines = text.count("\n", start, end)
-    rest = text[:start] + "[" + "\n" * lines + "]" + text[end:]
-    try:
-        tree = ast.parse(rest, filename=file)
-    except (SyntaxError, ValueError):
-        return None
-    line = text.count("\n", 0, start) + 1
-    column = len(text[text.rfind("\n", 0, start) + 1:start].encode("utf-8"))  # AST columns count bytes
-    nodes, _ = _metas_value_nodes(tree)
-    if len(nodes) != 1:
-        return None
-    node = nodes[0]
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.List) and not node.value.elts
-            and node.value.lineno == line and node.value.col_offset == column
-            and node.value.end_lineno == line + lines
-            and node.value.end_col_offset == (column + 2 if lines == 0 else 1)):
-        # the one module-level binding is ``NAME = <our placeholder>``, token for token: the match
-        # was no text inside a string, and the original statement is ``NAME = <the literal read>``
-        return None
-    # json.loads makes no NaN here (the words are refused); a float overflows to an infinity
-    # only from a number with a 3-digit exponent or ~300 digits, which the text would show
-    finite = None if may_hold_huge_number(text[start:end].encode(), 200) else True
-    problems = check_metas(metas, file, finite)
     if not has_main_guard(tree):
         problems.append(problem("BENCHMARK_NO_MAIN", "no if __name__ == \"__main__\": block", file=file))
     return metas, problems

@@ -1,29 +1,35 @@
 """Job execution: one package tarball in, one :class:`JobOutcome` out.
 
 This is deliberately one small, replaceable step (:func:`execute_job`): the runner
-loop knows nothing of how a package is run, only what came out. A hardened
-harness (the kernel's HEAD harness, hash checks of inputs and expectations, a
-result channel the implementation cannot write to, a separate less-privileged
-process) replaces this module's internals without touching the loop.
+loop knows nothing of how a package is run, only what came out.
 
 Steps:
 
 1. safe unpack into a fresh job directory (the daemon intake's rules and limits);
+   the package files are made read-only and ``.kernel_package/`` is hashed;
 2. ``python .kernel_package/build_test_env.py WORKDIR`` with cwd = the package root;
-3. ``python .kernel_package/benchmark.py WORKDIR``, stdout parsed as exactly one
-   JSON document.
+3. everything the build wrote into WORKDIR is hashed and made read-only
+   (:mod:`kz_runner.integrity`);
+4. ``python .kernel_package/benchmark.py WORKDIR`` with the trial seed and result
+   pipes of :mod:`kz_runner.channel`; the result comes from the harness's result
+   channel, or from stdout (exactly one JSON document) when the harness sent none;
+5. the hashes are checked again: any change is ``INTEGRITY_ERROR`` naming the files.
 
 Each step runs in its own process group with a timeout (the whole group is killed),
 a scrubbed environment built from an allow-list (never the runner's token or
-server address), only the runner's GPU visible, and caps on captured output.
-Expected failures are values: ``JobOutcome.failure_code`` is one of the codes in
-:data:`FAILURE_CODES`.
+server address), only the runner's GPU visible, caps on captured output, and the
+containment of :mod:`kz_runner.contain` (network namespace, unprivileged user,
+resource limits). ``PYTHONPATH`` holds only a read-only staged copy of the harness
+library (:mod:`kz_runner.harnesslib`). Expected failures are values:
+``JobOutcome.failure_code`` is one of the codes in :data:`FAILURE_CODES` or one of
+the harness library's integrity codes (:data:`kz_runner.channel.LIBRARY_CODES`).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -33,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import kz_runner
-from kz_runner.contract import checks, tarball
+from kz_runner import channel, contain, harnesslib, integrity
+from kz_runner.contract import tarball
 from kz_runner.contract.pysource import read_metas
-from kz_runner.contract.schema_check import nonfinite_paths
+from kz_runner.logtail import Redactor, tail
 from kz_runner.procs import StepResult, run_step
 
 MiB = 1024 * 1024
@@ -48,10 +54,11 @@ BUILD_FAILED = "BUILD_FAILED"
 BUILD_TIMEOUT = "BUILD_TIMEOUT"
 BENCHMARK_TIMEOUT = "BENCHMARK_TIMEOUT"
 BENCHMARK_CRASHED = "BENCHMARK_CRASHED"
-BAD_OUTPUT = "BAD_OUTPUT"
+BAD_OUTPUT = channel.BAD_OUTPUT
+INTEGRITY_ERROR = channel.INTEGRITY_ERROR
 CANCELLED = "CANCELLED"
 FAILURE_CODES = (UNPACK_FAILED, BUILD_FAILED, BUILD_TIMEOUT, BENCHMARK_TIMEOUT, BENCHMARK_CRASHED, BAD_OUTPUT,
-                 CANCELLED)
+                 INTEGRITY_ERROR, CANCELLED)
 
 BUILD_SCRIPT = ".kernel_package/build_test_env.py"
 BENCHMARK_SCRIPT = ".kernel_package/benchmark.py"
@@ -103,6 +110,8 @@ class JobSettings:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     # keep the job directory afterwards (debugging)
     keep_workdir: bool = False
+    # how the steps are contained (kz_runner.contain); contain.OFF runs them directly
+    containment: contain.Containment = contain.Containment()
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,10 @@ class JobOutcome:
     kernel_id: str | None = None
     # the job directory when kept (JobSettings.keep_workdir), else None (it was removed)
     workdir: Path | None = None
+    # facts for the report's env: containment, integrity (counts and hash times), result_channel
+    env: dict[str, Any] = field(default_factory=dict)
+    # redacted stderr tails {"build", "benchmark"} of the steps that ran (kz_runner.logtail)
+    log_tails: dict[str, str] = field(default_factory=dict)
 
     @property
     def failure(self) -> dict[str, str] | None:
@@ -159,8 +172,8 @@ def child_env(settings: JobSettings, job_dir: Path, base: Mapping[str, str] | No
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
-        # the steps import kz_runner.bench from the runner's own installation
-        "PYTHONPATH": str(Path(kz_runner.__file__).resolve().parent.parent),
+        # only the staged copy of the harness library (kz_runner.harnesslib)
+        "PYTHONPATH": str(job_dir / "lib"),
         "KZ_RUNNER_ID": settings.runner_id,
         "KZ_ARCH": settings.arch,
     })
@@ -248,6 +261,77 @@ def _step_note(name: str, res: StepResult) -> str:
     return f"{name} {how} after {res.duration_s:.2f} s"
 
 
+def _prepare_user(settings: JobSettings, job_dir: Path, env: dict[str, str]) -> tuple[bool, list[dict[str, Any]]]:
+    """Hand the job directory to the job's user when the runner may drop to it and the user can
+    work there (probed); (user drop on, the runner's own containment facts)."""
+    c = settings.containment
+    measure = "unprivileged user"
+    if not c.enabled:
+        return False, [{"measure": "containment", "applied": False, "reason": "disabled by the runner's options"}]
+    if not c.wants_user():
+        why = ("the runner does not run as root" if os.geteuid() != 0 else "no job user configured")
+        return False, [{"measure": measure, "applied": False, "reason": why}]
+    uid, gid = int(c.uid), int(c.gid)
+    # The job directory is the runner's, listable by the job's group only; the job's user cannot
+    # rename the package or the staged library inside it. work/, home/ and tmp/ are the job's.
+    os.chown(job_dir, os.geteuid(), gid)
+    os.chmod(job_dir, 0o750)
+    for sub in ("work", "home", "tmp"):
+        os.chown(job_dir / sub, uid, gid)
+        os.chmod(job_dir / sub, 0o700)
+    problem = contain.probe_user(c, settings.python, job_dir / "work", env)
+    if problem is None:
+        return True, [{"measure": "job directory", "applied": True,
+                       "detail": f"work/, home/, tmp/ owned by uid {uid}, mode 0700; the rest read-only"}]
+    for sub in ("work", "home", "tmp"):
+        os.chown(job_dir / sub, os.geteuid(), os.getegid())
+    os.chown(job_dir, os.geteuid(), os.getegid())
+    os.chmod(job_dir, 0o700)
+    return False, [{"measure": measure, "applied": False, "reason": problem}]
+
+
+class _Steps:
+    """Starts the steps of one job: through the launcher when contained, collecting its reports."""
+
+    def __init__(self, settings: JobSettings, package_dir: Path, env: dict[str, str], user: bool,
+                 cancel: threading.Event | None) -> None:
+        self.settings = settings
+        self.package_dir = package_dir
+        self.env = env
+        self.user = user
+        self.cancel = cancel
+        self.reports: list[list[dict[str, Any]]] = []
+
+    def run(self, script: str, work: Path, timeout_s: float, pipes: channel.Pipes | None = None) -> StepResult:
+        """Run one step; ``pipes`` (the benchmark's) are handed over and drained."""
+        s = self.settings
+        argv = [s.python, script, str(work)]
+        env = dict(self.env)
+        pass_fds: list[int] = []
+        reads: dict[str, tuple[int, int]] = {}
+        if pipes is not None:
+            env.update(pipes.env())
+            pass_fds.extend(pipes.child_fds)
+            reads["result"] = (pipes.result_read, channel.RESULT_CAP)
+        if s.containment.enabled:
+            report_read, report_write = os.pipe()
+            os.set_inheritable(report_read, False)
+            pass_fds.append(report_write)
+            reads["containment"] = (report_read, 64 * 1024)
+            argv = contain.wrap(argv, contain.spec(s.containment, timeout_s=timeout_s, report_fd=report_write,
+                                                   user=self.user))
+        res = run_step(argv, cwd=self.package_dir, env=env, timeout_s=timeout_s, stdout_cap=s.stdout_cap,
+                       stderr_cap=max(1, s.log_cap // 2), kill_grace_s=s.kill_grace_s, cancel=self.cancel,
+                       pass_fds=pass_fds, reads=reads)
+        if pipes is not None:  # run_step closed every end it was given
+            pipes.control_read = pipes.result_write = pipes.result_read = -1
+        if "containment" in reads:
+            report = contain.parse_report(res.extra.get("containment", b""))
+            if report is not None:
+                self.reports.append(report)
+        return res
+
+
 def execute_job(
     package_tarball: Path,
     workdir_root: Path,
@@ -263,12 +347,18 @@ def execute_job(
     start = time.monotonic()
     Path(workdir_root).mkdir(parents=True, exist_ok=True)
     job_dir = Path(tempfile.mkdtemp(prefix="job-", dir=workdir_root))
+    redactor = Redactor(settings.secrets, job_dir)
     logs = _Logs()
     timings: dict[str, float] = {}
-    state: dict[str, Any] = {"kernel_id": None}
+    facts: dict[str, Any] = {}
+    tails: dict[str, str] = {}
+    state: dict[str, Any] = {"kernel_id": None, "steps": None, "runner_facts": []}
 
     def done(result, code, message) -> JobOutcome:
         timings["total_s"] = round(time.monotonic() - start, 6)
+        if state["steps"] is not None or state["runner_facts"]:
+            reports = state["steps"].reports if state["steps"] is not None else []
+            facts["containment"] = contain.merge(reports, state["runner_facts"])
         if code is not None:
             logs.note(f"job failed: {code}: {message}")
         else:
@@ -276,7 +366,8 @@ def execute_job(
         kept = job_dir if settings.keep_workdir else None
         if not settings.keep_workdir:
             _rmtree(job_dir)
-        return JobOutcome(result, code, message, logs.value(settings.log_cap), timings, state["kernel_id"], kept)
+        return JobOutcome(result, code, message, redactor.data(logs.value(settings.log_cap)), timings,
+                          state["kernel_id"], kept, facts, tails)
 
     try:
         logs.note(f"runner {settings.runner_id} arch {settings.arch} gpu {settings.gpu}; job dir {job_dir}")
@@ -292,14 +383,24 @@ def execute_job(
         work = job_dir / "work"
         for sub in (work, job_dir / "home", job_dir / "tmp"):
             sub.mkdir()
+        harnesslib.stage(job_dir / "lib")
         env = child_env(settings, job_dir)
-        step_kwargs = dict(cwd=package_dir, env=env, stdout_cap=settings.stdout_cap,
-                           stderr_cap=max(1, settings.log_cap // 2), kill_grace_s=settings.kill_grace_s,
-                           cancel=cancel)
+        user = False
+        if settings.containment.enabled:
+            integrity.seal(job_dir / "pkg")
+            user, state["runner_facts"] = _prepare_user(settings, job_dir, env)
+            state["runner_facts"].insert(0, {"measure": "staged harness library", "applied": True,
+                                             "detail": "PYTHONPATH holds only a read-only copy of kz_runner.bench"})
+        else:
+            state["runner_facts"] = [{"measure": "containment", "applied": False,
+                                      "reason": "disabled by the runner's options"}]
+        contract_dir = package_dir / ".kernel_package"
+        contract_before = integrity.snapshot(contract_dir)
+        steps = state["steps"] = _Steps(settings, package_dir, env, user, cancel)
 
-        build = run_step([settings.python, BUILD_SCRIPT, str(work)], timeout_s=settings.build_timeout_s,
-                         **step_kwargs)
+        build = steps.run(BUILD_SCRIPT, work, settings.build_timeout_s)
         timings["build_s"] = round(build.duration_s, 6)
+        tails["build"] = tail(build.stderr_tail, redactor)
         logs.note(_step_note("build_test_env.py", build))
         logs.section("build_test_env.py stderr", build.stderr, build.stderr_dropped)
         if build.stdout:
@@ -311,13 +412,41 @@ def execute_job(
         if not build.ok:
             why = build.start_error or f"build_test_env.py exited with status {build.returncode}"
             return done(synthesize_build_failure(package_dir, kernel_id, settings, why), BUILD_FAILED, why)
+        tampered = _contract_changes(contract_before, contract_dir)
+        if tampered:
+            return done(None, INTEGRITY_ERROR, f"the package's contract files changed during the build: {tampered}")
 
-        bench = run_step([settings.python, BENCHMARK_SCRIPT, str(work)], timeout_s=settings.benchmark_timeout_s,
-                         **step_kwargs)
+        sealed = integrity.snapshot(work)
+        integrity.seal(work, (os.geteuid(), os.getegid()) if user else None)
+        facts["integrity"] = {"files": sealed.files, "bytes": sealed.bytes, "hash_s": sealed.seconds,
+                              "workers": sealed.workers}
+        logs.note(f"sealed {sealed.files} file(s) of the build ({sealed.bytes} bytes) in {sealed.seconds:.3f} s")
+
+        pipes = channel.open_pipes()
+        try:
+            bench = steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes)
+        finally:
+            pipes.close()
         timings["benchmark_s"] = round(bench.duration_s, 6)
+        tails["benchmark"] = tail(bench.stderr_tail, redactor)
         logs.note(_step_note("benchmark.py", bench))
         logs.section("benchmark.py stderr", bench.stderr, bench.stderr_dropped)
-        return done(*_judge_benchmark(bench, settings, logs))
+        if bench.cancelled:
+            return done(None, CANCELLED, "stopped during benchmark.py")
+        after = integrity.snapshot(work)
+        facts["integrity"]["verify_s"] = after.seconds
+        changes = integrity.compare(sealed, after)
+        tampered = _contract_changes(contract_before, contract_dir)
+        if changes or tampered:
+            if changes:
+                logs.section("files build_test_env.py produced that changed during the benchmark",
+                             "\n".join(changes).encode())
+                message = f"files build_test_env.py produced changed during the benchmark: {integrity.describe(changes)}"
+            else:
+                message = f"the package's contract files changed during the benchmark: {tampered}"
+            facts["result_channel"] = "harness" if bench.extra.get("result", b"").strip() else "stdout"
+            return done(None, INTEGRITY_ERROR, message)
+        return done(*_judge_benchmark(bench, settings, logs, facts))
     except Exception as exc:  # a bug or an I/O failure of the runner host, not the package's doing
         logs.note(f"runner error: {type(exc).__name__}: {exc}")
         raise
@@ -326,31 +455,42 @@ def execute_job(
             _rmtree(job_dir)
 
 
-def _judge_benchmark(bench: StepResult, settings: JobSettings, logs: _Logs) -> tuple[Any, str | None, str | None]:
-    """(result, failure code, message) for a finished benchmark step."""
-    if bench.cancelled:
-        return None, CANCELLED, "stopped during benchmark.py"
+def _contract_changes(before: integrity.Snapshot, contract_dir: Path) -> str:
+    """The changed contract files (``.kernel_package/``) as one line, "" when none changed."""
+    after = integrity.snapshot(contract_dir)
+    lines = set(integrity.compare(before, after))
+    lines.update(f"added: {rel}" for rel in set(after.entries) - set(before.entries))
+    return integrity.describe(sorted(lines))
+
+
+def _judge_benchmark(bench: StepResult, settings: JobSettings, logs: _Logs,
+                     facts: dict[str, Any]) -> tuple[Any, str | None, str | None]:
+    """(result, failure code, message) for a finished benchmark step (not cancelled)."""
+    channel_data = bench.extra.get("result", b"")
+    facts["result_channel"] = "harness" if channel_data.strip() else "stdout"
     if bench.timed_out:
         logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
         return None, BENCHMARK_TIMEOUT, f"benchmark.py ran past {settings.benchmark_timeout_s:g} s"
+    if channel_data.strip() and not bench.extra_dropped.get("result"):
+        doc, _problem = channel.parse_channel(channel_data)
+        if doc is not None and doc.get("kind") == "integrity":
+            # The library found tampering: that is the finding, whatever the exit status.
+            verdict = channel.integrity_verdict(doc)
+            logs.note(verdict.note)
+            logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
+            return None, verdict.code, verdict.message
     if not bench.ok:
         logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
         why = bench.start_error or f"benchmark.py exited with status {bench.returncode}"
+        if bench.returncode == -signal.SIGXCPU:
+            why += " (its CPU-time limit)"
         return None, BENCHMARK_CRASHED, why
-    if bench.stdout_dropped:
+    if bench.stdout_dropped and not channel_data.strip():
         logs.section("benchmark.py stdout (offending)", bench.stdout, bench.stdout_dropped)
         return None, BAD_OUTPUT, (f"stdout is larger than the {settings.stdout_cap} byte cap "
                                   f"({len(bench.stdout) + bench.stdout_dropped} bytes)")
-    doc, problems = checks.parse_output(bench.stdout)
-    if problems:
-        logs.section("benchmark.py stdout (offending)", bench.stdout)
-        return None, BAD_OUTPUT, problems[0].message
-    bad = list(nonfinite_paths(doc))
-    if bad:
-        # JSON has no NaN/Infinity; the document cannot travel as it is.
-        logs.section("benchmark.py stdout (offending)", bench.stdout)
-        return None, BAD_OUTPUT, f"NaN/Infinity in the result at {', '.join(bad[:5])}"
-    if not isinstance(doc, dict):
-        logs.section("benchmark.py stdout (offending)", bench.stdout)
-        return None, BAD_OUTPUT, f"stdout is a JSON {type(doc).__name__}, not an object"
-    return doc, None, None
+    verdict = channel.judge(bench.stdout, channel_data, channel_dropped=bench.extra_dropped.get("result", 0))
+    facts["result_channel"] = verdict.channel
+    if verdict.note:
+        logs.section(f"benchmark.py {verdict.note}", bench.stdout)
+    return verdict.result, verdict.code, verdict.message

@@ -7,6 +7,12 @@ timeout or cancellation sends SIGTERM to the whole group, then SIGKILL after a
 grace period. When the leader exits on its own, whatever it left running in its
 group is killed too, so nothing from one step survives into the next.
 
+Extra pipes (``reads``: the read ends of pipes whose write ends the child
+inherits through ``pass_fds``) are drained by the same loop, so a child that fills
+one of them while the runner waits on another cannot deadlock. The child's ends
+in ``pass_fds`` are closed here as soon as it has started: the pipes then reach
+end-of-file when the child's side is done with them.
+
 The leader is checked with ``waitid(WNOWAIT)``: it stays a zombie until the group
 has been signalled, so its pid (the group id) cannot be reused meanwhile.
 """
@@ -18,13 +24,15 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 # How long to keep draining pipes after the group is gone (a process that left the
 # group with setsid() may still hold them open; it is not waited for).
 DRAIN_AFTER_EXIT_S = 2.0
+# Bytes of the end of stderr kept apart from the capped capture (for log tails).
+TAIL_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,12 @@ class StepResult:
     duration_s: float
     # why the command could not start (OSError text), else None
     start_error: str | None = None
+    # the last TAIL_BYTES of stderr, whatever the cap dropped
+    stderr_tail: bytes = b""
+    # what came through each extra pipe (``reads``), at most its cap
+    extra: Mapping[str, bytes] = field(default_factory=dict)
+    # bytes dropped past the cap, per extra pipe
+    extra_dropped: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -59,13 +73,18 @@ class StepResult:
 class _Capped:
     """A byte buffer that keeps the first ``cap`` bytes and counts the rest."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, tail: int = 0) -> None:
         self.cap = cap
         self.parts: list[bytes] = []
         self.size = 0
         self.dropped = 0
+        self.tail_cap = tail
+        self.tail = bytearray()
 
     def add(self, data: bytes) -> None:
+        if self.tail_cap:
+            self.tail += data
+            del self.tail[: max(0, len(self.tail) - self.tail_cap)]
         room = self.cap - self.size
         if room > 0:
             keep = data[:room]
@@ -75,6 +94,13 @@ class _Capped:
 
     def value(self) -> bytes:
         return b"".join(self.parts)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -103,9 +129,16 @@ def run_step(
     stderr_cap: int,
     kill_grace_s: float = 5.0,
     cancel: threading.Event | None = None,
+    pass_fds: Sequence[int] = (),
+    reads: Mapping[str, tuple[int, int]] | None = None,
 ) -> StepResult:
-    """Run ``argv`` supervised (see the module docstring); never raises for child failures."""
+    """Run ``argv`` supervised (see the module docstring); never raises for child failures.
+
+    ``pass_fds``: descriptors the child inherits; closed here once it started (or failed to).
+    ``reads``: ``{name: (read fd, cap)}`` drained beside stdout/stderr and closed here.
+    """
     start = time.monotonic()
+    reads = dict(reads or {})
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -116,12 +149,19 @@ def run_step(
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
+        for fd in [*pass_fds, *(fd for fd, _ in reads.values())]:
+            _close(fd)
         return StepResult(None, b"", b"", 0, 0, False, False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
+    for fd in pass_fds:
+        _close(fd)
 
-    out, err = _Capped(stdout_cap), _Capped(stderr_cap)
+    out, err = _Capped(stdout_cap), _Capped(stderr_cap, TAIL_BYTES)
+    extras = {name: _Capped(cap) for name, (_fd, cap) in reads.items()}
     sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    sinks.update({fd: extras[name] for name, (fd, _cap) in reads.items()})
     sel = selectors.DefaultSelector()
     for fd in sinks:
         os.set_blocking(fd, False)
@@ -177,6 +217,8 @@ def run_step(
         proc.wait()  # reap the leader only now: its pid was the group id until here
         proc.stdout.close()
         proc.stderr.close()
+        for fd, _cap in reads.values():
+            _close(fd)
     return StepResult(
         returncode=proc.returncode,
         stdout=out.value(),
@@ -186,4 +228,7 @@ def run_step(
         timed_out=timed_out,
         cancelled=cancelled,
         duration_s=time.monotonic() - start,
+        stderr_tail=bytes(err.tail),
+        extra={name: sink.value() for name, sink in extras.items()},
+        extra_dropped={name: sink.dropped for name, sink in extras.items()},
     )

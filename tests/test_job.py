@@ -190,7 +190,8 @@ def test_keep_workdir_and_a_read_only_tree_is_still_removed(tmp_path):
 
 def test_runner_failure_codes_are_the_wire_codes():
     assert set(job.FAILURE_CODES) - {job.CANCELLED} == {
-        "UNPACK_FAILED", "BUILD_FAILED", "BUILD_TIMEOUT", "BENCHMARK_TIMEOUT", "BENCHMARK_CRASHED", "BAD_OUTPUT"}
+        "UNPACK_FAILED", "BUILD_FAILED", "BUILD_TIMEOUT", "BENCHMARK_TIMEOUT", "BENCHMARK_CRASHED", "BAD_OUTPUT",
+        "INTEGRITY_ERROR"}
 
 
 @pytest.mark.gpu

@@ -1,0 +1,152 @@
+"""The import graph of kz_events, kz_runner and kz_daemon: one direction, no cycles.
+
+Read with ``ast`` (nothing is imported): every ``import`` and ``from ... import``
+counts, at the top of a module or inside a function, ``if TYPE_CHECKING`` included.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("kz_events", "kz_runner", "kz_daemon")
+#: which packages each package may import (besides itself)
+ALLOWED = {"kz_events": set(), "kz_runner": {"kz_events"}, "kz_daemon": {"kz_events", "kz_runner"}}
+#: the packages whose modules import ``kz_events.events`` once, at the top
+EVENTS_IMPORT_SCOPE = PACKAGES
+
+
+def module_name(path: Path) -> str:
+    """The dotted module name of a source file under ROOT."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    """Every module of the three packages, by dotted name."""
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _resolve(name: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, ast.AST, bool]]:
+    """(imported module, node, inside a function) for every import statement of one module.
+
+    ``from pkg import mod`` names the submodule when one exists, else the package.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: list[tuple[str, ast.AST, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                target = _resolve(name, path, child)
+                for alias in child.names:
+                    sub = f"{target}.{alias.name}"
+                    found.append((sub if sub in modules else target, child, in_function))
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    """Module → the modules of ours it imports (a package's ``__init__`` counts as a module)."""
+    modules = all_modules()
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for target, _node, _in_function in imports_of(name, path, modules):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]  # ``import a.b.c`` of a name inside a module
+            if target and target != name:
+                targets.add(target)
+        edges[name] = targets
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_function_level_imports_are_seen(tmp_path):
+    source = tmp_path / "kz_daemon" / "m.py"
+    source.parent.mkdir()
+    source.write_text("def f():\n    from kz_events import events as ev\n    from . import other\n")
+    found = imports_of("kz_daemon.m", source, {"kz_events.events": source, "kz_daemon.other": source})
+    assert [(t, f) for t, _n, f in found] == [("kz_events.events", True), ("kz_daemon.other", True)]
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(graph()) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_import_one_way(package):
+    wrong = sorted((name, target) for name, targets in graph().items() if name.split(".")[0] == package
+                   for target in targets
+                   if target.split(".")[0] != package and target.split(".")[0] not in ALLOWED[package])
+    assert wrong == [], f"{package} may import only {sorted(ALLOWED[package]) or 'nothing of ours'}"
+
+
+@pytest.mark.parametrize("package", EVENTS_IMPORT_SCOPE)
+def test_the_event_catalogue_is_imported_once_at_the_top(package):
+    modules = all_modules()
+    wrong = []
+    for name, path in modules.items():
+        if name.split(".")[0] != package:
+            continue
+        hits = sorted({(node.lineno, in_function) for target, node, in_function in imports_of(name, path, modules)
+                       if target == "kz_events.events"})  # one entry per statement
+        if len(hits) > 1 or any(in_function for _line, in_function in hits):
+            wrong.append((name, hits))
+    assert wrong == []

@@ -11,22 +11,44 @@
 - :func:`emit` — a schema-valid benchmark_output document, one JSON on stdout.
 - :class:`Harness` — the whole loop, so a benchmark.py is a few dozen lines.
 
-Importable without CuPy; CuPy is loaded only when a GPU clock is asked for.
+- :meth:`CaseRun.time` with ``expected=``/``reference=``/``out=`` — the checked
+  timing: seeded trial inputs, poisoned output buffers, exact output types, the
+  timed calls' outputs compared (:mod:`kz_runner.bench.trials`).
+- Integrity defences (:mod:`kz_runner.bench.pristine`, :mod:`kz_runner.bench.integrity`):
+  private clock references, thread census, event/wall cross-check; a finding is
+  reported with a stable code on the runner's result channel (:mod:`kz_runner.bench.channel`).
+
+Importable without CuPy. When CuPy is installed it is imported here, at import, so its
+event and sync functions are captured before any package code runs; import this
+package before the package's source area.
 """
 from __future__ import annotations
 
+# First, before anything a package could have touched: the runner's pipes and the clock references.
+from kz_runner.bench import channel, pristine  # noqa: I001
+import sys as _sys
 from kz_runner.bench.check import Check, check
 from kz_runner.bench.device import copies, cupy_or_none, detect_arch, gpu_unavailable_reason, l2_cache_bytes, rotation_count, to_numpy
 from kz_runner.bench.harness import CaseRun, Harness, StdoutGuard
+from kz_runner.bench.integrity import CODES, Finding, IntegrityFailure
 from kz_runner.bench.manifest import write_build_manifest
 from kz_runner.bench.output import build_document, case_result, dumps, emit, nonfinite_paths, utc_now, write_document
 from kz_runner.bench.scorecard import SEED_SENTINEL, Regression, Scorecard, is_sentinel, regression_check
 from kz_runner.bench.timing import Stats, Timing, make_clock, summarize, time_fn
+from kz_runner.bench import check as _m_check, device as _m_device, harness as _m_harness  # noqa: E402
+from kz_runner.bench import integrity as _m_integrity, output as _m_output, timing as _m_timing  # noqa: E402
+from kz_runner.bench import scorecard as _m_scorecard, trials as _m_trials  # noqa: E402
 
 __all__ = [
-    "CaseRun", "Check", "Harness", "Regression", "SEED_SENTINEL", "Scorecard", "Stats", "StdoutGuard", "Timing",
+    "CODES", "CaseRun", "Check", "Finding", "Harness", "IntegrityFailure", "Regression", "SEED_SENTINEL", "Scorecard",
+    "Stats", "StdoutGuard", "Timing",
     "build_document", "case_result", "check", "copies", "cupy_or_none", "detect_arch", "dumps", "emit",
     "gpu_unavailable_reason", "is_sentinel", "l2_cache_bytes", "make_clock", "nonfinite_paths",
     "regression_check", "rotation_count", "summarize", "time_fn", "to_numpy", "utc_now",
     "write_build_manifest", "write_document",
 ]
+
+# Seal the library's own functions and the array libraries' as they are now, before package code runs.
+pristine.seal(_m_check, _m_device, _m_harness, _m_integrity, _m_output, _m_scorecard, _m_timing, _m_trials,
+              channel, pristine, _sys.modules[__name__])
+pristine.seal_array_libraries()

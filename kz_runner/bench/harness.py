@@ -25,18 +25,23 @@ import io
 import json
 import math
 import os
+import random
 import sys
 import traceback
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
+from kz_runner.bench import channel, pristine
 from kz_runner.bench import device as _device
 from kz_runner.bench.check import Check, check as _check
-from kz_runner.bench.output import case_result, emit
+from kz_runner.bench.integrity import HARNESS_ERROR, TIMER_TAMPERED, Finding, Guard, IntegrityFailure
+from kz_runner.bench.output import build_document, case_result, write_document
 from kz_runner.bench.scorecard import Scorecard, regression_check
 from kz_runner.bench.timing import Timing, time_fn
+from kz_runner.bench.trials import Trials
 
 USAGE = "usage: benchmark.py <workdir>"
+CPU_TRIALS = 4  # trial contents on the CPU, as many as the input copies it always rotated
 
 
 class StdoutGuard:
@@ -59,6 +64,18 @@ class StdoutGuard:
         sys.stdout = sys.stderr
         self.stream = io.TextIOWrapper(os.fdopen(os.dup(self._saved_fd), "wb"), encoding="utf-8")
         return self
+
+    def seal(self) -> None:
+        """After the document: close the real stdout for good, so nothing can follow the document."""
+        if self.stream is not None:
+            self.stream.flush()
+            self.stream.close()
+            self.stream = None
+        sys.stdout.flush()
+        if self._saved_fd is not None:
+            os.close(self._saved_fd)
+            self._saved_fd = None
+        self._saved_sys_stdout = None  # sys.stdout and fd 1 stay on stderr
 
     def __exit__(self, *exc: Any) -> None:
         if self.stream is not None:
@@ -106,15 +123,58 @@ class CaseRun:
         )
         return result
 
-    def time(self, fn: Callable, arg_sets: Sequence[Any] | None = None, **overrides: Any) -> Timing:
-        """:func:`time_fn` with the harness's settings (``overrides`` win); logged to stderr."""
-        settings = dict(self.harness.timing_settings)
+    def time(self, fn: Callable, inputs: Sequence[Any] | None = None, *, reference: Callable | None = None,
+             expected: Any = None, out: Any = None, vary: Callable | None = None, trials: int | None = None,
+             **overrides: Any) -> Timing:
+        """Check ``fn`` and time it with the harness's settings (``overrides`` win); logged to stderr.
+
+        Checked form (give ``expected`` and/or ``reference``): ``inputs`` is one tuple of
+        arguments; ``fn(*inputs)`` (or ``fn(*inputs, out)`` with an output buffer ``out``)
+        is first called untimed and checked against ``expected`` (recorded as the case's
+        correctness check), then timed on ``trials`` seeded variations of the inputs whose
+        expectations ``reference(*inputs)`` computes, with poisoned output buffers and a
+        seeded sample of the timed calls' outputs compared (see :mod:`kz_runner.bench.trials`).
+        Plain form (neither given): ``inputs`` is a list of argument sets, timed as by
+        :func:`time_fn`. Both forms check the timer, threads and (GPU) unsynchronised work.
+        """
+        harness = self.harness
+        if harness.finding is not None:
+            raise IntegrityFailure(harness.finding)
+        settings = dict(harness.timing_settings)
         settings.update(overrides)
-        timing = time_fn(fn, arg_sets, **settings)
+        guard = Guard(harness._report_finding, self.id)
+        if expected is None and reference is None:
+            if out is not None or vary is not None or trials is not None:
+                raise ValueError("out=, vary= and trials= need expected= or reference=")
+            timing = time_fn(fn, inputs, guard=guard, **settings)
+        else:
+            timing = self._time_checked(fn, inputs, reference, expected, out, vary, trials, guard, settings)
         self.timings.append(timing)
-        self.harness.log(f"case {self.id}: {timing.describe()}")
-        self.harness.log("timing " + json.dumps({"test_case_id": self.id, **timing.to_json()}))
+        harness.log(f"case {self.id}: {timing.describe()}")
+        harness.log("timing " + json.dumps({"test_case_id": self.id, **timing.to_json()}))
         return timing
+
+    def _time_checked(self, fn: Callable, inputs: Sequence[Any] | None, reference: Callable | None, expected: Any,
+                      out: Any, vary: Callable | None, trials: int | None, guard: Guard,
+                      settings: dict[str, Any]) -> Timing:
+        harness = self.harness
+        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (() if inputs is None else (inputs,))
+        xp = harness.xp
+        if trials is None:
+            nbytes = sum(int(getattr(a, "nbytes", 0)) for a in args) + int(getattr(out, "nbytes", 0))
+            trials = _device.rotation_count(nbytes) if xp.__name__ == "cupy" else CPU_TRIALS
+        tol = self.meta["tolerance"]
+        rng = random.Random(f"{harness.trial_seed}:{self.id}:{len(self.timings)}")
+        run = Trials(xp, args, expected=expected, reference=reference, out=out, count=trials, rng=rng,
+                     atol=tol["correctness_atol"], rtol=tol["correctness_rtol"], vary=vary)
+        run.guard = guard
+        first = run.first_call(fn)
+        run.check_type(first)
+        passed = self.check(first, run.expected[0]).passed
+        del first
+        if not passed:  # the case already failed; time it without comparing outputs
+            return time_fn(fn, run.sets, guard=guard, **settings)
+        return time_fn(fn, probe=run, guard=guard, **settings)
 
     def metric(self, name: str, value: float) -> None:
         """Record a metric value (declared in the meta's ``metrics``)."""
@@ -124,7 +184,9 @@ class CaseRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and issubclass(exc_type, Exception):
+        if exc_type is not None and issubclass(exc_type, IntegrityFailure):
+            self.error = exc.finding.line()
+        elif exc_type is not None and issubclass(exc_type, Exception):
             self.error = f"{exc_type.__name__}: {exc}"
             self.harness.log(f"case {self.id}: error\n" + "".join(traceback.format_exception(exc_type, exc, tb)))
         self.harness._record(self)
@@ -168,6 +230,8 @@ class Harness:
         self.timing_settings.update(timing)
         self.results: list[dict[str, Any]] = []
         self._guard: StdoutGuard | None = None
+        self.trial_seed = channel.trial_seed()
+        self.finding: Finding | None = None  # the first integrity finding; it voids the run
 
     @classmethod
     def from_argv(cls, argv: Sequence[str], package_file: str | Path, metas: Sequence[dict[str, Any]],
@@ -221,9 +285,16 @@ class Harness:
     def run(self, body: Callable[[CaseRun], None]) -> int:
         """Run ``body(case)`` for every meta, then :meth:`finish`."""
         for meta in self.metas:
+            if self.finding is not None:
+                break  # the run is void; finish lists the remaining cases as not run
             with self.case(meta) as c:
                 body(c)
         return self.finish()
+
+    def _report_finding(self, finding: Finding) -> None:
+        if self.finding is None:
+            self.finding = finding
+        self.log(f"integrity: {finding.line()} (case {finding.case})")
 
     # -- judging ---------------------------------------------------------------------
 
@@ -288,27 +359,55 @@ class Harness:
         self.log(f"case {run.id}: {'accept' if accept else 'REJECT'} ({reason})")
 
     def finish(self) -> int:
-        """Emit the document (one JSON on the real stdout); returns 0 (the verdict is in the JSON)."""
+        """Emit the document (one JSON on the real stdout, and on the runner's result channel); returns 0.
+
+        The verdict is in the JSON. With an integrity finding every case is rejected,
+        ``overall.accept_reason`` starts with its code, and the result channel carries
+        the finding instead of the document.
+        """
+        try:
+            doc = self._document()
+            write_document(doc, self._out)
+        except Exception as exc:  # a bug here must still reach the runner as a finding, not silence
+            channel.send(channel.integrity_document(HARNESS_ERROR, f"the harness failed: {type(exc).__name__}: "
+                                                    f"{exc}"[:500], None, {}))
+            raise
+        finally:
+            if self._guard is not None:
+                self._guard.seal()
+                self._guard = None
+        self.document = doc
+        f = self.finding
+        if f is not None:
+            channel.send(channel.integrity_document(f.code, f.line()[len(f.code) + 2:][:1000], f.case, f.evidence))
+        else:
+            channel.send(channel.result_document(doc))
+        return 0
+
+    def _document(self) -> dict[str, Any]:
         recorded = {r["test_case_id"] for r in self.results}
         for meta in self.metas:  # a case the body never entered still appears, as failed
             if meta["test_case_id"] not in recorded:
                 run = CaseRun(self, meta)
                 run.error = "case was not run"
                 self._record(run)
+        changed = pristine.tampered()
+        if changed and self.finding is None:
+            self._report_finding(Finding(TIMER_TAMPERED, f"{', '.join(changed[:3])} replaced while the package ran",
+                                         evidence={"replaced": changed[:10]}))
+        if channel.protocol_error() and self.finding is None:
+            self._report_finding(Finding(HARNESS_ERROR, channel.protocol_error() or ""))
         arch = "cpu" if self.device == "cpu" else _device.detect_arch(self.device)
-        rejected = [r for r in self.results if not r["accept"]]
-        if rejected:
+        if self.finding is not None:
+            for r in self.results:  # one finding voids the whole run
+                if r["accept"]:
+                    r["accept"] = False
+                    r["accept_reason"] = f"run void: {self.finding.line()}"[:2000]
+            reason = self.finding.line()
+        elif rejected := [r for r in self.results if not r["accept"]]:
             reason = f"rejected {len(rejected)} of {len(self.results)} cases: " + "; ".join(
                 f"{r['test_case_id']}: {r.get('accept_reason', '')}" for r in rejected)
         else:
             reason = f"all {len(self.results)} cases accepted (regression tolerance " \
                      f"{self._describe_tolerance()} against the {self.against})"
-        try:
-            doc = emit(self.kernel_id, self.results, arch=arch, stream=self._out,
-                       accept_reason=reason[:2000])
-        finally:
-            if self._guard is not None:
-                self._guard.__exit__(None, None, None)
-                self._guard = None
-        self.document = doc
-        return 0
+        return build_document(self.kernel_id, self.results, arch=arch, accept_reason=reason[:2000])

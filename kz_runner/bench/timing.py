@@ -10,16 +10,23 @@ time budget or ``max_reps`` is reached. The headline figure is the median.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from kz_runner.bench import device as _device
+from kz_runner.bench import pristine
+from kz_runner.bench.integrity import UNSYNCED_WORK, Finding
 
 # Why the loop stopped (Timing.stop_reason).
 STOP_TARGET = "target_rse"
 STOP_BUDGET = "budget"
 STOP_MAX_REPS = "max_reps"
+
+# The event/wall cross-check (see _GpuClock.unsynced): no-op calls timed to calibrate the loop's
+# own cost, the share of the device time the events must see, and the per-call slack allowed.
+CALIBRATION_CALLS = 16
+UNSYNCED_RATIO = 0.5
+UNSYNCED_FLOOR_US = 10.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class Timing:
     rotations: int  # number of input sets cycled through
     l2_flush_bytes: int  # bytes overwritten before each call (0 on the CPU)
     elapsed_s: float  # wall time of the measuring loop
+    checked_calls: int = 0  # timed calls whose output was compared with its expectation
 
     @property
     def median_ms(self) -> float:
@@ -134,7 +142,7 @@ def _normalise_arg_sets(arg_sets: Any) -> list[tuple]:
 
 
 class _CpuClock:
-    """perf_counter_ns around each call; nothing to flush."""
+    """perf_counter_ns (the reference taken at import) around each call; nothing to flush."""
 
     name = "cpu"
     flush_bytes = 0
@@ -142,21 +150,39 @@ class _CpuClock:
     def sync(self) -> None:
         """Nothing to wait for on the CPU."""
 
-    def batch(self, fn: Callable, arg_sets: list[tuple], start: int, count: int) -> list[float]:
+    def calibrate(self, arg_sets: list[tuple], start: int, probe: Any = None) -> None:
+        """Nothing to calibrate: the CPU clock has no second clock to cross-check."""
+
+    def unsynced(self) -> Any:
+        """No event/wall cross-check on the CPU (threads are counted instead)."""
+        return None
+
+    def batch(self, fn: Callable, arg_sets: list[tuple], start: int, count: int,
+              probe: Any = None, account: bool = True) -> list[float]:
         """Time ``count`` calls starting at input set ``start``; milliseconds per call."""
+        clock = pristine.perf_counter_ns
         out = []
         k = len(arg_sets)
         for i in range(count):
             args = arg_sets[(start + i) % k]
-            t0 = time.perf_counter_ns()
-            fn(*args)
-            t1 = time.perf_counter_ns()
+            if probe is not None:
+                args = probe.before(start + i, args)
+            t0 = clock()
+            returned = fn(*args)
+            t1 = clock()
             out.append((t1 - t0) / 1e6)
+            if probe is not None:
+                probe.after(start + i, returned, args, probe.selected(start + i))
         return out
 
 
 class _GpuClock:
-    """CuPy events around each call on the current stream, with an L2 flush before it."""
+    """CuPy events around each call on the current stream, with an L2 flush before it.
+
+    Every batch ends with a device-wide synchronise, so work left on other streams is
+    waited for before the batch's wall time is read. The per-call event times are
+    cross-checked against that wall time (see :meth:`unsynced`).
+    """
 
     name = "gpu"
 
@@ -164,27 +190,102 @@ class _GpuClock:
         self.cp = cp
         self.flush_bytes = 2 * _device.l2_cache_bytes(cp) if flush_l2 else 0
         self._flush = cp.empty(self.flush_bytes, dtype=cp.uint8) if self.flush_bytes else None
+        self.event_ms = 0.0  # sum of the timed calls' event times
+        self.wall_s = 0.0  # synchronised wall time of the timed batches
+        self.calls = 0
+        self.segments = 0  # stretches of calls that ended with a device synchronise
+        self.overhead_call_s = 0.0  # calibrated wall time of one call's surroundings (flush, refill, events)
+        self.overhead_segment_s = 0.0  # calibrated wall time of one synchronise
 
     def sync(self) -> None:
-        """Wait for the current stream."""
-        self.cp.cuda.get_current_stream().synchronize()
+        """Wait for every stream of the device."""
+        pristine.device_synchronize()
 
-    def batch(self, fn: Callable, arg_sets: list[tuple], start: int, count: int) -> list[float]:
-        """Flush, then time ``count`` calls with event pairs; one sync at the end; ms per call."""
-        cp = self.cp
+    def calibrate(self, arg_sets: list[tuple], start: int, probe: Any = None) -> None:
+        """Measure the wall time of the loop around a call that does nothing (median of 3)."""
+        calibration = probe.calibration() if probe is not None else None
+        per_call, per_sync = [], []
+        clock = pristine.perf_counter
+        for _ in range(3):
+            t0 = clock()
+            self.sync()
+            t1 = clock()
+            self.batch(_nothing, arg_sets, start, CALIBRATION_CALLS, probe=calibration, account=False)
+            t2 = clock()
+            per_sync.append(t1 - t0)
+            per_call.append(max(0.0, (t2 - t1) - (t1 - t0)) / CALIBRATION_CALLS)
+        self.overhead_call_s = sorted(per_call)[1]
+        self.overhead_segment_s = sorted(per_sync)[1]
+
+    def unsynced(self) -> Any:
+        """An UNSYNCED_WORK finding when the events saw far less time than the device spent.
+
+        The device time of the timed calls is the synchronised wall time less the
+        calibrated overhead. Honest calls' events cover their work, so the two agree;
+        work queued on another stream (or finished by a later synchronise) shows up in
+        the wall time only. The finding needs both the events under UNSYNCED_RATIO of it
+        and at least UNSYNCED_FLOOR_US per call unaccounted for, so a tiny kernel whose
+        overhead estimate is a few microseconds off never trips it.
+        """
+        if self.calls < 10:
+            return None
+        device_ms = (self.wall_s - self.calls * self.overhead_call_s - self.segments * self.overhead_segment_s) * 1e3
+        missing_us = (device_ms - self.event_ms) * 1e3 / self.calls
+        if self.event_ms >= UNSYNCED_RATIO * device_ms or missing_us <= UNSYNCED_FLOOR_US:
+            return None
+        return Finding(
+            UNSYNCED_WORK,
+            f"the timed calls' events measured {self.event_ms / self.calls * 1e3:.1f} us per call but the "
+            f"device was busy {device_ms / self.calls * 1e3:.1f} us per call until synchronised: "
+            "work ran outside the timed stream",
+            evidence={"calls": self.calls, "event_ms": round(self.event_ms, 4), "device_ms": round(device_ms, 4),
+                      "overhead_call_us": round(self.overhead_call_s * 1e6, 3)},
+        )
+
+    def batch(self, fn: Callable, arg_sets: list[tuple], start: int, count: int,
+              probe: Any = None, account: bool = True) -> list[float]:
+        """Flush, then time ``count`` calls with event pairs; a device sync at the end; ms per call."""
+        event, record, sync, clock = pristine.event_class, pristine.event_record, self.sync, pristine.perf_counter
         events = []
         k = len(arg_sets)
+        wall, segments = 0.0, 0
+        sync()
+        t0 = clock()
         for i in range(count):
             args = arg_sets[(start + i) % k]
+            if probe is not None:
+                args = probe.before(start + i, args)
             if self._flush is not None:
                 self._flush.fill(i & 0xFF)
-            begin, end = cp.cuda.Event(), cp.cuda.Event()
-            begin.record()
-            fn(*args)
-            end.record()
+            begin, end = event(), event()
+            record(begin)
+            returned = fn(*args)
+            record(end)
             events.append((begin, end))
-        events[-1][1].synchronize()
-        return [float(cp.cuda.get_elapsed_time(b, e)) for b, e in events]
+            if probe is not None:
+                compare = probe.selected(start + i)
+                if compare:  # the output is read after every stream finished, outside the wall time
+                    sync()
+                    wall += clock() - t0
+                    segments += 1
+                probe.after(start + i, returned, args, compare)
+                if compare:
+                    t0 = clock()
+        sync()
+        wall += clock() - t0
+        segments += 1
+        elapsed = pristine.get_elapsed_time
+        times = [float(elapsed(b, e)) for b, e in events]
+        if account:
+            self.event_ms += math.fsum(times)
+            self.wall_s += wall
+            self.calls += count
+            self.segments += segments
+        return times
+
+
+def _nothing(*args: Any) -> None:
+    return None
 
 
 def make_clock(device: str = "auto", flush_l2: bool = True):
@@ -214,6 +315,8 @@ def time_fn(
     warmup: int = 3,
     warmup_s: float = 0.02,
     flush_l2: bool = True,
+    guard: Any = None,
+    probe: Any = None,
 ) -> Timing:
     """Time ``fn(*args)`` over rotating ``arg_sets`` until the mean's relative error < ``target_rse``.
 
@@ -224,26 +327,48 @@ def time_fn(
     or after ``max_reps`` calls, or once ``budget_s`` seconds of measuring passed.
     ``device`` picks device events (``"gpu"``) or ``perf_counter_ns`` (``"cpu"``);
     ``"auto"`` uses the GPU when CuPy finds one. ``clock`` overrides the choice.
+
+    With a ``guard`` (:class:`kz_runner.bench.integrity.Guard`) the timed region is
+    checked after every batch: replaced clock functions, threads left running and
+    (GPU) event time far below synchronised wall time raise
+    :class:`~kz_runner.bench.integrity.IntegrityFailure`. A ``probe``
+    (:class:`kz_runner.bench.trials.Trials`) supplies the argument sets and checks outputs.
     """
     if not (target_rse > 0 and min_reps >= 2 and max_reps >= min_reps and budget_s > 0):
         raise ValueError("need target_rse > 0, min_reps >= 2, max_reps >= min_reps, budget_s > 0")
-    sets = _normalise_arg_sets(arg_sets)
+    sets = probe.sets if probe is not None else _normalise_arg_sets(arg_sets)
     clk = clock if clock is not None else make_clock(device, flush_l2)
+    ours = isinstance(clk, (_CpuClock, _GpuClock))
+
+    def run(start: int, count: int, account: bool) -> list[float]:
+        if not ours:  # a caller's clock (tests) takes the plain arguments only
+            return clk.batch(fn, sets, start, count)
+        return clk.batch(fn, sets, start, count, probe=probe, account=account)
 
     # Warm-up: compile, load modules, fault pages in; also estimates one call's cost.
+    now = pristine.perf_counter
     warm_times: list[float] = []
-    t_warm = time.perf_counter()
+    t_warm = now()
     calls = 0
-    while calls < warmup or (time.perf_counter() - t_warm) < warmup_s:
-        warm_times.extend(clk.batch(fn, sets, calls, 1))
+    while calls < warmup or (now() - t_warm) < warmup_s:
+        warm_times.extend(run(calls, 1, False))
         calls += 1
         if calls >= max(warmup, 1) * 50:
             break
     clk.sync()
+    warm = calls
     per_call_ms = max(sorted(warm_times)[len(warm_times) // 2], 1e-4)
+    if ours:
+        clk.calibrate(sets, calls, probe)
+        calls += 3 * CALIBRATION_CALLS if isinstance(clk, _GpuClock) else 0
+    if guard is not None:
+        guard.check_timer()
+        guard.start()
+    if probe is not None:
+        probe.start_timing(calls)
 
     samples: list[float] = []
-    t0 = time.perf_counter()
+    t0 = now()
     reason = STOP_MAX_REPS
     while True:
         # Batches of ~50 ms (at least min_reps first), so the stop test runs often
@@ -251,7 +376,9 @@ def time_fn(
         remaining = max_reps - len(samples)
         want = max(min_reps - len(samples), int(50.0 / per_call_ms), 1)
         batch = min(remaining, want, 1000)
-        samples.extend(clk.batch(fn, sets, calls + len(samples), batch))
+        samples.extend(run(calls + len(samples), batch, True))
+        if guard is not None:
+            guard.check(clk if ours else None)
         stats = summarize(samples)
         if len(samples) >= min_reps and stats.rse <= target_rse:
             reason = STOP_TARGET
@@ -259,17 +386,18 @@ def time_fn(
         if len(samples) >= max_reps:
             reason = STOP_MAX_REPS
             break
-        if time.perf_counter() - t0 >= budget_s:
+        if now() - t0 >= budget_s:
             reason = STOP_BUDGET
             break
-    elapsed = time.perf_counter() - t0
+    elapsed = now() - t0
     return Timing(
         stats=summarize(samples),
         device=clk.name,
         stop_reason=reason,
         target_rse=target_rse,
-        warmup_calls=calls,
+        warmup_calls=warm,
         rotations=len(sets),
         l2_flush_bytes=int(clk.flush_bytes),
         elapsed_s=elapsed,
+        checked_calls=probe.checked_calls if probe is not None else 0,
     )

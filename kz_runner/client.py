@@ -400,9 +400,13 @@ class ZooClient:
         logs: bytes,
         env: dict[str, Any],
         failure: dict[str, str] | None,
+        log_tails: dict[str, str] | None = None,
         retry: RetryPolicy | None = None,
     ) -> dict[str, Any]:
-        """Report a run; returns the submission view the server answers with."""
+        """Report a run; returns the submission view the server answers with.
+
+        ``log_tails`` (optional field): redacted stderr tails ``{"build", "benchmark"}``.
+        """
         body = {
             "lease_id": lease_id,
             "result": result,
@@ -410,8 +414,25 @@ class ZooClient:
             "env": env,
             "failure": failure,
         }
+        if log_tails:
+            body["log_tails"] = log_tails
         resp = self.request_json("POST", f"/api/submissions/{uuid}/result", body, retry=retry)
         return resp.body if isinstance(resp.body, dict) else {}
+
+    # -- read-only catalogue endpoints (kz dry-run --server) ---------------------------------
+
+    def kernel(self, kernel_id: str, *, retry: RetryPolicy | None = None) -> dict[str, Any] | None:
+        """``GET /api/kernels/{kernel_id}``: the index entry with ``desc`` and ``bench_result``; None when 404."""
+        try:
+            resp = self.request_json("GET", f"/api/kernels/{urllib.parse.quote(kernel_id, safe='/')}",
+                                     retry=retry)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if not isinstance(resp.body, dict):
+            raise ProtocolError(f"GET /api/kernels/{kernel_id} answered {resp.body!r:.200}")
+        return resp.body
 
 
 def _quote(value: str) -> str:

@@ -240,3 +240,69 @@ def test_compare_builds_reports_missing_outputs(tmp_path):
 def test_gpu_examples_pass(pkg):
     result = dry_run(pkg)
     assert result.ok, render_text(result)
+
+
+# --- --server: judge against the server's current scorecard ----------------------------------
+
+@pytest.fixture(scope="module")
+def zoo_server(tmp_path_factory):
+    """A real zoo on 127.0.0.1 whose Axpy scorecard records an impossibly fast best (0.0001 us)."""
+    from tests.helpers.daemon import accept_axpy
+    from tests.helpers.http_server import CPU_AXPY, LiveServer
+
+    server = LiveServer.start(tmp_path_factory.mktemp("dryrun-server"), kernels=[CPU_AXPY])
+    accept_axpy(server.zoo, CPU_AXPY, "fast", latency=0.0001)
+    yield server
+    server.stop()
+
+
+def test_server_scorecard_decides_the_verdict(zoo_server, tmp_path):
+    kid = "cpu/Elementwise/Axpy/fp32/numpy_ref"
+    pkg = tmp_path / "checkout" / kid
+    shutil.copytree(EXAMPLES / kid, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    own_card = (pkg / ".kernel_package" / "bench_result.yaml").read_bytes()
+    local = kz("dry-run", "--json", str(pkg))
+    assert local.returncode == 0, local.stdout  # against its own scorecard it passes
+    assert json.loads(local.stdout)["judged_against"] is None
+    done = kz("dry-run", "--json", "--server", zoo_server.url, str(pkg))
+    doc = json.loads(done.stdout)
+    assert done.returncode == 1 and doc["failed_step"] == "verdict"  # 10x slower than the server's best
+    assert doc["judged_against"] == f"{zoo_server.url}'s current scorecard for {kid}"
+    assert not doc["result"]["overall"]["accept"]
+    assert (pkg / ".kernel_package" / "bench_result.yaml").read_bytes() == own_card  # ran a copy
+    done = kz("dry-run", "--server", zoo_server.url, str(pkg))
+    assert f"judged against {zoo_server.url}'s current scorecard for {kid}" in done.stdout
+
+
+def test_server_without_the_kernel_judges_against_the_seed_and_says_so(zoo_server, tmp_path):
+    from tests.helpers.http_server import package_tarball
+
+    kid = "cpu/Elementwise/Axpy/fp32/brand_new"
+    tarball = tmp_path / "package.tar.gz"
+    tarball.write_bytes(package_tarball(kid, "cpu/Elementwise/Axpy/fp32/numpy_ref"))
+    done = kz("dry-run", "--json", "--server", zoo_server.url, "--kernel-id", kid, str(tarball))
+    doc = json.loads(done.stdout)
+    assert done.returncode == 0, done.stdout
+    assert doc["judged_against"].startswith(f"the seed scorecard: {zoo_server.url} has no kernel {kid} (404)")
+    assert doc["kernel_id"] == kid
+
+
+def test_server_that_cannot_be_read_is_a_usage_error():
+    done = kz("dry-run", "--server", "http://127.0.0.1:9", str(CPU_EXAMPLES[0]))
+    assert done.returncode == 2 and "cannot read the scorecard from http://127.0.0.1:9" in done.stderr
+
+
+def test_a_kernel_answer_without_bench_result_is_rebuilt_from_the_index_cases():
+    from kz_runner.contract.dryrun import scorecard_from_kernel_doc
+
+    best = {"value": 2.5, "submitter": "alice", "commit_sha": "a" * 40, "recorded_at": "2026-01-01T00:00:00Z"}
+    doc = {"kernel_id": KID, "bench_result": None,
+           "cases": [{"test_case_id": "c1", "primary_metric": "latency_us", "best": best, "current": None,
+                      "correctness_current": "passed"}]}
+    card, missing = scorecard_from_kernel_doc(doc, KID)
+    assert card["cases"] == [{"test_case_id": "c1", "metrics_best": {"latency_us": best}, "metrics_current": {},
+                              "correctness_current": "passed"}]
+    assert "primary metrics only" in missing
+    full = {"kernel_id": KID, "cases": []}
+    assert scorecard_from_kernel_doc({"bench_result": full}, KID) == (full, "")
+    assert scorecard_from_kernel_doc({"cases": []}, KID)[0] is None

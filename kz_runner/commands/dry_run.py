@@ -1,4 +1,10 @@
-"""``kz dry-run PATH``: build twice, compare, benchmark and apply the server's checks, locally."""
+"""``kz dry-run PATH``: build twice, compare, benchmark and apply the server's checks, locally.
+
+``--server URL`` judges the run against that server's current scorecard for the kernel
+(``GET /api/kernels/{kernel_id}``) instead of the package's own ``bench_result.yaml``, so
+the local verdict is the one the server would reach; a kernel the server does not
+know (404) is judged against the seed, as the server would judge a new kernel.
+"""
 from __future__ import annotations
 
 import argparse
@@ -19,10 +25,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds each build_test_env.py run may take (default 600)")
     parser.add_argument("--bench-timeout", type=float, default=1200.0, metavar="S",
                         help="seconds benchmark.py may take (default 1200)")
+    parser.add_argument("--server", default=None, metavar="URL",
+                        help="judge against this server's current scorecard for the kernel (a kernel it "
+                             "does not know: against the seed) instead of the package's bench_result.yaml")
+    parser.add_argument("--kernel-id", default=None, metavar="ID",
+                        help="the kernel_id (default: derived from the path, bench_result.yaml or the "
+                             "tarball's top folder)")
+
+
+def server_scorecard(server: str):
+    """``scorecard_for`` of :func:`dry_run`: the server's current scorecard, the seed for a kernel it lacks."""
+    from kz_runner.client import RetryPolicy, ZooClient
+    from kz_runner.contract.dryrun import Scorecard, scorecard_from_kernel_doc
+
+    client = ZooClient(server, retry=RetryPolicy(attempts=2))
+
+    def scorecard_for(kernel_id: str) -> Scorecard:
+        doc = client.kernel(kernel_id)
+        if doc is None:
+            return Scorecard(f"the seed scorecard: {server} has no kernel {kernel_id} (404), so a "
+                             "submission would be judged as a new kernel")
+        card, missing = scorecard_from_kernel_doc(doc, kernel_id)
+        source = f"{server}'s current scorecard for {kernel_id}"
+        return Scorecard(source + (f"; {missing}" if missing else ""), card)
+
+    return scorecard_for
 
 
 def run(args: argparse.Namespace) -> int:
-    """0 when every step passes, 1 when one fails (named), 2 for a usage error."""
+    """0 when every step passes, 1 when one fails (named), 2 for a usage error or an unreachable --server."""
     from pathlib import Path
 
     path = Path(args.path)
@@ -35,9 +66,16 @@ def run(args: argparse.Namespace) -> int:
     if args.build_timeout <= 0 or args.bench_timeout <= 0:
         print("kz dry-run: timeouts must be positive", file=sys.stderr)
         return 2
+    from kz_runner.client import ClientError
     from kz_runner.contract.dryrun import dry_run, render_text
 
-    result = dry_run(path, build_timeout_s=args.build_timeout, bench_timeout_s=args.bench_timeout, keep=args.keep)
+    try:
+        scorecard_for = server_scorecard(args.server) if args.server else None
+        result = dry_run(path, build_timeout_s=args.build_timeout, bench_timeout_s=args.bench_timeout,
+                         keep=args.keep, kernel_id=args.kernel_id, scorecard_for=scorecard_for)
+    except (ValueError, ClientError) as exc:  # a bad URL, or the server could not be read
+        print(f"kz dry-run: cannot read the scorecard from {args.server}: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:

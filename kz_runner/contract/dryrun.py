@@ -16,6 +16,11 @@ Steps, in order; the first that fails ends the run and names itself:
 
 Build values first, print last: :func:`dry_run` returns a :class:`DryRun`;
 :func:`render_text` and :meth:`DryRun.to_json` format it.
+
+By default the benchmark judges itself against the package's own ``bench_result.yaml``
+(a tarball gets the seed). ``scorecard_for`` (``kz dry-run --server``) names another
+scorecard, e.g. the server's current one, so the local verdict is the one the server
+would reach; the package is then run from a copy holding that scorecard.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +42,14 @@ COMPARED = ("inputs", "expected", "build_manifest.json")
 STDOUT_CAP = 16 * 1024 * 1024
 STDERR_CAP = 1024 * 1024
 SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True)
+class Scorecard:
+    """The scorecard a dry run judges against instead of the package's own ``bench_result.yaml``."""
+
+    source: str  # one line for the report: where it came from
+    document: dict[str, Any] | None = None  # None: the seed the server gives a new kernel
 
 
 @dataclass
@@ -66,6 +80,7 @@ class DryRun:
     rows: list[dict[str, Any]] = field(default_factory=list)  # the per-case table
     workdirs: list[str] = field(default_factory=list)  # kept with keep=True
     warnings: tuple[Problem, ...] = ()
+    judged_against: str | None = None  # set when a Scorecard replaced the package's own
 
     @property
     def ok(self) -> bool:
@@ -90,6 +105,7 @@ class DryRun:
             "verdict": self.verdict.to_json() if self.verdict else None,
             "result": self.verdict.document if self.verdict else None,
             "workdirs": self.workdirs,
+            "judged_against": self.judged_against,
         }
 
 
@@ -227,9 +243,41 @@ def case_rows(doc: Any, metas: list[dict]) -> list[dict[str, Any]]:
     return rows
 
 
+def scorecard_from_kernel_doc(doc: dict[str, Any], kernel_id: str) -> tuple[dict[str, Any] | None, str]:
+    """The scorecard in a ``GET /api/kernels/{kernel_id}`` answer, and a note on what was missing from it.
+
+    The answer's ``bench_result`` when it has cases; else one rebuilt from the index
+    entry's cases, which carry only each case's primary metric (best and current);
+    None (judge against the seed) when it has neither.
+    """
+    bench = doc.get("bench_result")
+    if isinstance(bench, dict) and isinstance(bench.get("cases"), list):
+        return bench, ""
+    cases = []
+    for case in doc.get("cases") or []:
+        if not isinstance(case, dict) or not case.get("test_case_id"):
+            continue
+        primary = case.get("primary_metric")
+        entry: dict[str, Any] = {"test_case_id": case["test_case_id"], "metrics_best": {}, "metrics_current": {},
+                                 "correctness_current": case.get("correctness_current") or "unknown"}
+        for key, side in (("best", "metrics_best"), ("current", "metrics_current")):
+            if primary and isinstance(case.get(key), dict):
+                entry[side][primary] = case[key]
+        cases.append(entry)
+    if not cases:
+        return None, "the answer has neither bench_result nor cases; judged against the seed"
+    return ({"schema_version": "1.0.0", "kernel_id": kernel_id, "cases": cases},
+            "the answer has no bench_result; rebuilt from the index entry: primary metrics only")
+
+
 def dry_run(path: str | os.PathLike, *, build_timeout_s: float = 600.0, bench_timeout_s: float = 1200.0,
-            keep: bool = False, python: str | None = None) -> DryRun:
-    """Run the whole loop on a package directory or a ``.tar.gz``; never raises for a bad package."""
+            keep: bool = False, python: str | None = None, kernel_id: str | None = None,
+            scorecard_for: Callable[[str], Scorecard] | None = None) -> DryRun:
+    """Run the whole loop on a package directory or a ``.tar.gz``; never raises for a bad package.
+
+    ``kernel_id`` overrides the one validation derives; ``scorecard_for(kernel_id)``, called once
+    the package is valid, gives the scorecard to judge against (its errors propagate).
+    """
     from .validate import validate_package_dir, validate_tarball
 
     python = python or sys.executable
@@ -237,7 +285,8 @@ def dry_run(path: str | os.PathLike, *, build_timeout_s: float = 600.0, bench_ti
     run = DryRun(str(src))
     scratch = Path(tempfile.mkdtemp(prefix="kz-dryrun-"))
     try:
-        _dry_run(run, src, scratch, build_timeout_s, bench_timeout_s, python, validate_package_dir, validate_tarball)
+        _dry_run(run, src, scratch, build_timeout_s, bench_timeout_s, python, validate_package_dir, validate_tarball,
+                 kernel_id, scorecard_for)
     finally:
         if keep:
             run.workdirs = [str(scratch)]
@@ -247,15 +296,16 @@ def dry_run(path: str | os.PathLike, *, build_timeout_s: float = 600.0, bench_ti
 
 
 def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, bench_timeout_s: float,
-             python: str, validate_package_dir, validate_tarball) -> None:
+             python: str, validate_package_dir, validate_tarball, kernel_id: str | None = None,
+             scorecard_for: Callable[[str], Scorecard] | None = None) -> None:
     import yaml
 
     t0 = time.monotonic()
     is_tarball = src.is_file()
     if is_tarball:
-        report = validate_tarball(src, src.name)
+        report = validate_tarball(src, src.name, kernel_id=kernel_id)
     else:
-        report = validate_package_dir(src)
+        report = validate_package_dir(src, kernel_id=kernel_id)
     run.kernel_id = report.facts.get("kernel_id")
     run.warnings = report.warnings
     n_warn = f" ({len(report.warnings)} warnings)" if report.warnings else ""
@@ -278,13 +328,21 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
         run.kernel_id = unpacked.facts.get("kernel_id", run.kernel_id)
         card = package_dir / ".kernel_package" / "bench_result.yaml"
         detail = f"{unpacked.facts.get('files')} files"
-        if not card.exists():
+        if not card.exists() and scorecard_for is None:
             card.write_text(yaml.safe_dump(seed_bench_result(run.kernel_id, _read_metas(package_dir)),
                                            sort_keys=False), encoding="utf-8")
             detail += "; seed bench_result.yaml added"
         run.steps.append(Step("unpack", True, time.monotonic() - t0, detail))
 
     metas = _read_metas(package_dir)
+    if scorecard_for is not None:
+        card = scorecard_for(run.kernel_id or "")
+        if not is_tarball:  # never overwrite the author's own scorecard: run a copy
+            package_dir = _copy_package(package_dir, scratch / "package")
+        document = card.document if card.document is not None else seed_bench_result(run.kernel_id or "", metas)
+        (package_dir / ".kernel_package" / "bench_result.yaml").write_text(
+            yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+        run.judged_against = card.source
     workdirs = [scratch / "work1", scratch / "work2"]
     for i, workdir in enumerate(workdirs, start=1):
         workdir.mkdir(parents=True)
@@ -326,9 +384,17 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
                           ("accepted: " if verdict.accepted else "") + verdict.reason))
 
 
+def _copy_package(package_dir: Path, dest: Path) -> Path:
+    """A copy of the package (caches and VCS folders left out) to run with another scorecard."""
+    shutil.copytree(package_dir, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+    return dest
+
+
 def render_text(run: DryRun) -> str:
     """The human-readable report: steps, the per-case table, warnings and the verdict line."""
     lines = [f"kz dry-run {run.path}" + (f"  (kernel_id {run.kernel_id})" if run.kernel_id else "")]
+    if run.judged_against:
+        lines.append(f"  judged against {run.judged_against}")
     done = {s.name for s in run.steps}
     for step in run.steps:
         mark = "ok  " if step.ok else "FAIL"

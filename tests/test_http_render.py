@@ -1,16 +1,20 @@
-"""The page building blocks: safe markdown, escaping, the SVG chart, Prometheus text, the token bucket."""
+"""The page building blocks: safe markdown, templates, chart geometry, Prometheus text, the token bucket."""
 from __future__ import annotations
 
+import json
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from kz_daemon.errors import ZooError
+from kz_daemon.http import web_charts
 from kz_daemon.http.limits import TokenBucket
 from kz_daemon.http.metrics import HttpCounters, render_metrics
-from kz_daemon.http.render import h, markdown, svg_chart
+from kz_daemon.http.render import TEMPLATES, fmt_speedup, markdown
 from kz_daemon.http.views import Catalog, case_metric, matches
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.mark.parametrize("hostile", [
@@ -23,47 +27,81 @@ from kz_daemon.http.views import Catalog, case_metric, matches
     "`<b>`",
     "**<i onclick=x>**",
     "[a](data:text/html;base64,PHNjcmlwdD4=)",
+    "[v](vbscript:msgbox(1))",
+    "```js\" onmouseover=\"x\nbody\n```",
 ])
 def test_markdown_never_passes_raw_html(hostile):
-    out = markdown(hostile)
+    out = str(markdown(hostile))
     assert "<script" not in out.lower()
     assert "<img" not in out.lower()
-    assert "javascript:" not in out.lower().replace("&", "")
-    assert "data:text" not in out
-    assert 'href="http://evil"' not in out
-    allowed = {"p", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "pre", "code", "a", "strong", "em"}
+    hrefs = re.findall(r'<a\s[^>]*href="([^"]*)"', out)
+    assert not [h for h in hrefs if not h.startswith(("https://", "http://", "/", "./", "#"))], out
+    assert '<a href="http://evil"' not in out
+    allowed = {"p", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "pre", "code", "a", "strong", "em",
+               "blockquote", "hr", "br", "table", "thead", "tbody", "tr", "th", "td"}
     for tag, attrs in re.findall(r"</?([A-Za-z0-9]+)([^>]*)>", out):
         assert tag in allowed, out
-        assert set(re.findall(r"([a-z-]+)=", attrs)) <= {"href", "rel", "class"}, out
+        assert set(re.findall(r"([a-z-]+)=", attrs)) <= {"href", "rel", "class", "start"}, out
 
 
 def test_markdown_formats_the_guide_sections():
     text = ("## 数学定义\nO = softmax(QK^T / sqrt(d)) V, see [paper](https://arxiv.org/abs/1706.03762).\n\n"
             "- **Q** is `[B, H, S, D]`\n- *fp16* inputs\n\n1. first\n2. second\n\n"
-            "```python\nx = a < b\n```\n")
-    out = markdown(text)
-    assert "<h3>数学定义</h3>" in out
+            "```python\nx = a < b\n```\n\n| n | ms |\n|---|---|\n| 4k | 1.5 |\n")
+    out = str(markdown(text))
+    assert "<h3>数学定义</h3>" in out  # the page owns h1, so headings move one level down
     assert '<a href="https://arxiv.org/abs/1706.03762" rel="nofollow noopener">paper</a>' in out
     assert "<li><strong>Q</strong> is <code>[B, H, S, D]</code></li>" in out
     assert "<em>fp16</em>" in out
-    assert "<ol><li>first</li><li>second</li></ol>" in out
-    assert '<pre><code class="lang-python">x = a &lt; b</code></pre>' in out
+    assert re.search(r"<ol>\s*<li>first</li>\s*<li>second</li>\s*</ol>", out)
+    assert '<pre><code class="language-python">x = a &lt; b\n</code></pre>' in out
+    assert "<td>4k</td>" in out
+    assert markdown(None) == "" and markdown(42) == ""
 
 
-def test_escape():
-    assert h('<"&>') == "&lt;&quot;&amp;&gt;"
-    assert h(None) == ""
+def test_templates_autoescape_every_value():
+    template = TEMPLATES.env.from_string("{{ v }}|{{ v | markdown }}")
+    out = template.render(v="<b onclick=x>hi</b>")
+    assert out.startswith("&lt;b onclick=x&gt;hi&lt;/b&gt;|")
+    assert "<b" not in out
 
 
-def test_svg_chart_is_well_formed_and_escapes_labels():
-    svg = svg_chart({"small: <lat>": [(1_700_000_000, 1.5, "a<b"), (1_700_000_100, 1.2, "c")],
-                     "large: lat": [(1_700_000_050, 9.0, "d")]})
-    root = ET.fromstring(svg)
-    assert root.tag.endswith("svg")
-    assert len(root.findall(".//{http://www.w3.org/2000/svg}polyline")) == 2
-    assert len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == 3
-    assert "&lt;lat&gt;" in svg
-    assert "empty" in svg_chart({})
+def test_speedup_format():
+    assert fmt_speedup(4.0) == "4×" and fmt_speedup(2.7333) == "2.73×" and fmt_speedup(250.4) == "250×"
+    assert fmt_speedup(None) == ""
+
+
+def _chart_svg(chart) -> ET.Element:
+    macro = TEMPLATES.env.from_string('{% import "macros.html" as m %}{{ m.chart(c) }}')
+    html = macro.render(c=chart)
+    svg = html[html.index("<svg"): html.index("</svg>") + 6]
+    return ET.fromstring(svg)
+
+
+def test_chart_is_well_formed_escapes_labels_and_links_points():
+    chart = web_charts.line_chart({"small: <lat>": [(1, 1.5, "a<b", "/commits/abc"), (2, 1.2, "c", "")],
+                                   "large": [(1.5, 9.0, "d", "")]}, title="n<4k>", unit="us")
+    root = _chart_svg(chart)
+    assert len(root.findall(f".//{SVG}polyline")) == 2
+    assert len(root.findall(f".//{SVG}circle")) == 3
+    assert [a.get("href") for a in root.findall(f".//{SVG}a")] == ["/commits/abc"]
+    assert "n<4k> (us)" in "".join(root.itertext())
+    assert root.get("data-scale") == "linear"
+    assert web_charts.line_chart({}) is None
+
+
+def test_chart_uses_a_log_axis_beyond_a_decade():
+    wide = web_charts.line_chart({"c": [(1, 500.0, "", ""), (2, 40.0, "", "")]})
+    narrow = web_charts.line_chart({"c": [(1, 50.0, "", ""), (2, 40.0, "", "")]})
+    assert wide.log and not narrow.log
+    labels = [t.label for t in wide.y_ticks]
+    assert labels[0] == "10" and labels[-1] == "1e+03"
+    # on a log axis 40 -> 400 and 50 -> 500 are the same height apart
+    a = web_charts.line_chart({"c": [(1, 40.0, "", ""), (2, 400.0, "", ""), (3, 4000.0, "", "")]})
+    ys = [m.y for m in a.series[0].marks]
+    assert ys[0] - ys[1] == pytest.approx(ys[1] - ys[2])
+    low, high, ticks = web_charts.linear_domain(1.2, 9.0)
+    assert low <= 1.2 and high >= 9.0 and ticks == sorted(ticks) and len(ticks) >= 3
 
 
 def test_prometheus_text():
@@ -116,7 +154,6 @@ def test_catalog_filters_and_pages():
     assert [e["kernel_id"] for e in cat.select({}, "NEEDLE")] == ["cpu/Elementwise/Axpy/fp32/k07"]
     assert len(cat.select({"status": "frozen"}, "")) == 1
     assert [e["kernel_id"] for e in cat.select({"status": "invalid"}, "")] == ["sm_90/Attention/MHA/fp16/ref"]
-    import json
     page = json.loads(cat.page_bytes({}, "", 3, 10))
     assert page["total"] == 26 and page["pages"] == 3 and len(page["kernels"]) == 6
     assert cat.facets()["arch"] == ["cpu", "sm_90"]

@@ -59,39 +59,41 @@ def test_leaderboard_filters_without_javascript(site):
         page = ctx.new_page()
         page.goto(site.url + "/")
         assert page.title().startswith("Leaderboard")
-        kernels = page.locator("table.leaderboard tbody tr td:first-child").all_inner_texts()
+        kernels = page.locator("table.kernels tbody tr td:first-child").all_inner_texts()
         assert CPU_AXPY in kernels and CPU_SOFTMAX in kernels and HOSTILE_ID in kernels
         page.select_option("select[name=op_class]", "Reduction")
         page.click("form.filters button[type=submit]")
         page.wait_for_url("**op_class=Reduction**")
-        kernels = set(page.locator("table.leaderboard tbody tr td:first-child").all_inner_texts())
+        kernels = set(page.locator("table.kernels tbody tr td:first-child").all_inner_texts())
         assert kernels == {CPU_SOFTMAX}
-        # server-side sort by the best value (no JS): ascending then descending
-        page.goto(site.url + "/?" + urllib.parse.urlencode({"op_class": "Elementwise", "case": "n4k",
-                                                           "sort": "best", "order": "asc"}))
-        values = [float(v) for v in page.locator("table.leaderboard tbody tr td:nth-child(8)").all_inner_texts()]
-        assert values == sorted(values) and values[0] == 20.0
-        page.click("table.leaderboard th >> text=best")
-        values = [float(v) for v in page.locator("table.leaderboard tbody tr td:nth-child(8)").all_inner_texts()]
-        assert values == sorted(values, reverse=True)
+        operators = page.locator("table.operators tbody tr td:first-child").all_inner_texts()
+        assert operators == ["cpu/Reduction/Softmax/fp32"]
+        # server-side sort (no JS): ascending, then the header link flips it
+        page.goto(site.url + "/?" + urllib.parse.urlencode({"op_class": "Elementwise", "sort": "kernel",
+                                                           "order": "asc"}))
+        ids = page.locator("table.kernels tbody tr td:first-child").all_inner_texts()
+        assert ids == sorted(ids) and len(ids) == 2
+        page.click("table.kernels th >> text=kernel")
+        assert page.locator("table.kernels tbody tr td:first-child").all_inner_texts() == sorted(ids, reverse=True)
+        assert "order=desc" in page.url
 
 
 def test_leaderboard_sorts_in_the_browser_and_escapes(site):
     with browser() as ctx:
         page = ctx.new_page()
-        page.goto(site.url + "/?case=n4k&op_class=Elementwise")
+        page.goto(site.url + "/?op_class=Elementwise")
         assert page.evaluate("window.__pwned") is None
         # the hostile name is shown as text, not as an element
-        assert HOSTILE_NAME in page.locator("table.leaderboard").inner_text()
-        assert page.locator("table.leaderboard img").count() == 0
-        header = page.locator("table.leaderboard th").nth(7)  # "best"
+        assert HOSTILE_NAME in page.locator("table.kernels").inner_text()
+        assert page.locator("table.kernels img").count() == 0
+        header = page.locator("table.kernels th").nth(1)  # "name"
         header.click()  # JS sort: the page does not navigate, the rows reorder
-        first = page.locator("table.leaderboard tbody tr td:nth-child(8)").all_inner_texts()
+        first = page.locator("table.kernels tbody tr td:nth-child(2)").all_inner_texts()
         header.click()
-        second = page.locator("table.leaderboard tbody tr td:nth-child(8)").all_inner_texts()
-        assert [float(v) for v in first] == sorted(float(v) for v in first)
-        assert [float(v) for v in second] == sorted((float(v) for v in second), reverse=True)
-        assert page.url.endswith("?case=n4k&op_class=Elementwise")
+        second = page.locator("table.kernels tbody tr td:nth-child(2)").all_inner_texts()
+        assert first == sorted(first, key=str.lower) and second == sorted(second, key=str.lower, reverse=True)
+        assert first != second
+        assert page.url.endswith("/?op_class=Elementwise")
 
 
 def test_kernel_page_history_chart_scorecard_and_description(site):
@@ -100,7 +102,8 @@ def test_kernel_page_history_chart_scorecard_and_description(site):
         page = ctx.new_page()
         page.goto(f"{site.url}/kernels/{CPU_AXPY}")
         assert "AXPY" in page.locator("h1").inner_text()
-        # accepted history: one line per case, two accepted runs each
+        # accepted history: one small chart per case, two accepted runs each
+        assert page.locator("svg.chart").count() == 3
         assert page.locator("svg.chart polyline").count() == 3
         assert page.locator("svg.chart circle").count() == 6
         history = page.locator("table.history").inner_text()

@@ -1,26 +1,34 @@
-"""The web leaderboard: server-rendered pages that work without JavaScript.
+"""The web leaderboard: server-rendered Jinja2 pages that work without JavaScript.
 
-``/`` leaderboard (one row per kernel and case, filterable, sortable), ``/kernels/{id}``
-kernel page, ``/submissions/{uuid}`` live submission page, ``/queue``.
+``/`` operators and kernels, ``/ops/{arch}/{op_class}/{sub_class}/{quant}`` one
+operator's implementations ranked per case, ``/kernels/{id}`` a kernel, ``/commits/{sha}``
+a commit of the kernel repo, ``/submissions`` recent submissions, ``/submissions/{uuid}``
+one submission (following it while it runs), ``/queue``. The handlers gather values;
+the templates in ``templates/`` lay them out (see :mod:`kz_daemon.http.render`).
 """
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from kz_daemon.errors import ZooError
-from kz_daemon.http import views
+from kz_daemon.http import commits, operators, submission_list, views, web_charts
 from kz_daemon.http.api import catalog
-from kz_daemon.http.render import (fmt_value, h, markdown, page, short_sha, svg_chart, table, when)
+from kz_daemon.http.render import TEMPLATES, fmt_value, short_sha, when
+from kz_events.status import STATUSES, is_terminal
 
-ROWS_PER_PAGE = 500
-SORT_KEYS = ("kernel", "case", "best", "current")
-
+KERNELS_PER_PAGE = 500
+SORT_KEYS = ("kernel", "name", "status", "cases")
+#: Log text shown per log on a submission page (the end of it: failures are at the end).
+LOG_TAIL_CHARS = 64 * 1024
+#: A kernel page lists at most this many of the kernel's submissions.
+KERNEL_ATTEMPTS = 100
 
 #: Defence in depth on top of escaping: only our own script and stylesheet run on the pages.
 PAGE_HEADERS = {
@@ -32,315 +40,294 @@ PAGE_HEADERS = {
 }
 
 
-def _html(text: str, status: int = 200) -> HTMLResponse:
-    return HTMLResponse(text, status_code=status, headers=PAGE_HEADERS)
+def _render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+    return TEMPLATES.TemplateResponse(request, name, context, status_code=status, headers=PAGE_HEADERS)
 
 
-def _error_page(exc: ZooError) -> HTMLResponse:
-    body = f'<h1>{h(exc.code)}</h1><p>{h(exc.message)}</p><p><a href="/">Back to the leaderboard</a></p>'
-    return _html(page(exc.code, body), exc.http_status)
+def _error(request: Request, exc: ZooError) -> Response:
+    return _render(request, "error.html", {"title": exc.code, "error": exc}, exc.http_status)
 
 
-def _kernel_link(kernel_id: str) -> str:
-    return f'<a href="/kernels/{h(urllib.parse.quote(kernel_id))}">{h(kernel_id)}</a>'
-
-
-def _rows(entries: list[dict[str, Any]], case_filter: str) -> list[dict[str, Any]]:
-    rows = []
-    for entry in entries:
-        kernel_cases = views.cases(entry) or [{}]
-        for case in kernel_cases:
-            case_id = str(case.get("test_case_id", ""))
-            if case_filter and case_id != case_filter:
-                continue
-            best = views.case_metric(case, "best")
-            current = views.case_metric(case, "current")
-            rows.append({"entry": entry, "case": case_id, "metric": case.get("primary_metric", ""),
-                         "direction": ", ".join(str(x) for x in (case.get("unit"), case.get("direction")) if x),
-                         "best": best, "current": current})
-    return rows
-
-
-def _sort_rows(rows: list[dict[str, Any]], key: str, order: str) -> list[dict[str, Any]]:
-    reverse = order == "desc"
-    if key in ("best", "current"):
-        with_value = [r for r in rows if views.metric_value(r[key]) is not None]
-        without = [r for r in rows if views.metric_value(r[key]) is None]
-        with_value.sort(key=lambda r: views.metric_value(r[key]), reverse=reverse)
-        return with_value + without
-    if key == "case":
-        return sorted(rows, key=lambda r: (r["case"], r["entry"].get("kernel_id", "")), reverse=reverse)
-    return sorted(rows, key=lambda r: (r["entry"].get("kernel_id", ""), r["case"]), reverse=reverse)
-
-
-def _select(name: str, label: str, options: list[str], chosen: str) -> str:
-    opts = ['<option value="">any</option>'] + [
-        f'<option value="{h(o)}"{" selected" if o == chosen else ""}>{h(o)}</option>' for o in options
-    ]
-    return f'<label>{h(label)}<select name="{h(name)}">{"".join(opts)}</select></label>'
-
-
-async def leaderboard(request: Request) -> Response:
-    """GET /: the leaderboard, one row per kernel and case."""
-    q = request.query_params
-    filters = {k: q.get(k, "") for k in ("arch", "op_class", "sub_class", "quant")}
-    text = q.get("q", "").strip()
-    case_filter = q.get("case", "").strip()
-    sort = q.get("sort", "kernel")
-    sort = sort if sort in SORT_KEYS else "kernel"
-    order = "desc" if q.get("order") == "desc" else "asc"
+def _page_number(request: Request) -> int:
     try:
-        page_no = max(1, int(q.get("page", "1")))
+        return max(1, min(1_000_000, int(request.query_params.get("page", "1"))))
     except ValueError:
-        page_no = 1
+        return 1
+
+
+def _url(path: str, params: Mapping[str, Any]) -> str:
+    """``path`` with the non-empty ``params`` as a query string."""
+    kept = {k: v for k, v in params.items() if v not in ("", None)}
+    return path + ("?" + urllib.parse.urlencode(kept) if kept else "")
+
+
+# -- home: operators and kernels ------------------------------------------------------------------
+
+def _kernel_row(entry: Mapping[str, Any]) -> dict[str, Any]:
+    kernel_cases = views.cases(entry)
+    measured = sum(1 for c in kernel_cases if operators.measured_value(c.get("best")) is not None)
+    return {"kernel_id": str(entry.get("kernel_id", "")), "name": entry.get("name") or "",
+            "category": views.category(entry), "operator": operators.key_of(entry).path,
+            "status": views.status_of(entry), "valid": views.is_valid(entry),
+            "cases": len(kernel_cases), "measured": measured}
+
+
+def _sorted_rows(rows: list[dict[str, Any]], key: str, order: str) -> list[dict[str, Any]]:
+    field = {"kernel": "kernel_id"}.get(key, key)
+    return sorted(rows, key=lambda r: (r[field], r["kernel_id"]), reverse=order == "desc")
+
+
+async def home(request: Request) -> Response:
+    """GET /: the operators (implementations, best one) and the kernels table, filterable and sortable."""
+    q = request.query_params
+    filters = {k: q.get(k, "") for k in views.CATEGORY_FIELDS}
+    text = q.get("q", "").strip()
+    sort = q.get("sort", "kernel") if q.get("sort") in SORT_KEYS else "kernel"
+    order = "desc" if q.get("order") == "desc" else "asc"
+    page_no = _page_number(request)
     cat = catalog(request)
     facets = cat.memo(("facets",), cat.facets)
-    key = ("rows", tuple(sorted(filters.items())), text, case_filter, sort, order)
-    rows = cat.memo(key, lambda: _sort_rows(_rows(cat.select(filters, text), case_filter), sort, order))
-    total = len(rows)
-    shown = rows[(page_no - 1) * ROWS_PER_PAGE: page_no * ROWS_PER_PAGE]
+    summaries = cat.memo(("operators",), lambda: [operators.summarise(k, v)
+                                                  for k, v in operators.group(cat.kernels()).items()])
+    shown_ops = [s for s in summaries
+                 if all(not filters[f] or getattr(s.key, f) == filters[f] for f in views.CATEGORY_FIELDS)]
+    key = ("kernel-rows", tuple(sorted(filters.items())), text, sort, order)
+    rows = cat.memo(key, lambda: _sorted_rows([_kernel_row(e) for e in cat.select(filters, text)], sort, order))
+    pages = max(1, (len(rows) + KERNELS_PER_PAGE - 1) // KERNELS_PER_PAGE)
+    base = {**filters, "q": text}
 
-    def sort_link(key: str, label: str) -> str:
-        params = {k: v for k, v in q.items() if k not in ("sort", "order", "page")}
-        params["sort"] = key
-        params["order"] = "desc" if (sort == key and order == "asc") else "asc"
-        arrow = (" ▲" if order == "asc" else " ▼") if sort == key else ""
-        return f'<a href="/?{h(urllib.parse.urlencode(params))}">{h(label)}{arrow}</a>'
+    def sort_url(column: str) -> str:
+        flip = "desc" if (sort == column and order == "asc") else "asc"
+        return _url("/", {**base, "sort": column, "order": flip})
 
-    headers = [sort_link("kernel", "kernel"), "name", "arch", "op_class", "quant",
-               sort_link("case", "case"), "primary metric",
-               sort_link("best", "best"), "best by", "best commit", sort_link("current", "current"),
-               "status"]
-    body_rows = []
-    for r in shown:
-        entry = r["entry"]
-        cat_of = views.category(entry)
-        best, current = r["best"], r["current"]
-        best_v, cur_v = views.metric_value(best), views.metric_value(current)
-        status = views.status_of(entry) + ("" if views.is_valid(entry) else " (invalid)")
-        body_rows.append([
-            _kernel_link(str(entry.get("kernel_id", ""))), h(entry.get("name", "")), h(cat_of["arch"]),
-            h(cat_of["op_class"]), h(cat_of["quant"]), h(r["case"]),
-            h(r["metric"]) + (f' <span class="muted">({h(r["direction"])})</span>' if r["direction"] else ""),
-            f'<span data-value="{h("" if best_v is None else best_v)}">{h(fmt_value(best_v))}</span>',
-            h(best.get("submitter", "")), h(short_sha(best.get("commit_sha"))),
-            f'<span data-value="{h("" if cur_v is None else cur_v)}">{h(fmt_value(cur_v))}</span>',
-            h(status),
-        ])
-    form = ('<form class="filters" method="get" action="/">'
-            + _select("arch", "arch", facets["arch"], filters["arch"])
-            + _select("op_class", "op_class", facets["op_class"], filters["op_class"])
-            + _select("sub_class", "sub_class", facets["sub_class"], filters["sub_class"])
-            + _select("quant", "quant", facets["quant"], filters["quant"])
-            + f'<label>case<input name="case" value="{h(case_filter)}" size="12"></label>'
-            + f'<label>search<input name="q" value="{h(text)}" size="20"></label>'
-            + '<button type="submit">Filter</button> <a href="/">reset</a></form>')
-    pager = ""
-    if total > ROWS_PER_PAGE:
-        links = []
-        for n in range(1, (total + ROWS_PER_PAGE - 1) // ROWS_PER_PAGE + 1):
-            params = dict(q.items())
-            params["page"] = str(n)
-            links.append(f"<strong>{n}</strong>" if n == page_no
-                         else f'<a href="/?{h(urllib.parse.urlencode(params))}">{n}</a>')
-        pager = '<p class="pager">Page ' + " ".join(links) + "</p>"
-    body = (f"<h1>Leaderboard</h1>{form}"
-            f'<p class="muted"><span id="row-count">{total}</span> rows (kernel × case) · '
-            f"{len(cat.kernels())} kernels</p>"
-            + (table([], body_rows, cls="sortable leaderboard", header_html=headers) if shown
-               else '<p class="empty">No kernels match these filters.</p>') + pager)
-    return _html(page("Leaderboard", body))
+    return _render(request, "home.html", {
+        "title": "Leaderboard", "filters": filters, "text": text, "facets": facets, "operators": shown_ops,
+        "rows": rows[(page_no - 1) * KERNELS_PER_PAGE: page_no * KERNELS_PER_PAGE], "total": len(rows),
+        "kernel_count": len(cat.kernels()), "sort": sort, "order": order, "sort_url": sort_url,
+        "page": page_no, "pages": pages,
+        "page_url": lambda n: _url("/", {**base, "sort": sort, "order": order, "page": n})})
 
 
-def _io_table(io: Any) -> str:
-    if not isinstance(io, list) or not io:
-        return '<p class="empty">No io_signature.</p>'
-    rows = []
-    for item in io:
-        if not isinstance(item, dict):
-            continue
-        shape = item.get("shape")
-        rows.append([h(item.get("name")), h(item.get("kind")), h(item.get("dtype")),
-                     h(" × ".join(str(s) for s in shape) if isinstance(shape, list) else shape),
-                     h(item.get("shape_desc", "")), h(item.get("semantics", ""))])
-    return table(["name", "kind", "dtype", "shape", "shape_desc", "semantics"], rows, cls="io")
+# -- operator page --------------------------------------------------------------------------------
+
+def _secondary(history: Any, entries: list[Mapping[str, Any]]) -> tuple[dict, dict]:
+    """``({kernel_id: {case: {metric: best value}}}, {case: {metric: {unit, direction}}})`` of the
+    non-primary metrics, read from each implementation's scorecard and METAS at the head."""
+    values: dict[str, dict[str, dict[str, float]]] = {}
+    declared: dict[str, dict[str, dict[str, str]]] = {}
+    if history is None:
+        return values, declared
+    for entry in entries:
+        kernel_id = str(entry.get("kernel_id", ""))
+        primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
+        for case_id, metrics in history.harness(kernel_id).metrics.items():
+            for name, info in metrics.items():
+                if name != primaries.get(case_id):
+                    declared.setdefault(case_id, {}).setdefault(name, info)
+        _desc, scorecard = history.package_docs(kernel_id)
+        for case in (scorecard or {}).get("cases") or [] if isinstance(scorecard, dict) else []:
+            if not isinstance(case, dict) or not isinstance(case.get("metrics_best"), dict):
+                continue
+            case_id = str(case.get("test_case_id"))
+            for name, record in case["metrics_best"].items():
+                value = operators.measured_value(record)
+                if name != primaries.get(case_id) and value is not None:
+                    values.setdefault(kernel_id, {}).setdefault(case_id, {})[str(name)] = value
+                    declared.setdefault(case_id, {}).setdefault(str(name), {"unit": "", "direction": ""})
+    return values, declared
 
 
-def _scorecard_rows(scorecard: Any, entry: dict[str, Any]) -> list[list[str]]:
-    primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
-    rows = []
-    cases = scorecard.get("cases") if isinstance(scorecard, dict) else None
-    for case in cases or []:
-        if not isinstance(case, dict):
-            continue
-        case_id = str(case.get("test_case_id"))
-        best_all = case.get("metrics_best") or {}
-        current_all = case.get("metrics_current") or {}
-        primary = primaries.get(case_id)
-        for metric in sorted(set(best_all) | set(current_all), key=lambda m: (m != primary, m)):
-            best = best_all.get(metric) or {}
-            current = current_all.get(metric) or {}
-            label = h(metric) + (" <strong>(primary)</strong>" if metric == primary else "")
-            rows.append([h(case_id), label,
-                         h(fmt_value(best.get("value"))), h(best.get("submitter")),
-                         h(short_sha(best.get("commit_sha"))),
-                         h(fmt_value(current.get("value"))), h(current.get("submitter")),
-                         h(short_sha(current.get("commit_sha"))), h(case.get("correctness_current"))])
-    return rows
+async def operator_page(request: Request) -> Response:
+    """GET /ops/{arch}/{op_class}/{sub_class}/{quant}: the implementations ranked per case."""
+    p = request.path_params
+    key = operators.OperatorKey(p["arch"], p["op_class"], p["sub_class"], p["quant"])
+    cat = catalog(request)
+    entries = operators.group(cat.kernels()).get(key) if cat.kernels() else None
+    if not entries:
+        return _error(request, ZooError("NOT_FOUND", f"no operator {key.path!r}"))
+    reference = operators.reference_of(entries)
+    case_boards = operators.boards(entries, reference)
+    values, declared = await run_in_threadpool(_secondary, request.app.state.history, entries)
+    for board in case_boards:
+        for standing in board.standings:
+            standing.secondary = values.get(standing.kernel_id, {}).get(board.case_id, {})
+    return _render(request, "operator.html", {
+        "title": key.path, "key": key, "boards": case_boards, "entries": entries, "reference": reference,
+        "declared": declared, "reference_tag": operators.REFERENCE_TAG,
+        "reference_names": operators.REFERENCE_NAMES})
 
 
-async def kernel_page(request: Request) -> Response:
-    """GET /kernels/{kernel_id}: description, io_signature, scorecard, accepted history chart."""
-    kernel_id = request.path_params["kernel_id"]
-    entry = catalog(request).get(kernel_id)
-    if entry is None:
-        return _error_page(ZooError("NOT_FOUND", f"no kernel {kernel_id!r}"))
-    history = request.app.state.history
-    desc, scorecard, points = None, None, []
-    if history is not None:
-        desc, scorecard = await run_in_threadpool(history.package_docs, kernel_id)
-        points = await run_in_threadpool(history.accepted, kernel_id)
-    desc = desc if isinstance(desc, dict) else {}
-    cat_of = views.category(entry)
-    quant = desc.get("quantization") if isinstance(desc.get("quantization"), dict) else {}
-    meta_rows = [
-        ["kernel_id", h(kernel_id)],
-        ["category", h(" / ".join(cat_of[k] for k in views.CATEGORY_FIELDS))],
-        ["status", h(views.status_of(entry)) + ("" if views.is_valid(entry) else " <strong>(invalid)</strong>")],
-        ["quantization", h(", ".join(f"{k}={v}" for k, v in quant.items()))],
-        ["reference_sources", h(", ".join(str(s) for s in desc.get("reference_sources") or []))],
-        ["owner", h(desc.get("owner", ""))],
-        ["tags", h(", ".join(str(t) for t in desc.get("tags") or []))],
-    ]
-    problems = entry.get("problems") or entry.get("reasons") or []
-    problem_html = ""
-    if problems:
-        problem_html = "<h2>Problems</h2><ul>" + "".join(
-            f"<li>{h(p.get('code', '') + ': ' + p.get('message', '') if isinstance(p, dict) else p)}</li>"
-            for p in problems) + "</ul>"
-    primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
-    series: dict[str, list[tuple[float, float, str]]] = {}
-    # x is the accept's rank (accepts often share a second; ranks keep them apart)
+# -- kernel page ----------------------------------------------------------------------------------
+
+def _case_charts(points: list[Any], primaries: Mapping[str, str], units: Mapping[str, str]) -> list[Any]:
+    """One small chart per case: its primary metric over the accepted runs (x = accept rank)."""
+    by_case: dict[str, list[tuple[float, float, str, str]]] = {}
     for rank, point in enumerate(points, start=1):
         for case_id, metrics in point.metrics.items():
             metric = primaries.get(case_id) or next(iter(metrics), None)
             if metric in metrics:
-                tip = (f"#{rank} {case_id} {metric}={fmt_value(metrics[metric])} by {point.submitter} "
+                tip = (f"#{rank} {metric}={fmt_value(metrics[metric])} by {point.submitter} "
                        f"({short_sha(point.commit_sha)}, {when(point.time)})")
-                series.setdefault(f"{case_id}: {metric}", []).append((rank, metrics[metric], tip))
-    x_labels = (f"#1 {when(points[0].time)}", f"#{len(points)} {when(points[-1].time)}") if points else None
-    history_rows = [[h(when(p.time)), h(p.submitter), h(short_sha(p.commit_sha)),
-                     h("; ".join(f"{c}: {fmt_value(m.get(primaries.get(c) or '', next(iter(m.values()), None)))}"
-                                 for c, m in sorted(p.metrics.items())))]
-                    for p in reversed(points)]
-    body = (
-        f'<h1>{h(desc.get("name") or entry.get("name") or kernel_id)}</h1>'
-        f'<p class="summary">{h(desc.get("summary") or entry.get("summary", ""))}</p>'
-        + table(["field", "value"], meta_rows, cls="meta") + problem_html
-        + "<h2>Scorecard (best and current)</h2>"
-        + (table(["case", "metric", "best", "best by", "best commit", "current", "current by",
-                  "current commit", "correctness"], _scorecard_rows(scorecard, entry), cls="scorecard")
-           if scorecard else '<p class="empty">No scorecard.</p>')
-        + "<h2>Accepted history</h2>" + svg_chart(series, x_labels=x_labels)
-        + (table(["when", "submitter", "commit", "primary metric per case"], history_rows, cls="history")
-           if history_rows else "")
-        + "<h2>io_signature</h2>" + _io_table(desc.get("io_signature"))
-        + '<h2>Description</h2><div class="description">' + markdown(desc.get("description")) + "</div>"
-    )
-    return _html(page(kernel_id, body))
+                by_case.setdefault(case_id, []).append((rank, metrics[metric], tip, f"/commits/{point.commit_sha}"))
+    charts = []
+    for case_id in sorted(by_case, key=lambda c: list(primaries).index(c) if c in primaries else len(primaries)):
+        series = by_case[case_id]
+        ranks = [s[0] for s in series]
+        charts.append(web_charts.line_chart(
+            {case_id: series}, title=f"{case_id}: {primaries.get(case_id, '')}", unit=units.get(case_id, ""),
+            x_labels={min(ranks): f"#{min(ranks)}", max(ranks): f"#{max(ranks)}"}))
+    return charts
+
+
+def _scorecard_rows(scorecard: Any, primaries: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One row per case and metric (the primary first): best and current records, value None for a placeholder."""
+    rows = []
+    for case in scorecard.get("cases") or [] if isinstance(scorecard, dict) else []:
+        if not isinstance(case, dict):
+            continue
+        case_id = str(case.get("test_case_id"))
+        best_all = case.get("metrics_best") if isinstance(case.get("metrics_best"), dict) else {}
+        current_all = case.get("metrics_current") if isinstance(case.get("metrics_current"), dict) else {}
+        primary = primaries.get(case_id)
+        for metric in sorted(set(best_all) | set(current_all), key=lambda name: (name != primary, name)):
+            records = []
+            for record in (best_all.get(metric), current_all.get(metric)):
+                record = record if isinstance(record, dict) else {}
+                records.append({"value": operators.measured_value(record), "submitter": record.get("submitter", ""),
+                                "commit_sha": str(record.get("commit_sha") or "")})
+            rows.append({"case": case_id, "metric": metric, "primary": metric == primary, "best": records[0],
+                         "current": records[1], "correctness": case.get("correctness_current") or ""})
+    return rows
+
+
+def _kernel_data(history: Any, kernel_id: str) -> tuple[Any, Any, list[Any], Any]:
+    if history is None:
+        return None, None, [], None
+    desc, scorecard = history.package_docs(kernel_id)
+    return desc, scorecard, history.accepted(kernel_id), history.harness(kernel_id)
+
+
+async def kernel_page(request: Request) -> Response:
+    """GET /kernels/{kernel_id}: description, scorecard, per-case history charts, every attempt."""
+    kernel_id = request.path_params["kernel_id"]
+    entry = catalog(request).get(kernel_id)
+    if entry is None:
+        return _error(request, ZooError("NOT_FOUND", f"no kernel {kernel_id!r}"))
+    desc, scorecard, points, harness = await run_in_threadpool(_kernel_data, request.app.state.history, kernel_id)
+    desc = desc if isinstance(desc, dict) else {}
+    kernel_cases = views.cases(entry)
+    primaries = {str(c.get("test_case_id")): str(c.get("primary_metric") or "") for c in kernel_cases}
+    units = {str(c.get("test_case_id")): str(c.get("unit") or "") for c in kernel_cases}
+    attempts, more = await run_in_threadpool(submission_list.recent, request.app.state.zoo,
+                                             submission_list.Filters(kernel=kernel_id), 1, KERNEL_ATTEMPTS)
+    attempts = [a for a in attempts if a["kernel_id"] == kernel_id]
+    quant = desc.get("quantization") if isinstance(desc.get("quantization"), dict) else {}
+    return _render(request, "kernel.html", {
+        "title": kernel_id, "kernel_id": kernel_id, "entry": entry, "desc": desc, "quant": quant,
+        "category": views.category(entry), "operator": operators.key_of(entry).path,
+        "status": views.status_of(entry), "valid": views.is_valid(entry), "problems": entry.get("problems") or [],
+        "scorecard": _scorecard_rows(scorecard, primaries), "primaries": primaries, "points": list(reversed(points)),
+        "charts": [c for c in _case_charts(points, primaries, units) if c is not None],
+        "harness": harness, "attempts": attempts, "more_attempts": more,
+        "io": [i for i in desc.get("io_signature") or [] if isinstance(i, dict)]})
+
+
+# -- commits ----------------------------------------------------------------------------------------
+
+async def commit_page(request: Request) -> Response:
+    """GET /commits/{sha}: a commit of the kernel repo: message, trailers, changed files, bounded diff."""
+    sha = request.path_params["sha"].lower()
+    history = request.app.state.history
+    view = await run_in_threadpool(commits.read_commit, history.repo_path, sha) if history is not None else None
+    if view is None:
+        return _error(request, ZooError("NOT_FOUND", f"no commit {sha!r} (links use the full 40-digit SHA)"))
+    trailers = dict(view.trailers)
+    return _render(request, "commit.html", {
+        "title": f"commit {sha[:10]}", "commit": view, "submission": trailers.get("Kz-Submission", ""),
+        "max_diff": commits.MAX_DIFF_BYTES, "max_files": commits.MAX_FILES})
+
+
+# -- submissions ----------------------------------------------------------------------------------
+
+async def submissions_page(request: Request) -> Response:
+    """GET /submissions: recent submissions, newest first, filtered by kernel, submitter and status."""
+    filters = submission_list.Filters.from_query(request.query_params)
+    page_no = _page_number(request)
+    rows, more = await run_in_threadpool(submission_list.recent, request.app.state.zoo, filters, page_no)
+    base = {"kernel": filters.kernel, "submitter": filters.submitter, "status": filters.status}
+    return _render(request, "submissions.html", {
+        "title": "Submissions", "filters": filters, "statuses": STATUSES, "rows": rows, "page": page_no,
+        "newer_url": _url("/submissions", {**base, "page": page_no - 1}) if page_no > 1 else "",
+        "older_url": _url("/submissions", {**base, "page": page_no + 1}) if more else ""})
+
+
+def log_blocks(doc: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """``(name, text, cut)`` for each log a status document carries (``logs`` / ``log_tails``).
+
+    Each may be one text, a mapping of name to text, or a list of ``{name, text}``; only
+    the last ``LOG_TAIL_CHARS`` of a text are kept (``cut`` says so).
+    """
+    blocks: list[tuple[str, str, bool]] = []
+    for key in ("logs", "log_tails"):
+        value = doc.get(key)
+        if isinstance(value, str):
+            items = [(key, value)]
+        elif isinstance(value, Mapping):
+            items = [(str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            items = [(str(v.get("name") or v.get("step") or key), v.get("text") or v.get("tail") or "")
+                     for v in value if isinstance(v, Mapping)]
+        else:
+            items = []
+        for name, text in items:
+            text = text if isinstance(text, str) else str(text)
+            blocks.append((name, text[-LOG_TAIL_CHARS:], len(text) > LOG_TAIL_CHARS))
+    return blocks
 
 
 async def submission_page(request: Request) -> Response:
-    """GET /submissions/{uuid}: status, reasons, per-case results; follows the job while it runs."""
+    """GET /submissions/{uuid}: status history, reasons with fix hints, results, logs; follows the job."""
     uuid = request.path_params["uuid"]
     try:
         view = await run_in_threadpool(request.app.state.zoo.submission, uuid)
     except ZooError as exc:
-        return _error_page(exc)
+        return _error(request, exc)
     doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", request.app.state.zoo)
+    reasons = [dict(r, hint=r.get("hint") or submission_list.fix_hint(r.get("code")))
+               for r in doc.get("reasons") or [] if isinstance(r, dict)]
+    timeline = [{"seq": item[0], "status": item[1], "ts": item[2]} for item in doc.get("history") or []
+                if isinstance(item, (list, tuple)) and len(item) >= 3]
     status = str(doc.get("status", ""))
-    head = "" if doc["terminal"] else '<noscript><meta http-equiv="refresh" content="3"></noscript>'
-    rows = [["uuid", h(uuid)],
-            ["kernel", _kernel_link(str(doc.get("kernel_id", ""))) if doc.get("kernel_id") else ""],
-            ["submitter", h(doc.get("submitter_id", ""))],
-            ["status", f'<span id="status" class="status status-{h(status)}">{h(status)}</span>'],
-            ["commit", h(doc.get("commit_sha") or "")],
-            ["attempts", h(doc.get("attempts", ""))]]
-    reasons = doc.get("reasons") or []
-    reason_html = ""
-    if reasons:
-        reason_html = "<h2>Reasons</h2><ul class=\"reasons\">" + "".join(
-            f"<li>{h((r.get('code', '') + ': ' if r.get('code') else '') + str(r.get('message', '')))}</li>"
-            if isinstance(r, dict) else f"<li>{h(r)}</li>" for r in reasons) + "</ul>"
-    case_rows = []
-    for case in doc.get("cases") or []:
-        if isinstance(case, dict):
-            case_rows.append([h(case.get("test_case_id")), h(case.get("correctness")), h(case.get("accept")),
-                              h(case.get("primary_metric")), h(fmt_value(case.get("value")))])
-    timeline = []
-    for item in doc.get("history") or []:
-        if isinstance(item, dict):
-            timeline.append([h(item.get("ts") or item.get("at", "")), h(item.get("status", ""))])
-        elif isinstance(item, (list, tuple)) and len(item) >= 3:
-            timeline.append([h(item[2]), h(item[1])])
-    body = (f'<h1>Submission</h1><div id="live" data-status-url="/api/submissions/{h(uuid)}/status" '
-            f'data-status="{h(status)}">' if not doc["terminal"] else "<h1>Submission</h1><div>")
-    body += (table(["field", "value"], rows, cls="meta") + reason_html
-             + ("<h2>Cases</h2>" + table(["case", "correctness", "accept", "primary metric", "value"],
-                                         case_rows, cls="cases") if case_rows else "")
-             + ("<h2>Timeline</h2>" + table(["when", "status"], timeline) if timeline else "")
-             + "</div>")
-    return _html(page(f"Submission {uuid[:8]}", body, head=head))
+    return _render(request, "submission.html", {
+        "title": f"Submission {uuid[:8]}", "uuid": uuid, "doc": doc, "status": status,
+        "terminal": is_terminal(status), "reasons": reasons, "timeline": timeline,
+        "cases": [c for c in doc.get("cases") or [] if isinstance(c, dict)],
+        "result": doc.get("result") if isinstance(doc.get("result"), dict) else {}, "logs": log_blocks(doc)})
 
 
-def _queue_rows(items: Any, columns: tuple[str, ...]) -> list[list[str]]:
-    rows = []
-    if isinstance(items, dict):
-        key = columns[0]
-        items = [dict(v, **{key: v.get(key, k)}) if isinstance(v, dict) else {key: k, "value": v}
-                 for k, v in items.items()]
-    for item in items or []:
-        if isinstance(item, dict):
-            cells = []
-            for col in columns:
-                value = item.get(col, "")
-                if col == "uuid" and value:
-                    cells.append(f'<a href="/submissions/{h(value)}">{h(str(value)[:8])}</a>')
-                elif col == "kernel_id" and value:
-                    cells.append(_kernel_link(str(value)))
-                elif col in ("lease_expires_at", "last_seen") and isinstance(value, (int, float)):
-                    cells.append(h(when(value)))
-                else:
-                    cells.append(h(value if not isinstance(value, (dict, list)) else views.plain(value)))
-            rows.append(cells)
-        else:
-            rows.append([h(item)] + [""] * (len(columns) - 1))
-    return rows
+# -- queue ------------------------------------------------------------------------------------------
+
+def _listing(items: Any, key: str) -> list[dict[str, Any]]:
+    if isinstance(items, Mapping):
+        return [dict(v, **{key: v.get(key, k)}) if isinstance(v, Mapping) else {key: k} for k, v in items.items()]
+    return [dict(i) for i in items or [] if isinstance(i, Mapping)]
 
 
 async def queue_page(request: Request) -> Response:
-    """GET /queue: pending jobs, jobs in flight, runners seen."""
+    """GET /queue: pending jobs, jobs in flight, runners seen (refreshes itself)."""
     view = views.plain(await run_in_threadpool(request.app.state.zoo.queue_view))
     view = view if isinstance(view, dict) else {}
-    pending_cols = ("uuid", "kernel_id", "arch", "submitter_id")
-    flight_cols = ("uuid", "kernel_id", "runner_id", "attempt", "lease_expires_at")
-    runner_cols = ("runner_id", "arch", "host", "gpu", "last_seen")
-    pending = _queue_rows(view.get("pending"), pending_cols)
-    flight = _queue_rows(view.get("in_flight"), flight_cols)
-    runners = _queue_rows(view.get("runners"), runner_cols)
-    body = ("<h1>Queue</h1>"
-            f'<h2>Pending (<span id="pending-count">{len(pending)}</span>)</h2>'
-            + (table(list(pending_cols), pending) if pending else '<p class="empty">Nothing pending.</p>')
-            + f'<h2>In flight (<span id="flight-count">{len(flight)}</span>)</h2>'
-            + (table(list(flight_cols), flight) if flight else '<p class="empty">Nothing running.</p>')
-            + f'<h2>Runners seen (<span id="runner-count">{len(runners)}</span>)</h2>'
-            + (table(list(runner_cols), runners) if runners else '<p class="empty">No runner seen yet.</p>'))
-    return _html(page("Queue", body, head='<meta http-equiv="refresh" content="5">'))
+    return _render(request, "queue.html", {
+        "title": "Queue", "pending": _listing(view.get("pending"), "uuid"),
+        "in_flight": _listing(view.get("in_flight"), "uuid"), "runners": _listing(view.get("runners"), "runner_id")})
 
 
 ROUTES = [
-    Route("/", leaderboard, methods=["GET"], name="page_leaderboard"),
+    Route("/", home, methods=["GET"], name="page_leaderboard"),
+    Route("/ops/{arch}/{op_class}/{sub_class}/{quant}", operator_page, methods=["GET"], name="page_operator"),
     Route("/kernels/{kernel_id:path}", kernel_page, methods=["GET"], name="page_kernel"),
+    Route("/commits/{sha}", commit_page, methods=["GET"], name="page_commit"),
+    Route("/submissions", submissions_page, methods=["GET"], name="page_submissions"),
     Route("/submissions/{uuid}", submission_page, methods=["GET"], name="page_submission"),
     Route("/queue", queue_page, methods=["GET"], name="page_queue"),
 ]

@@ -1,0 +1,94 @@
+"""Recent submissions for the web pages, read from the event log's read model, and fix hints.
+
+The daemon's folded state (``zoo.store.state.submissions``) holds every submission in
+arrival order, so newest first is a reverse walk. A page stops walking once it has
+its rows plus one (to know whether an older page exists), so the cost follows the
+page asked for, not the size of the log. The walk holds ``store.lock``: emits fold
+into the state in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kz_events.status import STATUSES
+from kz_runner.contract.checks import HINTS as RESULT_HINTS
+from kz_runner.contract.codes import CODES
+
+PAGE_SIZE = 50
+
+#: Advice for the daemon's own rejection codes (the contract's codes carry their own hints).
+DAEMON_HINTS = {
+    "PACKAGE_FROZEN": "The package is frozen: it is listed but takes no new submissions. Submit under a new kernel_id.",
+    "NEW_PACKAGE_NOT_ALLOWED": "This zoo accepts no new kernel_ids: submit to an existing one, or ask an admin.",
+    "NESTED_PACKAGE": "A package may not sit inside another package's folder: choose a kernel_id outside it.",
+    "SIDECAR_INVALID": "The spool's NAME.meta.json must be a JSON object with the documented keys.",
+    "PACKAGE_REJECTED": "The package's own benchmark said accept=false: see the cases and the logs for why.",
+    "ATTEMPTS_EXHAUSTED": "Runners gave up on it repeatedly: check the logs for a timeout or crash, then resubmit.",
+    "BUILD_TIMEOUT": "build_test_env.py ran past the runner's build timeout: make it faster or cache less.",
+    "BENCHMARK_TIMEOUT": "benchmark.py ran past the runner's timeout: fewer repetitions or smaller cases.",
+    "BENCHMARK_CRASHED": "benchmark.py exited abnormally: the logs carry its stderr.",
+    "UNPACK_FAILED": "The runner could not unpack the package: run kz validate on the tarball.",
+    "REFERENCE_SOURCE_MISSING": "List only files the package contains in desc.yaml reference_sources.",
+}
+
+
+def fix_hint(code: Any) -> str:
+    """What to do about a rejection ``code`` (empty when the code has no advice)."""
+    code = str(code or "")
+    if code in CODES:
+        return CODES[code].hint
+    return RESULT_HINTS.get(code) or DAEMON_HINTS.get(code, "")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the submissions page filters on (empty = any)."""
+
+    kernel: str = ""
+    submitter: str = ""
+    status: str = ""
+
+    @classmethod
+    def from_query(cls, query: Any) -> "Filters":
+        """Filters from query parameters; an unknown status word is ignored."""
+        status = str(query.get("status", "")).strip()
+        return cls(kernel=str(query.get("kernel", "")).strip(), submitter=str(query.get("submitter", "")).strip(),
+                   status=status if status in STATUSES else "")
+
+    def match(self, sub: Any) -> bool:
+        """Whether a read-model submission passes (kernel: exact id or a folder prefix)."""
+        if self.kernel and sub.kernel_id != self.kernel and not sub.kernel_id.startswith(self.kernel.rstrip("/") + "/"):
+            return False
+        if self.submitter and sub.submitter_id != self.submitter:
+            return False
+        return not self.status or sub.status == self.status
+
+
+def row_of(sub: Any) -> dict[str, Any]:
+    """A plain row for the pages from a read-model submission."""
+    reasons = [dict(r) for r in getattr(sub, "reasons", None) or []]
+    history = [list(h) for h in getattr(sub, "history", None) or []]
+    return {"uuid": sub.uuid, "kernel_id": sub.kernel_id, "submitter_id": sub.submitter_id,
+            "status": str(sub.status), "received_at": getattr(sub, "received_at", "") or "",
+            "updated_at": history[-1][2] if history and len(history[-1]) > 2 else "",
+            "attempts": getattr(sub, "attempts", 0), "commit_sha": getattr(sub, "sha_src", None),
+            "code": reasons[-1].get("code", "") if reasons else "",
+            "message": reasons[-1].get("message", "") if reasons else ""}
+
+
+def recent(zoo: Any, filters: Filters, page: int = 1, per_page: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], bool]:
+    """Rows of page ``page`` (newest first) and whether an older page exists."""
+    skip, rows, more = (page - 1) * per_page, [], False
+    with zoo.store.lock:
+        for sub in reversed(zoo.store.state.submissions.values()):
+            if not filters.match(sub):
+                continue
+            if skip:
+                skip -= 1
+                continue
+            if len(rows) == per_page:
+                more = True
+                break
+            rows.append(row_of(sub))
+    return rows, more

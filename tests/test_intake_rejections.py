@@ -138,6 +138,19 @@ CASES = [
      "PACKAGE_FROZEN"),
     ("frozen_at_head", lambda: axpy_tarball(FROZEN_ID), "PACKAGE_FROZEN"),
     ("nested_in_existing", lambda: axpy_tarball(AXPY_ID + "/inner"), "NESTED_PACKAGE"),
+    ("git_dir_upper", lambda: with_member(f"{KID}/src/.GIT/hooks/post-commit", b"#!/bin/sh\n", mode=0o755),
+     "GIT_PATH_REFUSED"),
+    ("git_dir_mixed", lambda: with_member(f"{KID}/.Git/config", b"[core]\n"), "GIT_PATH_REFUSED"),
+    ("git_dir_trailing_space", lambda: with_member(f"{KID}/src/.git /config", b"x"), "GIT_PATH_REFUSED"),
+    ("git_dir_trailing_dot", lambda: with_member(f"{KID}/src/.git./config", b"x"), "GIT_PATH_REFUSED"),
+    ("git_dir_ntfs_short_name", lambda: with_member(f"{KID}/GIT~1/config", b"x"), "GIT_PATH_REFUSED"),
+    ("git_dir_hfs_ignorable", lambda: with_member(f"{KID}/.g\u200cit/config", b"x"), "GIT_PATH_REFUSED"),
+    ("gitmodules_symlink", lambda: with_member(f"{KID}/src/.gitmodules", b"", type=tarfile.SYMTYPE,
+                                               linkname="../x"), "GIT_PATH_REFUSED"),
+    ("component_over_255_bytes", lambda: with_member(f"{KID}/src/{'a' * 256}.py", b"x"), "TARBALL_BAD_NAME"),
+    ("kernel_id_segment_over_100_bytes", lambda: axpy_tarball("cpu/Elementwise/Axpy/fp32/" + "k" * 101),
+     "KERNEL_ID_INVALID"),
+    ("kernel_id_git_segment", lambda: axpy_tarball("cpu/Elementwise/Axpy/fp32/.git."), "GIT_PATH_REFUSED"),
 ]
 
 

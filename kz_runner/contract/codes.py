@@ -26,8 +26,9 @@ class CodeInfo:
 _ROWS = [
     # area: kernel_id
     ("KERNEL_ID_INVALID", ERROR, "kernel_id",
-     "The kernel_id is not a relative POSIX path of segments matching ^[A-Za-z0-9._-]+$.",
-     "Rename the directories: no spaces, Unicode, '.', '..', empty segments or leading/trailing '/'."),
+     "The kernel_id is not a relative POSIX path of segments made of [A-Za-z0-9._-] (at most 100 bytes each, "
+     "255 in all, 16 segments; no '.', '..' or .git-like segment).",
+     "Rename the directories: no spaces, Unicode, '.', '..', .git, empty segments, leading/trailing '/' or over-long names."),
     ("KERNEL_ID_UNKNOWN", WARNING, "kernel_id",
      "The kernel_id of a package directory could not be determined, so path checks were skipped.",
      "Pass --kernel-id, or validate the package inside a kernel repo (a directory with .git or .kernel_zoo_root)."),
@@ -167,8 +168,13 @@ _ROWS = [
      "A member name contains a '..' segment.",
      "Use member names under <kernel_id>/ without '..'."),
     ("TARBALL_BAD_NAME", ERROR, "tarball",
-     "A member name contains a backslash, a NUL, an empty segment or bytes that are not UTF-8.",
+     "A member name contains a backslash, a NUL, an empty segment or bytes that are not UTF-8, or is too long "
+     "(a component over 255 bytes, a path over 1024).",
      "Rename the file with plain POSIX names."),
+    ("GIT_PATH_REFUSED", ERROR, "tarball",
+     "A member path has a component git refuses in a tree (.git in any case or with trailing dots/spaces, git~1, "
+     "HFS+-ignorable variants, or a .gitmodules symbolic link): the kernel repo could not hold it.",
+     "Rename or remove the file or directory named in the problem."),
     ("TARBALL_DUPLICATE", ERROR, "tarball",
      "Two members have the same name, or a file and a directory collide.",
      "Pack each path once."),

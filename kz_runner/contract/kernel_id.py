@@ -1,9 +1,20 @@
-"""kernel_id: a package's POSIX path relative to the kernel repo root.
+"""kernel_id: a package's POSIX path relative to the kernel repo root, and the one rule for it.
 
-Every segment matches ``^[A-Za-z0-9._-]+$``; ``.`` and ``..`` segments, empty
-segments and a leading or trailing ``/`` are refused. The first four segments
-are, by convention, ``<arch>/<op_class>/<sub_class>/<quant>`` and should mirror
-``desc.yaml``'s ``category``.
+Every check of a kernel_id (the validator, the tarball checks, the daemon's form
+field, the HTTP routes) calls :func:`kernel_id_errors`. A kernel_id is:
+
+- the whole string (no trailing newline or anything else) made of ``/``-separated
+  segments, each matching ``[A-Za-z0-9._-]+``; no empty, ``.`` or ``..`` segment and
+  no leading or trailing ``/``;
+- no segment git refuses in a tree (``.git`` in any case, ``git~1``, ``.git.`` ...:
+  see :mod:`.gitpath`);
+- at most ``MAX_SEGMENT_BYTES`` (100) per segment, ``MAX_KERNEL_ID_BYTES`` (255) in
+  all and ``MAX_DEPTH`` (16) segments: every common file system takes a name of 255
+  bytes, and the runner unpacks a package below a work directory of its own, so the
+  kernel_id leaves room for that prefix and for the package's own files beneath it.
+
+The first four segments are, by convention, ``<arch>/<op_class>/<sub_class>/<quant>``
+and should mirror ``desc.yaml``'s ``category``.
 
 >>> check_kernel_id("gfx928/Attention/MHA/fp16/reference_impl")
 []
@@ -16,7 +27,16 @@ import os
 import re
 from pathlib import Path
 
-SEGMENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+from .codes import problem
+from .gitpath import git_component_problem
+
+#: one segment, matched against the whole segment (``fullmatch``: no ``$``-before-newline)
+SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
+#: a whole kernel_id of well-formed segments (``.``/``..`` and the length rules checked apart)
+KERNEL_ID_RE = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
+MAX_SEGMENT_BYTES = 100
+MAX_KERNEL_ID_BYTES = 255
+MAX_DEPTH = 16
 #: A file or directory whose presence marks a kernel repo root (nearest wins).
 REPO_MARKERS = (".kernel_zoo_root", ".git")
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
@@ -33,13 +53,24 @@ def kernel_id_errors(kernel_id: object) -> list[str]:
         reasons.append("kernel_id must not start with '/'")
     if kernel_id.endswith("/"):
         reasons.append("kernel_id must not end with '/'")
-    for index, segment in enumerate(kernel_id.strip("/").split("/")):
+    size = len(kernel_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_KERNEL_ID_BYTES:
+        reasons.append(f"kernel_id is {size} bytes long; at most {MAX_KERNEL_ID_BYTES} are allowed")
+    parts = kernel_id.strip("/").split("/")
+    if len(parts) > MAX_DEPTH:
+        reasons.append(f"kernel_id has {len(parts)} segments; at most {MAX_DEPTH} are allowed")
+    for index, segment in enumerate(parts):
         if segment == "":
             reasons.append(f"segment {index + 1} is empty ('//')")
         elif segment in (".", ".."):
             reasons.append(f"segment {index + 1} is {segment!r}")
-        elif not SEGMENT_RE.match(segment):
-            reasons.append(f"segment {segment!r} does not match ^[A-Za-z0-9._-]+$")
+        elif not SEGMENT_RE.fullmatch(segment):
+            reasons.append(f"segment {segment!r} has characters outside [A-Za-z0-9._-]")
+        elif len(segment) > MAX_SEGMENT_BYTES:
+            reasons.append(f"segment {index + 1} is {len(segment)} bytes long; "
+                           f"at most {MAX_SEGMENT_BYTES} are allowed")
+        elif (why := git_component_problem(segment)) is not None:
+            reasons.append(f"segment {index + 1}: {why}")
     return reasons
 
 
@@ -49,11 +80,13 @@ def is_valid_kernel_id(kernel_id: object) -> bool:
 
 
 def check_kernel_id(kernel_id: object, file: str | None = None, field: str | None = None):
-    """``KERNEL_ID_INVALID`` problems for ``kernel_id`` (an empty list when it is valid)."""
-    from .codes import problem
-
-    return [problem("KERNEL_ID_INVALID", f"{kernel_id!r}: {reason}", file=file, field=field)
-            for reason in kernel_id_errors(kernel_id)]
+    """One ``KERNEL_ID_INVALID`` problem naming every reason (an empty list when it is valid)."""
+    reasons = kernel_id_errors(kernel_id)
+    if not reasons:
+        return []
+    shown = repr(kernel_id) if not isinstance(kernel_id, str) or len(kernel_id) <= 120 \
+        else repr(kernel_id[:117] + "...")
+    return [problem("KERNEL_ID_INVALID", f"{shown}: {'; '.join(reasons)}", file=file, field=field)]
 
 
 def segments(kernel_id: str) -> list[str]:

@@ -13,7 +13,10 @@ Three operations, all streaming (the archive is read front to back once per call
 
 Rules for members: only regular files and directories (no symbolic or hard links,
 devices, FIFOs, sparse files), relative names without ``..``, backslashes, NUL
-bytes, empty segments or non-UTF-8 bytes, each name once. Breaking a rule or a
+bytes, empty segments or non-UTF-8 bytes, each name once, no component over 255
+bytes and no name over 1024; no component git refuses in a tree (``.git`` in any
+disguise, a ``.gitmodules`` link: ``GIT_PATH_REFUSED``, see :mod:`.gitpath`), since an
+accepted package is committed to the kernel repo. Breaking a rule or a
 limit is an expected outcome reported as :class:`Problem` values (``TARBALL_*``).
 """
 from __future__ import annotations
@@ -28,11 +31,17 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
 from .codes import problem
+from .gitpath import git_component_problem, git_symlink_problem
+from .layout import KP
 from .problems import Problem, Report
 
 MiB = 1024 * 1024
-KERNEL_PACKAGE_DIR = ".kernel_package"
+KERNEL_PACKAGE_DIR = KP
 MAX_PROBLEMS = 50
+#: the longest path component every common file system takes
+MAX_NAME_BYTES = 255
+#: the longest member path: leaves room below PATH_MAX (4096) for the unpacking directory
+MAX_MEMBER_PATH_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -156,10 +165,24 @@ def normalize_member_name(raw: str) -> tuple[str | None, Problem | None]:
         return None, problem("TARBALL_DOTDOT", "member name contains '..'", file=raw)
     if "" in parts or "." in parts:
         return None, problem("TARBALL_BAD_NAME", "member name has an empty or '.' segment", file=raw)
+    if len(name.encode("utf-8")) > MAX_MEMBER_PATH_BYTES:
+        return None, problem("TARBALL_BAD_NAME", f"member name is longer than {MAX_MEMBER_PATH_BYTES} bytes",
+                             file=raw[:200] + "...")
+    for part in parts:
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            return None, problem("TARBALL_BAD_NAME", f"a path component is longer than {MAX_NAME_BYTES} bytes",
+                                 file=raw[:200] + "...")
+        why = git_component_problem(part)
+        if why is not None:
+            return None, problem("GIT_PATH_REFUSED", f"git refuses this path: {why}", file=raw)
     return name, None
 
 
 def _kind_problem(info: tarfile.TarInfo, name: str) -> Problem | None:
+    if info.issym() or info.islnk():
+        why = git_symlink_problem(name.rsplit("/", 1)[-1])
+        if why is not None:
+            return problem("GIT_PATH_REFUSED", f"git refuses this path: {why}", file=name)
     if info.issym():
         return problem("TARBALL_SYMLINK", f"symbolic link to {info.linkname!r}", file=name)
     if info.islnk():

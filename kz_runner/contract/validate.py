@@ -171,7 +171,8 @@ def check_reference_sources(refs: object, exists: Callable[[str], bool | None]) 
 _YAML_NONFINITE_WORD = re.compile(rb"\.[iInN]")
 
 
-def _check_bench(an: Analysis, data: bytes) -> None:
+def _check_bench(an: Analysis, data: bytes, id_valid: bool | None = True) -> None:
+    """bench_result.yaml's checks; its kernel_id is compared only with a valid package kernel_id."""
     file = contract_path(BENCH_RESULT)
     ok, bench = _load_yaml_file(data, file, an.problems)
     if not ok:
@@ -188,7 +189,8 @@ def _check_bench(an: Analysis, data: bytes) -> None:
     for path in bad_numbers:
         an.problems.append(problem("NONFINITE_VALUE", f"{path} is NaN or infinite", file=file, field=path))
     recorded = bench.get("kernel_id")
-    if an.kernel_id is not None and isinstance(recorded, str) and recorded != an.kernel_id:
+    if an.kernel_id is not None and id_valid is not False and isinstance(recorded, str) \
+            and recorded != an.kernel_id:  # an invalid kernel_id is one KERNEL_ID_INVALID, not two problems
         an.problems.append(problem("BENCH_KERNEL_ID_MISMATCH", f"kernel_id is {recorded!r} but the "
                                    f"package is {an.kernel_id!r}", file=file, field="kernel_id"))
     cases = bench.get("cases")
@@ -222,10 +224,6 @@ def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
                                    field="cases"))
 
 
-#: a kernel_id of valid segments (``.`` and ``..`` segments aside): see kernel_id.kernel_id_errors
-_PLAIN_KERNEL_ID = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
-
-
 def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
                      exists: Callable[[str], bool | None] | None, expect_bench_result: bool = True) -> Analysis:
     """Check the contract files' bytes (``files`` maps a basename to bytes; None = absent).
@@ -238,13 +236,9 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
     an = Analysis(kernel_id)
     id_valid = None
     if kernel_id is not None:
-        if kernel_id.__class__ is str and _PLAIN_KERNEL_ID.fullmatch(kernel_id) \
-                and "/./" not in f"/{kernel_id}/" and "/../" not in f"/{kernel_id}/":
-            id_valid = True  # what check_kernel_id finds nothing wrong with, in one match
-        else:
-            id_problems = check_kernel_id(kernel_id, field="kernel_id")
-            an.problems.extend(id_problems)
-            id_valid = not id_problems
+        id_problems = check_kernel_id(kernel_id, field="kernel_id")
+        an.problems.extend(id_problems)
+        id_valid = not id_problems
     wanted = CONTRACT_FILES if expect_bench_result else _SUBMITTED_FILES
     for name in wanted:
         if files.get(name) is None:
@@ -256,7 +250,7 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
         _check_desc(an, files[DESC], id_valid)  # type: ignore[arg-type]
     raw_bench_cases = None
     if expect_bench_result and files.get(BENCH_RESULT) is not None:
-        _check_bench(an, files[BENCH_RESULT])  # type: ignore[arg-type]
+        _check_bench(an, files[BENCH_RESULT], id_valid)  # type: ignore[arg-type]
         if an.bench is not None:
             raw_bench_cases = an.bench["cases"]
     if files.get(BUILD_ENV) is not None:

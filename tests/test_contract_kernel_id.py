@@ -1,0 +1,108 @@
+"""One kernel_id rule and git's path rules: every hole is refused with its code."""
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from kz_daemon.cli import main
+from kz_runner.contract.kernel_id import (MAX_DEPTH, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES, check_kernel_id,
+                                          kernel_id_errors)
+from kz_runner.contract.pack import build_tarball
+from kz_runner.contract.tarball import scan_tarball
+from kz_runner.contract.validate import validate_package_dir, validate_tarball
+from tests.helpers.contract_fixtures import DEFAULT_ID, mark_repo, write_package
+
+BASE = "cpu/Elementwise/Axpy/fp32"
+
+
+@pytest.mark.parametrize("kernel_id", [
+    f"{BASE}/" + "k" * 256,                                # a segment no file system takes
+    f"{BASE}/" + "k" * (MAX_SEGMENT_BYTES + 1),            # one byte over the segment limit
+    "/".join(["k" * 90] * 3),                              # every segment fine, the whole too long
+    "/".join(["a"] * (MAX_DEPTH + 1)),                     # too deep
+    f"{BASE}/impl\n",                                      # `$` would match before this newline
+    f"{BASE}/impl\r",
+    f"{BASE}/.GIT",
+    f"{BASE}/.Git",
+    f"{BASE}/.git.",
+    f"{BASE}/git~1",
+    f"{BASE}/has space",
+])
+def test_bad_kernel_ids_are_refused_with_one_problem(kernel_id):
+    assert kernel_id_errors(kernel_id)
+    problems = check_kernel_id(kernel_id)
+    assert [p.code for p in problems] == ["KERNEL_ID_INVALID"]
+
+
+def test_limits_are_inclusive():
+    assert kernel_id_errors(f"{BASE}/" + "k" * MAX_SEGMENT_BYTES) == []
+    long_ok = "/".join(["k" * 63] * 4)
+    assert len(long_ok) == MAX_KERNEL_ID_BYTES and kernel_id_errors(long_ok) == []
+    assert kernel_id_errors("/".join(["a"] * MAX_DEPTH)) == []
+    assert kernel_id_errors(f"{BASE}/.github") == [] and kernel_id_errors(f"{BASE}/git") == []
+
+
+def tarball(extra: dict[str, tuple[str, bytes]], tmp_path) -> bytes:
+    """A valid package's archive plus members ``{name: (kind, data)}`` (kind: file or symlink)."""
+    pkg = write_package(mark_repo(tmp_path / "repo"))
+    data, _ = build_tarball(pkg, DEFAULT_ID)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as src, \
+            tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as out:
+        for info in src.getmembers():
+            out.addfile(info, src.extractfile(info) if info.isreg() else None)
+        for name, (kind, payload) in extra.items():
+            info = tarfile.TarInfo(name)
+            if kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, payload.decode()
+                out.addfile(info)
+            else:
+                info.size = len(payload)
+                out.addfile(info, io.BytesIO(payload))
+    return raw.getvalue()
+
+
+@pytest.mark.parametrize("member,kind,code", [
+    ("src/.GIT/hooks/post-commit", "file", "GIT_PATH_REFUSED"),
+    (".Git/config", "file", "GIT_PATH_REFUSED"),
+    ("src/.git/config", "file", "GIT_PATH_REFUSED"),
+    ("src/.git /config", "file", "GIT_PATH_REFUSED"),
+    ("src/.git./config", "file", "GIT_PATH_REFUSED"),
+    ("src/.git. . /config", "file", "GIT_PATH_REFUSED"),
+    ("src/.git::$INDEX_ALLOCATION/config", "file", "GIT_PATH_REFUSED"),
+    ("src/GIT~1/config", "file", "GIT_PATH_REFUSED"),
+    ("src/.g\u200cit/config", "file", "GIT_PATH_REFUSED"),
+    ("src/.\ufeffGIT/config", "file", "GIT_PATH_REFUSED"),
+    ("src/.gitmodules", "symlink", "GIT_PATH_REFUSED"),
+    ("src/.GitModules.", "symlink", "GIT_PATH_REFUSED"),
+    ("src/gitmod~1", "symlink", "GIT_PATH_REFUSED"),
+    ("src/" + "a" * 256, "file", "TARBALL_BAD_NAME"),
+    ("src/" + "/".join(["d" * 200] * 6), "file", "TARBALL_BAD_NAME"),
+])
+def test_member_paths_git_refuses_are_refused(tmp_path, member, kind, code):
+    data = tarball({f"{DEFAULT_ID}/{member}": (kind, b"../x" if kind == "symlink" else b"x\n")}, tmp_path)
+    scan = scan_tarball(io.BytesIO(data))
+    assert [p.code for p in scan.problems] == [code], scan.problems
+    report = validate_tarball(io.BytesIO(data), "p.tar.gz", kernel_id=DEFAULT_ID)
+    assert not report.valid and report.problems[0].code == code
+
+
+def test_harmless_dot_names_are_kept(tmp_path):
+    data = tarball({f"{DEFAULT_ID}/src/.github/ci.yml": ("file", b"x\n"),
+                    f"{DEFAULT_ID}/src/.gitignore": ("file", b"*.o\n"),
+                    f"{DEFAULT_ID}/src/.gitmodules": ("file", b"\n")}, tmp_path)
+    report = validate_tarball(io.BytesIO(data), "p.tar.gz", kernel_id=DEFAULT_ID)
+    assert report.valid, [p.render() for p in report.problems]
+
+
+def test_validate_reports_one_clear_problem_for_a_bad_kernel_id(tmp_path, capsys):
+    repo = mark_repo(tmp_path / "repo")
+    pkg = write_package(repo, f"{BASE}/impl").rename(repo / BASE / "has space")  # a folder renamed by hand
+    report = validate_package_dir(pkg)
+    assert [p.code for p in report.errors] == ["KERNEL_ID_INVALID"], [p.render() for p in report.problems]
+    good = write_package(repo)
+    assert main(["validate", "--kernel-id", f"{BASE}/has space", str(good)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("error ") == 1 and "KERNEL_ID_INVALID" in out

@@ -4,7 +4,15 @@ One runner serves one GPU. It long-polls ``POST /api/runner/claim`` for jobs of
 its arch, downloads the package, renews the lease from a background thread at
 about a third of ``lease_seconds`` (a ``LEASE_LOST`` answer stops the job), runs
 :func:`kz_runner.job.execute_job` (the one replaceable step), and reports the
-outcome with base64 logs and the environment, retrying on network errors.
+outcome with base64 logs, redacted stderr tails and the environment.
+
+A finished result stays valid while the lease does, so reporting it is retried
+(connection errors, 5xx answers) with bounded exponential backoff and jitter until
+the lease as last renewed runs out, the lease keeper still renewing meanwhile: a
+daemon that restarts within the lease gets the result instead of a stalled job
+and a burnt attempt. A definitive answer (2xx, 409 ``LEASE_LOST``, any other 4xx)
+ends the retries; failed attempts are logged once, then at most every
+``report_log_interval_s``.
 
 Stopping (SIGTERM/SIGINT, see :meth:`Runner.request_stop`): while idle the
 runner exits at once; during a job it lets the job finish if it ends within the
@@ -19,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import random
 import shutil
 import socket
 import sys
@@ -29,9 +38,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from kz_runner import envinfo
+from kz_runner import contain, envinfo
 from kz_runner.arch import detect_arch
-from kz_runner.client import ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
+from kz_runner.client import NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
 from kz_runner.job import UNPACK_FAILED, JobOutcome, JobSettings, execute_job
 
 MiB = 1024 * 1024
@@ -69,15 +78,20 @@ class RunnerConfig:
     grace_s: float = 60.0
     # largest package tarball accepted from the server
     max_package_bytes: int = 64 * MiB
-    # attempts to report a result (network errors and 5xx), with backoff up to report_backoff_cap_s
-    report_attempts: int = 8
+    # first pause between report attempts (doubling, with jitter, up to report_backoff_cap_s);
+    # attempts go on until the lease runs out
+    report_backoff_base_s: float = 1.0
     # largest pause between report attempts
     report_backoff_cap_s: float = 30.0
+    # seconds between two log lines about a report that keeps failing
+    report_log_interval_s: float = 60.0
     # build/benchmark timeouts when the claim names none
     default_build_timeout_s: float = 600.0
     default_benchmark_timeout_s: float = 1800.0
     # keep job directories (debugging)
     keep_workdir: bool = False
+    # how job steps are contained (network namespace, job user, limits; kz_runner.contain)
+    containment: contain.Containment = contain.Containment()
 
 
 class _Interrupted(Exception):
@@ -98,13 +112,18 @@ class LeaseKeeper(threading.Thread):
         # set when the server said the lease is gone (the job must be abandoned)
         self.lost = threading.Event()
         self._stop_event = threading.Event()
+        # monotonic time the lease ends at as far as this runner knows: the claim's, moved on
+        # by each renewal (counted from when the renewal was sent, to stay on the safe side)
+        self.expires_mono = time.monotonic() + claim.lease_seconds
 
     def run(self) -> None:
         """Renew until :meth:`stop`, or until the server says the lease is gone."""
         retry = RetryPolicy(attempts=3, base_s=0.5, cap_s=min(5.0, self.interval_s))
         while not self._stop_event.wait(self.interval_s):
             try:
+                sent = time.monotonic()
                 expires = self.client.renew(self.claim.uuid, self.claim.lease_id, retry=retry)
+                self.expires_mono = sent + self.claim.lease_seconds
                 self.log(f"lease {self.claim.lease_id} renewed until {expires}")
             except ApiError as exc:
                 if exc.code in ("LEASE_LOST", "NOT_FOUND") or exc.status in (404, 409):
@@ -225,6 +244,8 @@ class Runner:
         self.job_step = job_step
         self.arch: str | None = config.arch
         self._stopping = threading.Event()
+        # set by a hard stop: abandon a report that is still being retried
+        self._report_abort = threading.Event()
         # True only while waiting for work (a claim long poll, a backoff pause): a stop
         # signal then abandons the wait at once instead of after it
         self._interruptible = False
@@ -259,6 +280,7 @@ class Runner:
             return
         if hard or not first:
             self.log("stop requested again: killing the running job")
+            self._report_abort.set()
             cancel.set()
         elif self._grace_timer is None:
             self.log(f"stop requested: the running job gets {self.config.grace_s:g} s to finish")
@@ -288,7 +310,8 @@ class Runner:
         root = self.work_root
         try:
             root.mkdir(parents=True, exist_ok=True)
-            os.chmod(root, 0o700)
+            # A job user other than ours must pass through (not list) the work root to its job directory.
+            os.chmod(root, 0o711 if self.config.containment.wants_user() else 0o700)
             fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             return f"cannot use work root {root}: {exc}"
@@ -355,8 +378,6 @@ class Runner:
         failures = 0
         claim_retry = RetryPolicy(attempts=1)
         backoff = RetryPolicy(attempts=1, base_s=1.0, cap_s=30.0)
-        import random
-
         rng = random.Random()
         # --once: the server caps each long poll (60 s by default); keep asking until --wait is over.
         once_deadline = time.monotonic() + self.config.wait_s
@@ -417,6 +438,7 @@ class Runner:
         try:
             try:
                 size = self.client.fetch_package(claim, tarball, max_bytes=self.config.max_package_bytes)
+                os.chmod(tarball, 0o600)  # the work root is passable by the job user; the tarball is ours
                 self.log(f"downloaded the package ({size} bytes)")
             except ResponseTooLarge as exc:
                 outcome = JobOutcome(None, UNPACK_FAILED, str(exc), f"[kz-runner] {exc}\n".encode(), {})
@@ -461,28 +483,53 @@ class Runner:
             kernel_id=claim.kernel_id,
             secrets=(self._token,),
             keep_workdir=self.config.keep_workdir,
+            containment=self.config.containment,
         )
 
     def _env(self, outcome: JobOutcome) -> dict[str, Any]:
         env = envinfo.collect(self.config.gpu, self.arch or "cpu", self.config.runner_id,
                               probe_gpu=self.arch != "cpu", cupy=self._cupy_facts)
         env["timings"] = outcome.timings
+        env.update(outcome.env)
         return env
 
     def _report(self, claim: Claim, outcome: JobOutcome, keeper: LeaseKeeper) -> bool:
-        retry = RetryPolicy(attempts=self.config.report_attempts, base_s=1.0, cap_s=self.config.report_backoff_cap_s)
-        try:
-            view = self.client.report_result(claim.uuid, claim.lease_id, result=outcome.result, logs=outcome.logs,
-                                             env=self._env(outcome), failure=outcome.failure, retry=retry)
-        except ApiError as exc:
-            self.log(f"result for {claim.uuid} refused: {exc}")
-            # 422 RESULT_INVALID: the server recorded the run and rejected the submission.
-            return exc.status == 422
-        except ClientError as exc:
-            self.log(f"could not report {claim.uuid} ({exc}); the lease will expire and the job be re-queued")
-            return False
-        self.log(f"reported {claim.uuid}: status {view.get('status')}")
-        return True
+        """Report the outcome, retrying transient failures until the lease runs out."""
+        rng = random.Random()
+        env = self._env(outcome)
+        attempt, last_logged = 0, float("-inf")
+        while True:
+            try:
+                view = self.client.report_result(claim.uuid, claim.lease_id, result=outcome.result,
+                                                 logs=outcome.logs, env=env, failure=outcome.failure,
+                                                 log_tails=outcome.log_tails or None, retry=NO_RETRY)
+                self.log(f"reported {claim.uuid}: status {view.get('status')}"
+                         + (f" after {attempt + 1} attempts" if attempt else ""))
+                return True
+            except ApiError as exc:
+                if exc.status < 500:
+                    self.log(f"result for {claim.uuid} refused: {exc}")
+                    # 422 RESULT_INVALID: the server recorded the run and rejected the submission.
+                    return exc.status == 422
+                problem: ClientError = exc
+            except ClientError as exc:  # connection refused or reset, timeout, an answer that is not JSON
+                problem = exc
+            attempt += 1
+            now = time.monotonic()
+            left = keeper.expires_mono - now
+            if keeper.lost.is_set() or left <= 0:
+                self.log(f"could not report {claim.uuid} within its lease ({attempt} attempts, last: {problem}); "
+                         "the job will be re-queued")
+                return False
+            delay = min(left, rng.uniform(0.5, 1.0) * min(self.config.report_backoff_cap_s,
+                                                          self.config.report_backoff_base_s * 2 ** min(attempt, 16)))
+            if now - last_logged >= self.config.report_log_interval_s:
+                last_logged = now
+                self.log(f"report of {claim.uuid} failed ({problem}); retrying until the lease ends "
+                         f"in {left:.0f} s (attempt {attempt})")
+            if self._report_abort.wait(delay):
+                self.log(f"stopped while reporting {claim.uuid}; the lease will expire")
+                return False
 
     def _release(self, claim: Claim, reason: str) -> None:
         try:

@@ -41,6 +41,8 @@ class ProtocolServer:
         self.renewals: list[str] = []
         self.downloads: list[str] = []     # uuids whose package a runner fetched
         self.fail_reports = 0          # answer this many result reports with 503 first
+        self.refuse_reports = None     # (status, code): answer every result report with this error
+        self.report_attempts = 0       # result reports received
         self.revoke_after_renewals = None  # answer LEASE_LOST once this many renewals went through
         self.claims = 0
         self.max_wait = 60.0           # the server's cap on one claim long poll
@@ -111,6 +113,9 @@ class ProtocolServer:
                         outer.cond.notify_all()
                         return self._send(200, {"ok": True})
                     if parts[:2] == ["api", "submissions"] and parts[-1] == "result":
+                        outer.report_attempts += 1
+                        if outer.refuse_reports is not None:
+                            return self._error(*outer.refuse_reports, "refused by the test")
                         if outer.fail_reports > 0:
                             outer.fail_reports -= 1
                             return self._error(503, "UNAVAILABLE", "try later")
@@ -151,10 +156,23 @@ class ProtocolServer:
                 else:
                     self._send(200, doc)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self._handler = Handler
+        self._listen(0)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def _listen(self, port: int) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler)
+        self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def go_down(self) -> None:
+        """Stop listening (connections are refused) and keep the state, like a daemon being restarted."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def come_back(self) -> None:
+        """Listen again on the same port."""
+        self._listen(int(self.url.rsplit(":", 1)[1]))
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -317,6 +335,96 @@ def test_report_is_retried_through_5xx(zoo, tmp_path):
     code, err = finish(start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5"), timeout=120)
     assert code == 0, err
     assert uuid in zoo.results and zoo.fail_reports == 0
+
+
+class LineReader:
+    """Collects a process's stderr lines in a thread, so a test can wait for one while it runs."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for raw in stream:
+            with self.cond:
+                self.lines.append(raw.decode(errors="replace"))
+                self.cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> bool:
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not any(text in line for line in self.lines):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
+
+    def text(self) -> str:
+        self.thread.join(30)
+        return "".join(self.lines)
+
+
+def test_a_report_is_retried_through_a_server_outage_until_it_goes_through(zoo, tmp_path):
+    uuid = zoo.add(pack_fixture("slow", tmp_path), f"{PREFIX}/slow")
+    proc = start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5")
+    err = LineReader(proc.stderr)
+    try:
+        assert zoo.wait_for(lambda: uuid in zoo.downloads, 30)
+        zoo.go_down()
+        assert err.wait_for(f"report of {uuid} failed", 90), "".join(err.lines)[-3000:]
+        time.sleep(2.5)  # the server stays away over several attempts
+        zoo.come_back()
+        assert proc.wait(90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.text()
+    assert zoo.results[uuid]["result"]["overall"]["accept"] is True
+    assert f"reported {uuid}" in text and "attempts" in text
+    # logged once, not once per attempt
+    assert text.count(f"report of {uuid} failed") == 1, text
+
+
+def test_a_report_that_cannot_get_through_is_given_up_when_the_lease_ends(tmp_path):
+    zoo = ProtocolServer(TOKEN, lease_seconds=3.0)
+    try:
+        uuid = zoo.add(pack_fixture("slow", tmp_path), f"{PREFIX}/slow")
+        proc = start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5")
+        assert zoo.wait_for(lambda: uuid in zoo.downloads, 30)
+        zoo.go_down()
+        code, err = finish(proc, timeout=90)
+    finally:
+        zoo.close()
+    assert code == 1, err
+    assert f"could not report {uuid} within its lease" in err and uuid not in zoo.results
+
+
+def test_a_report_is_not_retried_after_a_definitive_refusal(zoo, tmp_path):
+    uuid = zoo.add(pack_fixture("ok", tmp_path), f"{PREFIX}/ok")
+    zoo.refuse_reports = (409, "LEASE_LOST")
+    code, err = finish(start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5"))
+    assert code == 1 and "LEASE_LOST" in err
+    assert zoo.report_attempts == 1
+
+
+def test_the_report_carries_redacted_log_tails_and_the_job_facts(zoo, tmp_path):
+    uuid = zoo.add(pack_fixture("token_thief", tmp_path), f"{PREFIX}/token_thief")
+    code, err = finish(start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5"))
+    assert code == 0, err
+    body = zoo.results[uuid]
+    tails = body["log_tails"]
+    assert set(tails) == {"build", "benchmark"}
+    assert "THIEF-VERDICT" in tails["benchmark"] and len(tails["benchmark"].encode()) <= 8192
+    assert ".kernel_package/benchmark.py <workdir>/work" in tails["benchmark"]  # its argv, the job dir redacted
+    assert TOKEN not in json.dumps(body)
+    env = body["env"]
+    assert env["result_channel"] == "stdout"
+    assert env["integrity"]["files"] >= 3 and "hash_s" in env["integrity"]
+    measures = {m["measure"]: m for m in env["containment"]}
+    assert "network namespace" in measures and "RLIMIT_CORE" in measures
 
 
 def test_lease_is_renewed_and_a_lost_lease_stops_the_job(tmp_path):

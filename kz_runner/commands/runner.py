@@ -8,8 +8,13 @@ pid) with the token handed over through an inherited pipe (``--token-fd``), so
 neither ``/proc/<pid>/environ`` nor ``/proc/<pid>/cmdline`` of the running runner
 holds the token or the file's path, and it marks itself non-dumpable so other
 non-root processes of its user cannot read its memory. A token *file* stays
-readable by anything running as the runner's user, package code included: use
-it only where the file is readable by another user than the one jobs run as.
+readable by anything running as the runner's user: a runner that runs as root runs
+jobs as another user (``--job-user``, 65534 by default), who cannot read a 0600
+token file; the runner warns when the file is readable by its group or others.
+
+Containment (see kz_runner/contain.py): each step runs in a new network namespace,
+with CPU-time, file-size, process-count and core limits, and, when the runner runs
+as root, as ``--job-user``. ``--no-contain`` turns all of it off (debugging only).
 
 Exit codes: 0 stopped normally (or ``--once``: reported one job, or none came);
 1 ``--once`` job that could not be reported; 2 usage or environment error
@@ -53,19 +58,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=float, default=60.0, metavar="S",
                         help="on SIGTERM, seconds a running job may still take before it is killed (default 60)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep job directories (debugging)")
+    parser.add_argument("--job-user", default=None, metavar="USER[:GROUP]",
+                        help="user (name or uid) the steps run as when the runner runs as root (default 65534:65534; "
+                             "give each runner on a host its own)")
+    parser.add_argument("--job-fsize", type=int, default=None, metavar="BYTES",
+                        help="largest file a step may write (RLIMIT_FSIZE; default 8 GiB)")
+    parser.add_argument("--job-nproc", type=int, default=None, metavar="N",
+                        help="processes the job user may have (RLIMIT_NPROC; default 4096; not enforced for root)")
+    parser.add_argument("--no-contain", action="store_true",
+                        help="run steps without containment (no namespace, user or limits; debugging only)")
 
 
 def _argv_without_token(args: argparse.Namespace, fd: int) -> list[str]:
     """The command line to re-execute with, the token replaced by ``--token-fd``."""
     argv = ["--server", args.server, "--token-fd", str(fd), "--wait", repr(args.wait), "--grace", repr(args.grace)]
     for flag, value in (("--gpu", args.gpu), ("--arch", args.arch), ("--work-root", args.work_root),
-                        ("--runner-id", args.runner_id)):
+                        ("--runner-id", args.runner_id), ("--job-user", args.job_user),
+                        ("--job-fsize", args.job_fsize), ("--job-nproc", args.job_nproc)):
         if value is not None:
             argv += [flag, str(value)]
-    if args.once:
-        argv.append("--once")
-    if args.keep_workdir:
-        argv.append("--keep-workdir")
+    for flag, on in (("--once", args.once), ("--keep-workdir", args.keep_workdir), ("--no-contain", args.no_contain)):
+        if on:
+            argv.append(flag)
     return argv
 
 
@@ -89,6 +103,10 @@ def _read_token(args: argparse.Namespace) -> tuple[str | None, bool]:
             return pipe.read().decode("utf-8").strip(), False
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if mode & 0o044:
+                print(f"kz runner: warning: {args.token_file} is readable by its group or others "
+                      f"(mode {mode & 0o777:o}); chmod 600 it", file=sys.stderr)
             return fh.read().strip(), True
     if args.token:
         return args.token.strip(), True
@@ -116,14 +134,27 @@ def run(args: argparse.Namespace) -> int:
 
     from pathlib import Path
 
+    from kz_runner.contain import Containment, parse_user
     from kz_runner.runner import Runner, RunnerConfig, default_runner_id
 
     runner_id = args.runner_id or default_runner_id(args.gpu)
     work_root = Path(args.work_root) if args.work_root else None
     try:
+        containment = Containment()
+        if args.no_contain:
+            containment = Containment(enabled=False)
+        else:
+            changes: dict = {}
+            if args.job_user:
+                changes["uid"], changes["gid"] = parse_user(args.job_user)
+            if args.job_fsize is not None:
+                changes["fsize_bytes"] = args.job_fsize
+            if args.job_nproc is not None:
+                changes["nproc"] = args.job_nproc
+            containment = Containment(**changes)
         config = RunnerConfig(server=args.server, gpu=args.gpu, arch=args.arch, once=args.once, wait_s=args.wait,
                               work_root=work_root, runner_id=runner_id, grace_s=args.grace,
-                              keep_workdir=args.keep_workdir)
+                              keep_workdir=args.keep_workdir, containment=containment)
         runner = Runner(config, token)
     except ValueError as exc:
         print(f"kz runner: {exc}", file=sys.stderr)

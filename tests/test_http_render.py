@@ -6,8 +6,12 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
+from starlette.testclient import TestClient
 
+from kz_daemon.auth import TokenStore
 from kz_daemon.errors import ZooError
+from kz_daemon.http.app import create_app
+from kz_daemon.http.pages import log_blocks
 from kz_daemon.http import web_charts
 from kz_daemon.http.limits import TokenBucket
 from kz_daemon.http.metrics import HttpCounters, render_metrics
@@ -165,3 +169,49 @@ def test_case_metric_shapes():
     assert case_metric({"primary_metric": "lat", "metrics_best": {"lat": {"value": 2.0}}}, "best")["value"] == 2.0
     assert case_metric({"best": 3.0}, "best") == {"value": 3.0}
     assert case_metric({}, "best") == {}
+
+
+class _LogsZoo:
+    """Stands in for the daemon, whose side of runner logs does not exist yet: one status document with logs."""
+
+    def __init__(self, doc: dict) -> None:
+        self.doc = doc
+
+    def submission(self, uuid: str) -> dict:
+        if uuid != self.doc["uuid"]:
+            raise ZooError("NOT_FOUND", f"no submission {uuid}")
+        return self.doc
+
+    def index(self) -> dict:
+        return {"kernels": []}
+
+
+def test_submission_page_shows_logs_reasons_with_hints_and_history(tmp_path):
+    doc = {"uuid": "u-1", "kernel_id": "cpu/Elementwise/Axpy/fp32/k", "submitter_id": "alice",
+           "status": "rejected", "attempts": 1, "commit_sha": None,
+           "reasons": [{"stage": "result", "code": "BAD_OUTPUT", "message": "two JSON documents", "seq": 7}],
+           "history": [[1, "received", "2026-11-30T00:00:00Z"], [2, "queued", "2026-11-30T00:00:01Z"],
+                       [7, "rejected", "2026-11-30T00:00:09Z"]],
+           "result": {"overall_accept": False, "build_ok": True},
+           "cases": [{"test_case_id": "n4k", "correctness": "passed", "accept": False,
+                      "primary_metric": "latency_us", "value": 12.5}],
+           "logs": "build ok\n<script>window.x=1</script>\n",
+           "log_tails": {"benchmark": "x" * 70_000 + "TAIL-END"}}
+    app = create_app(_LogsZoo(doc), TokenStore(tmp_path / "auth.yaml"))
+    with TestClient(app) as client:
+        html = client.get("/submissions/u-1").text
+        assert client.get("/submissions/u-2").status_code == 404
+    assert '<span id="status" class="status status-rejected">rejected</span>' in html
+    assert "&lt;script&gt;window.x=1&lt;/script&gt;" in html and "<script>window" not in html
+    assert "<h3>benchmark</h3>" in html and "TAIL-END" in html and "x" * 70_000 not in html
+    assert "Only the end of this log is shown." in html
+    assert "How to fix:</strong> Print exactly one JSON document" in html
+    assert html.count('class="status status-') == 4  # the badge and three history rows
+    assert "data-status-url" not in html  # a terminal submission is not followed
+
+
+def test_log_blocks_accept_text_mappings_and_lists():
+    assert log_blocks({}) == []
+    assert log_blocks({"logs": "a"}) == [("logs", "a", False)]
+    assert log_blocks({"log_tails": [{"name": "build", "text": "b"}, "junk"]}) == [("build", "b", False)]
+    assert log_blocks({"logs": {"build": "b", "bench": "c"}}) == [("build", "b", False), ("bench", "c", False)]

@@ -29,7 +29,7 @@ from kz_events.codec import GENESIS, parse_json
 from kz_events.durable import fsync_dir
 
 __all__ = [
-    "LogError", "LogLocked", "CorruptLog", "Position", "Repair", "EventLog",
+    "LogError", "LogLocked", "RollbackFailed", "CorruptLog", "Position", "Repair", "EventLog",
     "segment_name", "list_segments", "fsync_dir", "DEFAULT_SEGMENT_BYTES",
 ]
 # fsync_dir is kz_events.durable's, named here too because the daemon's spool imports it
@@ -46,6 +46,10 @@ class LogError(Exception):
 
 class LogLocked(LogError):
     """Another process (or another open Store) holds the events directory."""
+
+
+class RollbackFailed(LogError):
+    """An append failed and cutting the log back to its last durable line failed too."""
 
 
 class CorruptLog(LogError):
@@ -156,7 +160,8 @@ class EventLog:
 
     ``open`` takes the lock and repairs a torn tail; ``read_segment`` gives the
     bytes that ``kz_events.replay`` checks and folds (it then sets ``tail``);
-    ``append`` writes encoded lines and fsyncs once per call. Not thread-safe:
+    ``append`` writes encoded lines and fsyncs once per call, and cuts the log back
+    to where it was when that fails (``rollback``). Not thread-safe:
     the Store serialises calls.
     """
 
@@ -297,9 +302,25 @@ class EventLog:
         """Write (seq, line without newline, hash) records in order, then fsync once.
 
         Rotates to a new segment, named by its first seq, when the current one has
-        reached ``segment_bytes``. Raises OSError on a failed write or fsync (the
-        caller must then stop writing: the file's end is unknown).
+        reached ``segment_bytes``. On a failed write or fsync the log is put back as
+        it was before the call (``rollback``) and the OSError is raised: the caller
+        may append again later. If putting it back fails too, ``RollbackFailed`` is
+        raised (its ``__cause__`` is the error of the put-back): the caller must
+        then stop writing, because the file's end is unknown.
         """
+        before = self.tail
+        try:
+            self._append(records)
+        except OSError as exc:
+            try:
+                self.rollback(before)
+            except OSError as undo:
+                raise RollbackFailed(
+                    f"appending to {self.dir} failed ({exc}) and so did cutting the log back "
+                    f"to seq {before.seq} ({undo})") from undo
+            raise
+
+    def _append(self, records: list[tuple[int, bytes, str]]) -> None:
         fd = self._open_for_append()
         tail = self.tail
         seg, size, line_start = tail.segment, tail.offset, tail.line_start
@@ -323,6 +344,36 @@ class EventLog:
         if self._fsync:
             os.fdatasync(fd)
         self.tail = Position(seq, h, seg, line_start, size)
+
+    def rollback(self, to: Position) -> None:
+        """Cut the log back to ``to`` (the tail before a failed append) and make that durable.
+
+        Segments begun after ``to.segment`` are removed and that segment is truncated
+        to ``to.offset``; the bytes a failed write or fsync may have left are gone,
+        so a later append writes them afresh rather than trusting pages the kernel
+        may have dropped. Raises OSError when the cut itself fails.
+        """
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        removed = False
+        for first in list_segments(self.dir):
+            if first > to.segment:
+                os.unlink(self.dir / segment_name(first))
+                removed = True
+        path = self.dir / segment_name(to.segment)
+        if path.exists():
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, to.offset)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        if removed and self._fsync:
+            fsync_dir(self.dir)
+        self.segments = list_segments(self.dir)
+        self.tail = to
 
     @staticmethod
     def _write(fd: int, parts: list[bytes]) -> None:

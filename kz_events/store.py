@@ -9,6 +9,8 @@
     ticket = store.submit(ev1, ...)                  # fold and queue now ...
     ticket.wait() / await ticket.wait_async()        # ... durable later (after releasing a lock)
     store.wait_for_change(after_seq, timeout) -> int # long poll on the durable seq
+    store.chain_head() -> (seq, sha256 hex)          # the last durable line, for anchoring elsewhere
+    store.health() -> dict                           # ok, broken, last_error {code, message, at}
     store.snapshot()                                 # write a snapshot now
     store.close()
 
@@ -28,26 +30,59 @@ reports durable seqs.
 view of several fields takes ``with store.lock:``. It may include events whose
 fsync is still in progress (their ``emit`` has not returned yet); a caller must not
 tell anyone outside the process about its events before its ticket is waited for.
-If a write or fsync fails the store is broken (``StoreBroken``): every later call
-raises and the process should restart, which replays the log from disk.
+
+Storage errors. When a commit's write or fsync fails (a full disk: ENOSPC,
+EDQUOT; or EIO) the log is cut back to its last durable line (the segment
+truncated to its durable length, segments begun by the commit removed, the cut
+fsynced) and the store carries on:
+
+- every emitter whose lines were not durable yet gets a ``StorageError``
+  (``errno``, ``full``): those of the failed commit, and those folded after it,
+  whose events rest on the lost ones (each line's ``prev`` is the hash of the
+  line before). Nothing that was acknowledged is touched.
+- the state is re-derived from the log (newest usable snapshot plus the tail) and
+  copied into the same ``State`` object, by whichever comes first: an emitter
+  about to raise, or any call that takes ``store.lock`` to fold (an emit, a
+  snapshot, close). Until then no new line is queued. So when an emit raises
+  ``StorageError`` the state no longer holds its events.
+- the next emit writes again; it succeeds as soon as the disk accepts writes.
+
+Why re-derive rather than undo each fold: folding stays what it was on the fast
+path (no undo record per event, no copy of the queue per emit), which keeps the
+group commit at its speed; the price, a snapshot load and a tail replay (well
+under a second for 50,000 events after a snapshot), is paid only after a
+failure. The alternative, holding folds back until their write succeeds, would
+let two concurrent emitters decide on the same state and would delay the
+``InvalidTransition`` an emitter needs now.
+
+``StoreBroken`` is left for what cannot be recovered in-process: the cut back
+itself failed (the file's end is unknown), the log could not be read back, or a
+bug raised from the write. Then every later call raises and the process should
+restart, which replays the log from disk. ``health()`` reports both states.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from kz_events.codec import TimestampFormatter, encode_fast, line_hash, subject_of
+from kz_events.codec import TimestampFormatter, encode_fast, format_ts, line_hash, subject_of
 from kz_events.events import EVENT_TYPES, Event, LogRepaired
-from kz_events.log import DEFAULT_SEGMENT_BYTES, EventLog, Position
+from kz_events.log import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
 from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
 from kz_events.replay import replay_into
 from kz_events.snapshot import encode_snapshot, load_newest, write_snapshot
 from kz_events.state import State
 
-__all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "OpenReport"]
+__all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "StorageError", "OpenReport"]
+
+#: errnos that mean "no space left" (the disk, or the user's quota).
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
 
 
 class StoreClosed(RuntimeError):
@@ -55,7 +90,20 @@ class StoreClosed(RuntimeError):
 
 
 class StoreBroken(RuntimeError):
-    """A write or fsync failed; the store refuses everything until the process reopens it."""
+    """The log's end is unknown; the store refuses everything until the process reopens it."""
+
+
+class StorageError(OSError):
+    """A write or fsync of the log failed: these events were not recorded, the store goes on.
+
+    ``errno`` is the failed call's (None when it had none); ``full`` is True when the
+    disk or a quota is full (ENOSPC, EDQUOT). The state no longer holds the events,
+    and a later emit succeeds once the disk accepts writes again.
+    """
+
+    def __init__(self, errno_: int | None, message: str) -> None:
+        super().__init__(errno_, message)
+        self.full = errno_ in _FULL
 
 
 class _Waiter:
@@ -74,23 +122,36 @@ class _Waiter:
 class Ticket:
     """Events folded and queued by ``Store.submit``: their seqs, and the wait until they are durable."""
 
-    __slots__ = ("_store", "seqs")
+    __slots__ = ("_store", "seqs", "_epoch")
 
-    def __init__(self, store: "Store", seqs: list[int]) -> None:
+    def __init__(self, store: "Store", seqs: list[int], epoch: int) -> None:
         self._store = store
         self.seqs = seqs
+        self._epoch = epoch       # which run of commits between two failures queued the lines
 
     def wait(self) -> list[int]:
-        """Block until the lines are durable (joining, or leading, the group commit); the seqs."""
+        """Block until the lines are durable (joining, or leading, the group commit); the seqs.
+
+        Raises ``StorageError`` when a failed commit took them (or lines they follow).
+        """
         if self.seqs:
-            self._store._join_commit(self.seqs[-1])
+            try:
+                self._store._join_commit(self.seqs[-1], self._epoch)
+            except StorageError:
+                self._store._settle()  # the state without the lost events before we say so
+                raise
             self._store._after_durable(self.seqs[-1])
         return self.seqs
 
     async def wait_async(self) -> list[int]:
         """``wait`` for a coroutine: awaits a future that the commit's writer resolves."""
         if self.seqs:
-            await self._store._await_commit(self.seqs[-1])
+            try:
+                await self._store._await_commit(self.seqs[-1], self._epoch)
+            except StorageError:
+                # re-reading the log may take a while: not on the loop's thread
+                await asyncio.to_thread(self._store._settle)
+                raise
             self._store._after_durable(self.seqs[-1])
         return self.seqs
 
@@ -121,7 +182,8 @@ class Store:
     """The live event store of one events directory (see the module docstring)."""
 
     def __init__(self, log: EventLog, state: State, clock: Callable[[], float], *,
-                 snapshot_every: int, snapshot_keep: int, fsync: bool, report: OpenReport):
+                 snapshot_every: int, snapshot_keep: int, fsync: bool, report: OpenReport,
+                 use_snapshots: bool = True):
         self._log = log
         self._state = state
         self._clock = clock
@@ -141,7 +203,17 @@ class Store:
         self._committer_stop = False
         self._hash = log.tail.hash             # hash of the last folded line
         self._durable_seq = state.seq
+        self._durable_hash = log.tail.hash     # hash of the last durable line (the chain head)
         self._broken: BaseException | None = None
+        # After a failed commit: the epoch (run of commits) ends, its error is kept for
+        # late waiters, and the state must be re-derived (``_stale``) before any fold.
+        self._epoch = 0
+        self._epoch_ends: dict[int, tuple[int, BaseException]] = {}  # epoch -> (durable seq, error)
+        self._stale: BaseException | None = None
+        self._use_snapshots = use_snapshots
+        self._failures = 0                     # failed commits since open
+        self._failing = False                  # the last commit failed
+        self._last_error: dict[str, Any] | None = None
         self._closed = False
         self._snapshot_lock = threading.Lock()
         self._snapshotter: threading.Thread | None = None
@@ -177,7 +249,8 @@ class Store:
                     report["snapshot_seq"] = start.seq
             report["replayed"] = replay_into(log, state, start)
             store = cls(log, state, clock, snapshot_every=snapshot_every,
-                        snapshot_keep=snapshot_keep, fsync=fsync, report=report)
+                        snapshot_keep=snapshot_keep, fsync=fsync, report=report,
+                        use_snapshots=use_snapshots)
         except BaseException:
             log.close()
             raise
@@ -206,6 +279,34 @@ class Store:
         """The directory this store writes."""
         return self._log.dir
 
+    def chain_head(self) -> tuple[int, str]:
+        """(seq, sha256 hex) of the last durable line: the ``prev`` the next event will carry.
+
+        (0, 64 zeros) for an empty log. A copy of it kept elsewhere (the daemon writes
+        it into its git commits) anchors the log: ``kz_events.audit.check_anchors``
+        later tells whether the log still holds that line.
+        """
+        with self._cond:
+            return self._durable_seq, self._durable_hash
+
+    def health(self) -> dict[str, Any]:
+        """How the store stands: ``ok`` is False while broken, closed, or after a failed commit
+        until the next commit succeeds.
+
+        ``{"ok", "broken", "closed", "seq" (durable), "failures" (failed commits since open),
+        "last_error": None | {"code" (errno name, or the exception's class), "errno",
+        "full", "message", "at" (UTC RFC 3339)}}``.
+        """
+        with self._cond:
+            return {
+                "ok": self._broken is None and not self._failing and not self._closed,
+                "broken": self._broken is not None,
+                "closed": self._closed,
+                "seq": self._durable_seq,
+                "failures": self._failures,
+                "last_error": dict(self._last_error) if self._last_error else None,
+            }
+
     def wait_for_change(self, after_seq: int, timeout: float) -> int:
         """Block until the durable seq exceeds ``after_seq`` or ``timeout`` s pass; return it."""
         deadline = time.monotonic() + max(0.0, timeout)
@@ -224,7 +325,8 @@ class Store:
 
         ``submit(*events).wait()``. Raises ``InvalidTransition``/``SequenceGap``
         (nothing written, state unchanged), TypeError/ValueError for something that
-        is not a valid event, ``StoreClosed``/``StoreBroken``.
+        is not a valid event, ``StorageError`` when the write or fsync failed (nothing
+        of it kept, state without it, the store still usable), ``StoreClosed``/``StoreBroken``.
         """
         if not events:
             return []
@@ -260,13 +362,19 @@ class Store:
         Raises as ``emit`` does; a ticket of no events is already durable.
         """
         if not events:
-            return Ticket(self, [])
+            return Ticket(self, [], 0)
         with self.lock:
             self._check_usable()
             records = self._fold(events)
             with self._queue:
-                self._pending.extend(records)
-        return Ticket(self, [r[0] for r in records])
+                failed = self._stale
+                if failed is None:
+                    self._pending.extend(records)
+                    epoch = self._epoch
+            if failed is not None:  # a commit failed meanwhile: this fold rests on lost lines
+                self._resync()
+                raise self._lost(failed)
+        return Ticket(self, [r[0] for r in records], epoch)
 
     def _fold(self, events: tuple[Event, ...]) -> list[tuple[int, bytes, str]]:
         state = self._state
@@ -297,22 +405,94 @@ class Store:
         self._hash = h
         return records
 
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise StoreClosed(f"the store of {self._log.dir} is closed")
-        if self._broken is not None:
-            raise StoreBroken(f"a write to {self._log.dir} failed earlier: {self._broken!r}; "
-                              "restart to reopen the log") from self._broken
+    def _check_usable(self) -> int:
+        """Raise when closed or broken; re-derive the state after a failed commit; the epoch.
 
-    def _raise_if_lost(self, last: int) -> None:
-        if self._broken is not None and self._durable_seq < last:
-            raise StoreBroken(f"appending to {self._log.dir} failed: {self._broken!r}; "
-                              "restart to reopen the log") from self._broken
+        Called under ``self.lock``. The epoch returned was read together with the
+        state being current, so a commit that fails later is seen by the wait.
+        """
+        while True:
+            if self._closed:
+                raise StoreClosed(f"the store of {self._log.dir} is closed")
+            if self._broken is not None:
+                raise self._broken_error()
+            with self._queue:
+                if self._stale is None:
+                    return self._epoch
+            self._resync()
 
-    def _join_commit(self, last: int) -> None:
+    def _broken_error(self) -> StoreBroken:
+        error = StoreBroken(f"the event log {self._log.dir} is in an unknown state after "
+                            f"{self._broken!r}; restart to reopen the log")
+        error.__cause__ = self._broken
+        return error
+
+    def _lost(self, failure: BaseException) -> BaseException:
+        """The exception for an emitter whose lines ``failure`` took (a fresh one per raise)."""
+        if self._broken is not None or not isinstance(failure, OSError):
+            return self._broken_error()
+        error = StorageError(failure.errno, f"appending to the event log {self._log.dir} failed: "
+                                            f"{failure.strerror or failure}; nothing of it was "
+                                            "recorded")
+        error.__cause__ = failure
+        return error
+
+    def _resync(self) -> None:
+        """Re-derive the state from the log after a failed commit (under ``self.lock``).
+
+        No line is queued while ``_stale`` is set, so the log is not written meanwhile.
+        """
+        with self._queue:
+            if self._stale is None:
+                return
+        try:
+            state, start = State(), None
+            if self._use_snapshots:
+                snap_state, snap_pos, _notes = load_newest(self._log.dir, REDUCER_VERSION,
+                                                           self._log.check_position)
+                if snap_state is not None:
+                    state, start = snap_state, snap_pos
+            replay_into(self._log, state, start)
+            if state.seq != self._durable_seq:
+                raise LogError(f"the log reads back to seq {state.seq}, "
+                               f"but seq {self._durable_seq} was acknowledged")
+        except (OSError, LogError, ValueError) as exc:
+            with self._cond:
+                self._broken = exc
+                self._cond.notify_all()
+            raise self._broken_error() from None
+        live = self._state  # the same object: callers may hold it
+        for name in _STATE_FIELDS:
+            setattr(live, name, getattr(state, name))
+        self._hash = self._log.tail.hash
+        with self._queue:
+            self._stale = None
+
+    def _settle(self) -> None:
+        """Re-derive the state now if a commit failed (an emitter about to raise calls it)."""
+        with self.lock:
+            if self._stale is not None and self._broken is None and not self._closed:
+                self._resync()
+
+    def _raise_if_lost(self, last: int, epoch: int) -> None:
+        """Return when seq ``last`` of ``epoch`` is durable; else raise what took it."""
+        # durable first: read before the epoch, it cannot be a later epoch's seq
+        durable = self._durable_seq
+        if epoch == self._epoch:
+            if durable >= last:
+                return
+            if self._broken is not None:
+                raise self._broken_error()
+            raise RuntimeError(f"seq {last} is neither durable nor failed")  # a bug in the commit
+        end, failure = self._epoch_ends[epoch]
+        if last <= end:
+            return
+        raise self._lost(failure)
+
+    def _join_commit(self, last: int, epoch: int) -> None:
         """Block until seq ``last`` is durable, leading a commit when none is in progress."""
         with self._queue:
-            if self._durable_seq >= last or self._broken is not None:
+            if epoch != self._epoch or self._durable_seq >= last or self._broken is not None:
                 waiter = lead = None
             elif self._leading:
                 waiter, lead = _Waiter(last), None
@@ -332,13 +512,13 @@ class Store:
             lead = waiter.lead
         if lead:
             self._lead()
-        self._raise_if_lost(last)
+        self._raise_if_lost(last, epoch)
 
-    async def _await_commit(self, last: int) -> None:
+    async def _await_commit(self, last: int, epoch: int) -> None:
         """``_join_commit`` for a coroutine: the committer thread leads, a future is awaited."""
         loop = asyncio.get_running_loop()
         with self._queue:
-            if self._durable_seq >= last or self._broken is not None:
+            if epoch != self._epoch or self._durable_seq >= last or self._broken is not None:
                 future = kick = None
             else:
                 future = loop.create_future()
@@ -351,7 +531,7 @@ class Store:
             self._kick.release()
         if future is not None:
             await future  # cancelled: the lines are committed all the same
-        self._raise_if_lost(last)
+        self._raise_if_lost(last, epoch)
 
     def _start_committer(self) -> None:
         """Start the thread that leads commits for coroutines (under ``_queue``; once)."""
@@ -378,20 +558,24 @@ class Store:
         futures (coroutines). Thread waiters whose lines are durable are woken;
         the first still waiting is promoted to lead the next commit, so a lone
         emitter does its own write. Futures are resolved with one call per loop.
-        After a failed write nothing more is written (the file's end is unknown):
-        the store is broken and every waiter is woken to raise.
+        A failed write is handed to ``_commit_failed`` (the log is already cut back).
         """
         while True:
             with self._queue:
                 records, self._pending = self._pending, []
+            failure = None
             if records and self._broken is None:
                 try:
                     self._log.append(records)
                 except BaseException as exc:  # noqa: BLE001 - every emitter of the batch gets it
-                    self._broken = exc
+                    failure = exc
+            if failure is not None:
+                self._commit_failed(failure)
             with self._cond:
-                if records and self._broken is None:
+                if records and failure is None and self._broken is None:
                     self._durable_seq = records[-1][0]
+                    self._durable_hash = records[-1][2]
+                    self._failing = False
                 self._cond.notify_all()
             durable = self._durable_seq if self._broken is None else float("inf")
             with self._queue:
@@ -417,14 +601,48 @@ class Store:
                     self._leading = False
                     return
 
+    def _commit_failed(self, failure: BaseException) -> None:
+        """End the epoch: every line not durable is dropped and its emitter woken to raise.
+
+        ``EventLog.append`` has cut the log back to its last durable line; if it could
+        not (``RollbackFailed``), or the failure is not an OSError (a bug), the store
+        is broken. Lines queued after the failed batch are dropped too: their ``prev``
+        is the hash of a line that was not recorded. The state is re-derived by the
+        next holder of ``self.lock`` (``_resync``).
+        """
+        broken = not isinstance(failure, OSError)
+        code = (errno.errorcode.get(failure.errno, "EIO") if isinstance(failure, OSError)
+                and failure.errno else type(failure).__name__)
+        with self._cond:
+            if broken:
+                self._broken = failure
+            self._failures += 1
+            self._failing = True
+            self._last_error = {
+                "code": code, "errno": getattr(failure, "errno", None),
+                "full": getattr(failure, "errno", None) in _FULL, "message": str(failure),
+                "at": format_ts(self._clock()),
+            }
+        with self._queue:
+            self._epoch_ends[self._epoch] = (self._durable_seq, failure)
+            self._epoch += 1
+            self._stale = failure
+            self._pending = []
+            waiters, self._waiters = self._waiters, []
+            futures, self._futures = self._futures, []
+        for waiter in waiters:  # not promoted: each finds its lines lost and raises
+            waiter.lock.release()
+        if futures:
+            _resolve_futures(futures)
+
     # --- snapshots ------------------------------------------------------------------
 
     def snapshot(self) -> Path:
         """Write a snapshot of the current state now; returns its path."""
         with self._snapshot_lock:
             with self.lock:
-                self._check_usable()
-                self._join_commit(self._state.seq)
+                epoch = self._check_usable()
+                self._join_commit(self._state.seq, epoch)
                 pos = self._log.tail
                 data = encode_snapshot(self._state, pos, REDUCER_VERSION)
             path = write_snapshot(self._log.dir, pos.seq, data, keep=self._snapshot_keep,
@@ -450,7 +668,7 @@ class Store:
     def position(self) -> Position:
         """Where the last durable event lies in the log (seq, hash, segment, offsets)."""
         with self.lock:
-            self._join_commit(self._state.seq)
+            self._join_commit(self._state.seq, self._check_usable())
             return self._log.tail
 
     # --- closing ------------------------------------------------------------------
@@ -465,9 +683,9 @@ class Store:
                 return
             if self._broken is None:
                 try:
-                    self._join_commit(self._state.seq)
-                except StoreBroken:
-                    pass
+                    self._join_commit(self._state.seq, self._check_usable())
+                except (StoreBroken, StorageError):
+                    pass  # what was not durable is lost either way; the log holds the rest
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()

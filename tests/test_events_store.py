@@ -16,13 +16,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kz_events import events as E
-from kz_events import log as log_module
 from kz_events.log import CorruptLog, EventLog, LogLocked, list_segments, segment_name
 from kz_events.reducer import InvalidTransition, apply_record
 from kz_events.replay import replay_dir
 from kz_events.snapshot import list_snapshots
 from kz_events.state import State
-from kz_events.store import Store, StoreBroken, StoreClosed
+from kz_events.store import Store, StoreClosed
 from kz_events.workload import build_log, simulate
 from tests.helpers.events import hold_log_appends
 
@@ -320,24 +319,6 @@ def test_a_refused_batch_writes_nothing(tmp_path):
     assert replay_dir(events_dir) == store.state
 
 
-def test_a_failed_fsync_breaks_the_store(tmp_path, monkeypatch):
-    store = Store.open(tmp_path / "events")
-    store.emit(*received("u1"))
-
-    def broken(fd):
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(log_module.os, "fdatasync", broken)
-    with pytest.raises(StoreBroken, match="Input/output"):
-        store.emit(*received("u2"))
-    monkeypatch.undo()
-    with pytest.raises(StoreBroken):
-        store.emit(*received("u3"))
-    store.close()
-    with Store.open(tmp_path / "events") as reopened:  # the disk is the truth
-        assert reopened.state.seq in (2, 4)
-
-
 def test_wait_for_change_wakes_on_a_durable_emit(tmp_path):
     store = Store.open(tmp_path / "events", fsync=False)
     assert store.wait_for_change(0, 0.01) == 0
@@ -539,26 +520,6 @@ def test_emit_async_does_not_block_the_loop_while_another_thread_holds_the_state
 
     with held_in_another_thread(store.lock) as release:  # like a snapshot being encoded
         assert asyncio.run(main(release)) == [1, 2]
-    store.close()
-
-
-def test_a_failed_fsync_fails_the_awaiting_coroutines(tmp_path, monkeypatch):
-    store = Store.open(tmp_path / "events")
-
-    def broken(fd):
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(log_module.os, "fdatasync", broken)
-
-    async def main():
-        return await asyncio.gather(*[store.emit_async(*received(f"u{i}")) for i in range(5)],
-                                    return_exceptions=True)
-
-    outcomes = asyncio.run(main())
-    assert outcomes and all(isinstance(o, StoreBroken) for o in outcomes)
-    monkeypatch.undo()
-    with pytest.raises(StoreBroken):
-        asyncio.run(store.emit_async(*received("u9")))
     store.close()
 
 

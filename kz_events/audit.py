@@ -11,20 +11,30 @@ seq (its position in the log), even when the damage shows up as a broken link
 on the next line: an edit of line k's content breaks only link k+1, while an edit
 of line k's ``prev`` breaks links k and k+1. A deleted line is named by the
 missing seq; unreadable bytes by the first seq they displaced.
+
+Anchors. The hash chain shows an edit inside the log, but not a log rewritten
+from some seq on with a fresh chain. For that, the chain head at some moment,
+``Store.chain_head()`` = (seq, sha256 hex of line seq's bytes), is kept somewhere
+the log's writer does not rewrite (the daemon writes it into its git commit
+messages). ``check_anchors(events_dir, [(seq, head), ...])`` then reads the log
+(read-only) and returns a Finding for each anchor the log no longer matches:
+``ANCHOR_MISSING`` (the log ends before that seq) or ``ANCHOR_MISMATCH`` (the
+line at that seq hashes differently, or is not the event of that seq). An empty
+list means every anchor holds. Seq 0 anchors the empty log (64 zeros).
 """
 from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from kz_events.codec import GENESIS, DecodeError, canonical_bytes, decode_dict, parse_json
 from kz_events.log import list_segments, segment_name
 from kz_events.reducer import ReducerError, handler_for
 from kz_events.state import State
 
-__all__ = ["Finding", "verify_log", "iter_lines"]
+__all__ = ["Finding", "verify_log", "iter_lines", "check_anchors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +42,8 @@ class Finding:
     """One problem in the log."""
 
     code: str        # BAD_JSON, BAD_SEQ, MISSING_SEQ, CHAIN_BROKEN, NOT_CANONICAL, BAD_EVENT,
-                     # REFUSED, SEGMENT_NAME, SEGMENT_END, TORN_TAIL
+                     # REFUSED, SEGMENT_NAME, SEGMENT_END, TORN_TAIL; check_anchors:
+                     # ANCHOR_MISSING, ANCHOR_MISMATCH
     seq: int         # the seq of the damaged (or missing) event
     segment: str     # segment file name
     offset: int      # byte offset of the line in the segment
@@ -189,3 +200,52 @@ def verify_log(events_dir: Path | str) -> list[Finding]:
                      not terminated)
     auditor.finish()
     return sorted(auditor.findings, key=lambda f: (f.seq, f.segment, f.offset))
+
+
+def check_anchors(events_dir: Path | str, anchors: Iterable[tuple[int, str]]) -> list[Finding]:
+    """Findings for the (seq, chain head) pairs the log in ``events_dir`` no longer matches.
+
+    A pair holds when the line at ``seq`` (counted from its segment's first seq) is
+    the event of that seq and its sha256 is ``head``; (0, 64 zeros) always holds.
+    Each segment is read once, however many anchors fall in it; a torn last line
+    (never acknowledged) is not counted. Findings come in the anchors' seq order.
+    """
+    events_dir = Path(events_dir)
+    segments = list_segments(events_dir) if events_dir.is_dir() else []
+    wanted = sorted(set(anchors))
+    findings: list[Finding] = []
+    cached: tuple[int, list[bytes]] | None = None
+    for seq, head in wanted:
+        if seq <= 0:
+            if seq < 0 or head != GENESIS:
+                findings.append(Finding("ANCHOR_MISMATCH", seq, "", 0,
+                                        f"anchor ({seq}, {head}) is not the empty log's"))
+            continue
+        first = next((s for s in reversed(segments) if s <= seq), None)
+        if first is None:
+            findings.append(Finding("ANCHOR_MISSING", seq, "", 0,
+                                    f"the log has no segment holding seq {seq}"))
+            continue
+        if cached is None or cached[0] != first:
+            data = (events_dir / segment_name(first)).read_bytes()
+            cached = (first, data[:data.rfind(b"\n") + 1].split(b"\n")[:-1])
+        lines = cached[1]
+        index = seq - first
+        name = segment_name(first)
+        if index >= len(lines):
+            last = first + len(lines) - 1
+            findings.append(Finding("ANCHOR_MISSING", seq, name, 0,
+                                    f"the log ends at seq {last}, before the anchor's seq {seq}"))
+            continue
+        line = lines[index]
+        actual = hashlib.sha256(line).hexdigest()
+        try:
+            line_seq = parse_json(line.decode("utf-8")).get("seq")
+        except (ValueError, AttributeError):
+            line_seq = None
+        if actual != head or line_seq != seq:
+            offset = sum(len(x) + 1 for x in lines[:index])  # only for a finding: O(lines)
+            findings.append(Finding("ANCHOR_MISMATCH", seq, name, offset,
+                                    f"the line at seq {seq} hashes to {actual} (seq field "
+                                    f"{line_seq!r}), the anchor says {head}"))
+    return findings

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -9,9 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kz_events.audit import verify_log
+from kz_events.audit import check_anchors, verify_log
+from kz_events.codec import GENESIS, canonical_bytes, line_hash
 from kz_events.log import list_segments, segment_name
-from kz_events.workload import build_log
+from kz_events.store import Store
+from kz_events.workload import build_log, simulate
 
 N = 80
 
@@ -116,3 +119,66 @@ def test_kz_audit_exit_codes_and_json(tmp_path, base_log, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["findings"][0]["seq"] == 41
     assert main(["audit", "--state-dir", str(tmp_path / "nowhere")]) == 2
+
+
+def _anchored_log(tmp_path) -> tuple[Path, list[tuple[int, str]]]:
+    """A log over several segments and the chain heads a store reported along the way."""
+    events_dir = tmp_path / "events"
+    anchors = []
+    rng = random.Random(5)
+    with Store.open(events_dir, snapshot_every=0, segment_bytes=6_000, fsync=False) as store:
+        anchors.append(store.chain_head())
+        batch = []
+        for ev in simulate(rng, 200):
+            batch.append(ev)
+            if len(batch) == 7:
+                store.emit(*batch)
+                batch = []
+                anchors.append(store.chain_head())
+    assert len(list_segments(events_dir)) > 2
+    return events_dir, anchors
+
+
+def test_anchors_taken_from_the_store_hold_on_its_log(tmp_path):
+    events_dir, anchors = _anchored_log(tmp_path)
+    assert anchors[0] == (0, GENESIS) and len(anchors) > 20
+    assert check_anchors(events_dir, anchors) == []
+
+
+def test_a_log_rewritten_with_a_fresh_chain_fails_its_anchors(tmp_path):
+    # verify_log cannot see this: the edited line and every one after it are re-chained
+    events_dir, anchors = _anchored_log(tmp_path)
+    target = anchors[len(anchors) // 2][0]
+    rewritten = []
+    prev = GENESIS
+    for first in list_segments(events_dir):
+        path = events_dir / segment_name(first)
+        out = []
+        for raw in path.read_bytes().splitlines():
+            obj = json.loads(raw)
+            if obj["seq"] == target:
+                obj["ts"] = "2020-01-01T00:00:00.000000Z"
+            obj["prev"] = prev
+            line = canonical_bytes(obj)
+            prev = line_hash(line)
+            out.append(line)
+        rewritten.append((path, b"\n".join(out) + b"\n"))
+    for path, data in rewritten:
+        path.write_bytes(data)
+    assert verify_log(events_dir) == []
+    findings = check_anchors(events_dir, anchors)
+    assert findings and {f.code for f in findings} == {"ANCHOR_MISMATCH"}
+    assert [f.seq for f in findings] == [s for s, _ in anchors if s >= target]
+    first = findings[0]
+    line = (events_dir / first.segment).read_bytes()[first.offset:].split(b"\n", 1)[0]
+    assert json.loads(line)["seq"] == target
+
+
+def test_anchors_beyond_the_end_or_of_another_hash_are_named(tmp_path):
+    events_dir, anchors = _anchored_log(tmp_path)
+    last_seq, last_head = anchors[-1]
+    findings = check_anchors(events_dir, [(last_seq + 5, last_head), (3, "0" * 64),
+                                          (last_seq, last_head), (0, "1" * 64)])
+    assert [(f.code, f.seq) for f in findings] == [
+        ("ANCHOR_MISMATCH", 0), ("ANCHOR_MISMATCH", 3), ("ANCHOR_MISSING", last_seq + 5)]
+    assert check_anchors(tmp_path / "nowhere", [(1, last_head)])[0].code == "ANCHOR_MISSING"

@@ -175,6 +175,9 @@ class Trials:
         out = self.output(returned, args)
         self.check_type(out)
         if compare:
+            # Timer and threads first: work finished by a thread, or a clock replaced, explains a wrong output.
+            self.guard.check_timer()
+            self.guard.check_threads()
             self.checked_calls += 1
             finding = self.check_values(out, self.trial_of_call.pop(idx, None))
             if finding is not None:

@@ -1,0 +1,321 @@
+"""kz_runner.bench against cheating packages: each library-layer cheat is stopped with its code.
+
+Every cheat's real harness runs as the runner runs it (``python benchmark.py workdir``
+after ``build_test_env.py``), once with the runner's control/result pipes and once
+without them (stdout only). The honest examples must pass both ways.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kz_runner import bench
+from kz_runner.bench import integrity, trials
+from kz_runner.bench.timing import UNSYNCED_FLOOR_US, _GpuClock
+from kz_runner.contract.validate import validate_package_dir
+from tests.helpers.cheats import _CHEATS as CHEAT_TABLE
+from tests.helpers.cheats import AXPY, EXAMPLES, GPU_AXPY, SOFTMAX, Cheat, cheat_packages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KZ_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def run_benchmark(pkg: Path, workdir: Path, *, seed: int | None = 12345, control: bytes | None = None,
+                  timeout: float = 300) -> tuple[subprocess.CompletedProcess, bytes | None]:
+    """Run the package's harness; with ``seed`` (or raw ``control``) through the runner's two pipes."""
+    cmd = [sys.executable, str(pkg / ".kernel_package" / "benchmark.py"), str(workdir)]
+    env = _env()
+    if seed is None and control is None:
+        done = subprocess.run(cmd, capture_output=True, env=env, timeout=timeout, cwd=workdir.parent)
+        return done, None
+    c_read, c_write = os.pipe()
+    r_read, r_write = os.pipe()
+    os.write(c_write, control if control is not None else json.dumps({"trial_seed": seed}).encode() + b"\n")
+    os.close(c_write)
+    env.update(KZ_CONTROL_FD=str(c_read), KZ_RESULT_FD=str(r_write))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=workdir.parent,
+                            pass_fds=(c_read, r_write))
+    os.close(c_read)
+    os.close(r_write)
+    with os.fdopen(r_read, "rb") as result:
+        out, err = proc.communicate(timeout=timeout)
+        channel_data = result.read()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), channel_data
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    """One built workdir per example (copied before each run, since a cheat may change it)."""
+    out = {}
+    for kernel_id in (AXPY, SOFTMAX):
+        work = tmp_path_factory.mktemp("built") / "work"
+        work.mkdir()
+        subprocess.run([sys.executable, str(EXAMPLES / kernel_id / ".kernel_package" / "build_test_env.py"),
+                        str(work)], check=True, env=_env(), capture_output=True)
+        out[kernel_id] = work
+    return out
+
+
+@pytest.fixture(scope="module")
+def cheats(tmp_path_factory) -> dict[str, Cheat]:
+    return {c.name: c for c in cheat_packages(tmp_path_factory.mktemp("cheats"))}
+
+
+def _example_of(cheat: Cheat) -> str:
+    return AXPY if "/Axpy/" in cheat.path.as_posix() else SOFTMAX
+
+
+def _fresh_workdir(built: dict[str, Path], kernel_id: str, tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    shutil.copytree(built[kernel_id], work)
+    return work
+
+
+def _library_names() -> list[str]:
+    return [name for name, _p, _e, _f, _c, layer, _s in CHEAT_TABLE if layer == "library"]
+
+
+@pytest.mark.parametrize("name", _library_names())
+@pytest.mark.parametrize("pipes", [True, False], ids=["pipes", "stdout"])
+def test_library_cheat_is_stopped_with_its_code(name, pipes, cheats, built, tmp_path):
+    cheat = cheats[name]
+    work = _fresh_workdir(built, _example_of(cheat), tmp_path)
+    done, channel_data = run_benchmark(cheat.path, work, seed=987654321 if pipes else None)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    doc = json.loads(done.stdout)  # stdout still carries exactly one benchmark output
+    assert doc["overall"]["accept"] is False
+    assert doc["overall"]["accept_reason"].startswith(cheat.expected_code), doc["overall"]["accept_reason"]
+    assert not any(c["accept"] for c in doc["cases"])
+    if pipes:
+        sent = json.loads(channel_data)
+        assert sent["kind"] == "integrity" and sent["code"] == cheat.expected_code, sent
+        assert sent["case"] in {c["test_case_id"] for c in doc["cases"]}
+        assert isinstance(sent["evidence"], dict) and "\n" not in sent["message"]
+    else:
+        assert channel_data is None
+
+
+@pytest.mark.parametrize("kernel_id", [AXPY, SOFTMAX])
+def test_honest_example_passes_with_the_runners_pipes(kernel_id, built, tmp_path):
+    work = _fresh_workdir(built, kernel_id, tmp_path)
+    done, channel_data = run_benchmark(EXAMPLES / kernel_id, work, seed=2**63 - 1)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result" and sent["result"]["overall"]["accept"] is True, sent
+    stdout_doc = json.loads(done.stdout)
+    assert stdout_doc["overall"] == sent["result"]["overall"] and stdout_doc["cases"] == sent["result"]["cases"]
+    timings = [json.loads(line.split(b"timing ", 1)[1]) for line in done.stderr.splitlines() if b"] timing {" in line]
+    assert len(timings) == 3 and all(t["checked_calls"] >= 1 and t["rotations"] == 4 for t in timings)
+
+
+def test_honest_examples_pass_under_many_seeds(built, tmp_path):
+    """No false reject from the trial inputs or the check schedule: several seeds, both examples."""
+    for i, seed in enumerate((0, 1, 7, 2**40 + 3)):
+        for kernel_id in (AXPY, SOFTMAX):
+            work = tmp_path / f"w{i}_{kernel_id.split('/')[2]}"
+            shutil.copytree(built[kernel_id], work)
+            done, channel_data = run_benchmark(EXAMPLES / kernel_id, work, seed=seed)
+            sent = json.loads(channel_data)
+            assert sent["kind"] == "result" and sent["result"]["overall"]["accept"], (seed, kernel_id, sent)
+
+
+def test_overwriting_expected_files_is_left_to_the_runners_file_check(cheats, built, tmp_path):
+    """The library cannot tell rewritten inputs/expected from real ones; the built files' hashes can."""
+    cheat = cheats["overwrite_expected"]
+    assert cheat.layer == "runner" and cheat.expected_code == "INTEGRITY_ERROR"
+    work = _fresh_workdir(built, AXPY, tmp_path)
+    manifest = json.loads((work / "build_manifest.json").read_text())
+    run_benchmark(cheat.path, work)
+    changed = [p for p, sha in manifest["files"].items()
+               if hashlib.sha256((work / p).read_bytes()).hexdigest() != sha]
+    assert any(p.startswith("expected/") for p in changed) and any(p.startswith("inputs/") for p in changed)
+
+
+def test_a_fake_stdout_document_cannot_replace_the_channels_result(cheats, built, tmp_path):
+    cheat = cheats["fake_stdout"]
+    work = _fresh_workdir(built, AXPY, tmp_path)
+    done, channel_data = run_benchmark(cheat.path, work)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result"
+    latencies = [m["value"] for c in sent["result"]["cases"] for m in c["metrics"] if m["name"] == "latency_us"]
+    assert latencies and min(latencies) > 0.001  # the genuine measurement, not the fake's
+    stdout_docs = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(stdout_docs) == 2  # the import-time fake and the real one: not one document, so stdout is void
+    assert b'"accept_reason": "fake"' in done.stderr  # the exit-time fake went to stderr, after the document
+
+
+def test_a_replaced_harness_still_validates_so_only_the_harness_lock_stops_it(cheats):
+    cheat = cheats["harness_replacing"]
+    assert cheat.layer == "daemon"
+    original = (EXAMPLES / AXPY / ".kernel_package" / "benchmark.py").read_bytes()
+    assert (cheat.path / ".kernel_package" / "benchmark.py").read_bytes() != original
+    assert validate_package_dir(cheat.path).valid
+
+
+def test_every_cheat_names_a_layer_and_a_package(cheats):
+    assert {c.layer for c in cheats.values()} == {"library", "gpu", "runner", "daemon"}
+    for c in cheats.values():
+        assert (c.path / ".kernel_package" / "benchmark.py").is_file() and c.pattern
+        assert c.expected_code is None or c.expected_code in integrity.CODES + ("INTEGRITY_ERROR",)
+
+
+def test_a_malformed_control_message_is_a_harness_error(built, tmp_path):
+    work = _fresh_workdir(built, SOFTMAX, tmp_path)
+    done, channel_data = run_benchmark(EXAMPLES / SOFTMAX, work, control=b'{"trial_seed": -4}')
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "integrity" and sent["code"] == "HARNESS_ERROR" and "trial_seed" in sent["message"]
+    assert json.loads(done.stdout)["overall"]["accept_reason"].startswith("HARNESS_ERROR")
+
+
+def test_the_pipes_are_consumed_and_hidden_at_import(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, json\n"
+        "from kz_runner.bench import channel\n"
+        "fd = int(os.environ.get('SAVED_RESULT_FD'))\n"
+        "print(json.dumps({'seed': channel.trial_seed(), 'env': sorted(k for k in os.environ if k.startswith('KZ_')),\n"
+        "                  'inheritable': os.get_inheritable(fd)}))\n")
+    c_read, c_write = os.pipe()
+    r_read, r_write = os.pipe()
+    os.write(c_write, b'{"trial_seed": 424242}\n')
+    os.close(c_write)
+    env = dict(_env(), KZ_CONTROL_FD=str(c_read), KZ_RESULT_FD=str(r_write), SAVED_RESULT_FD=str(r_write))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, env=env, pass_fds=(c_read, r_write))
+    os.close(c_read)
+    os.close(r_write)
+    os.close(r_read)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"seed": 424242, "env": [], "inheritable": False}
+
+
+# -- the pieces, in process ---------------------------------------------------------------
+
+
+def test_output_buffers_are_poisoned_before_every_call():
+    seen = []
+
+    def fn(x, out):
+        seen.append(bool(np.isnan(out).all()))
+        np.multiply(x, 2, out=out)
+
+    x = np.arange(8, dtype=np.float32)
+    run = trials.Trials(np, (x,), expected=x * 2, reference=lambda x: x * 2, out=np.empty_like(x), count=3,
+                        rng=random.Random(1), atol=0, rtol=0)
+    run.guard = integrity.Guard(lambda f: None)
+    run.first_call(fn)
+    bench.time_fn(fn, probe=run, device="cpu", min_reps=20, max_reps=40, budget_s=1.0)
+    assert seen and all(seen)
+    assert run.checked_calls >= 1
+
+
+def test_trial_inputs_differ_and_their_expectations_come_from_the_reference():
+    x = np.arange(100, dtype=np.float64)
+    run = trials.Trials(np, (3.0, x), expected=None, reference=lambda a, x: a * x, out=None, count=4,
+                        rng=random.Random(5), atol=0, rtol=0)
+    contents = [c[1] for c in run.contents]
+    assert all(not np.array_equal(contents[0], c) for c in contents[1:])
+    assert all(sorted(c) == sorted(x) for c in contents)  # the same values, moved
+    for c, e in zip(run.contents, run.expected):
+        assert np.array_equal(e, 3.0 * c[1]) and c[0] == 3.0
+
+
+def test_the_trial_schedule_follows_the_seed():
+    def picks(seed):
+        run = trials.Trials(np, (np.arange(10.0),), expected=None, reference=lambda x: x, out=None, count=4,
+                            rng=random.Random(seed), atol=0, rtol=0)
+        run.start_timing(0)
+        return [run.selected(i) for i in range(64)], [c[0][3] for c in run.contents]
+
+    assert picks(11) == picks(11) and picks(11) != picks(12)
+
+
+def _clock(event_ms, wall_s, calls, overhead_call_s=20e-6):
+    clock = _GpuClock.__new__(_GpuClock)
+    clock.event_ms, clock.wall_s, clock.calls, clock.segments = event_ms, wall_s, calls, 1
+    clock.overhead_call_s, clock.overhead_segment_s = overhead_call_s, 0.0
+    return clock
+
+
+def test_unsynced_rule_spares_honest_calls_and_catches_escaped_work():
+    # 1000 honest 84 us calls with 20 us of flush around each: events and device time agree.
+    assert _clock(84.0, 1000 * 104e-6, 1000).unsynced() is None
+    # A 3 us kernel whose overhead estimate is 5 us off: below the per-call floor, spared.
+    assert _clock(3.0, 1000 * 28e-6, 1000).unsynced() is None
+    # Work on another stream: events see 1.5 us, the device was busy 84 us per call.
+    finding = _clock(1.5, 1000 * 104e-6, 1000).unsynced()
+    assert finding is not None and finding.code == "UNSYNCED_WORK" and finding.evidence["calls"] == 1000
+    assert UNSYNCED_FLOOR_US > 5
+
+
+def test_a_replaced_clock_is_reported(monkeypatch):
+    reported = []
+    guard = integrity.Guard(reported.append, "c1")
+    guard.check_timer()  # nothing replaced yet
+    monkeypatch.setattr("time.perf_counter_ns", lambda: 0)
+    with pytest.raises(integrity.IntegrityFailure):
+        guard.check_timer()
+    assert reported[0].code == "TIMER_TAMPERED" and "time.perf_counter_ns" in reported[0].evidence["replaced"]
+
+
+def test_a_patched_library_function_is_reported(monkeypatch):
+    monkeypatch.setattr("kz_runner.bench.trials.mismatches", lambda *a: 0)
+    assert "kz_runner.bench.trials.mismatches" in bench.pristine.tampered()
+
+
+def test_a_thread_left_running_is_a_leak():
+    import threading
+
+    census = integrity.ThreadCensus()
+    assert census.leak() is None
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="leaky")
+    t.start()
+    try:
+        finding = census.leak()
+        assert finding is not None and finding.code == "THREAD_LEAK" and "leaky" in finding.message
+    finally:
+        stop.set()
+        t.join()
+    assert census.leak() is None
+
+
+# -- on a GPU (run on the H200; skipped with the reason elsewhere) --------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gpu_side_stream", "gpu_do_nothing", "gpu_half_work", "gpu_lazy"])
+def test_gpu_cheat_is_stopped_with_its_code(name, tmp_path):
+    cheat = {c.name: c for c in cheat_packages(tmp_path / "cheats")}[name]
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run([sys.executable, str(cheat.path / ".kernel_package" / "build_test_env.py"), str(work)],
+                   check=True, env=_env())
+    done, channel_data = run_benchmark(cheat.path, work, seed=31337, timeout=600)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "integrity" and sent["code"] == cheat.expected_code, (sent, done.stderr.decode()[-2000:])
+
+
+@pytest.mark.gpu
+def test_gpu_honest_example_passes_with_the_runners_pipes(tmp_path):
+    pkg = EXAMPLES / GPU_AXPY
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run([sys.executable, str(pkg / ".kernel_package" / "build_test_env.py"), str(work)], check=True,
+                   env=_env())
+    done, channel_data = run_benchmark(pkg, work, seed=99, timeout=600)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result" and all(c["correctness"] == "passed" for c in sent["result"]["cases"]), sent

@@ -22,7 +22,8 @@ from typing import Any
 
 from kz_events.status import TERMINAL, Status
 from kz_runner.client import ApiError, NetworkError, RetryPolicy, ZooClient
-from kz_runner.contract.codes import problem
+from kz_runner.contract.checks import HINTS as RESULT_HINTS
+from kz_runner.contract.codes import CODES, problem
 from kz_runner.contract.kernel_id import REPO_MARKERS, check_kernel_id, find_repo_root
 from kz_runner.contract.layout import BENCH_RESULT, KP
 from kz_runner.contract.pack import pack_kernel_id, pack_package
@@ -193,16 +194,31 @@ def case_table(doc: dict[str, Any]) -> str:
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows)
 
 
+def fix_hint(reason: dict[str, Any]) -> str:
+    """The reason's own ``hint``, else the contract's advice for its code (empty when there is none)."""
+    code = str(reason.get("code") or "")
+    if reason.get("hint"):
+        return str(reason["hint"])
+    if code in CODES:
+        return CODES[code].hint
+    return RESULT_HINTS.get(code, "")
+
+
 def reason_lines(reasons: Any) -> list[str]:
-    """``reason: CODE: message`` per reason, each followed by its ``hint:`` line when it has one."""
+    """``reason: CODE: message`` per reason, each followed by its ``hint:`` line when it has one.
+
+    A reason without a hint gets the contract's advice for its code, so problem and
+    result-check codes carry a fix even from a server that sends none.
+    """
     lines: list[str] = []
     for reason in reasons or []:
         if not isinstance(reason, dict):
             lines.append(f"reason: {reason}")
             continue
         lines.append(f"reason: {reason.get('code', '')}: {reason.get('message', '')}")
-        if reason.get("hint"):
-            lines.append(f"  hint: {reason['hint']}")
+        hint = fix_hint(reason)
+        if hint:
+            lines.append(f"  hint: {hint}")
     return lines
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kz_daemon.cli import main
+from kz_runner.contract.checks import HINTS as RESULT_HINTS
 from tests.helpers.http_server import CPU_AXPY, EXAMPLES, package_tarball
 
 SUB_UUID = "5b0a7c1e-0000-4000-8000-000000000001"
@@ -118,7 +119,8 @@ REJECTED = {
                "primary_metric": "latency_us", "value": 3.5}],
     "reasons": [{"stage": "result", "code": "BUILD_FAILED", "message": "build_test_env.py exited 1",
                  "hint": "run kz dry-run to see the build fail locally"},
-                {"stage": "result", "code": "PACKAGE_REJECTED", "message": "overall.accept is false"}],
+                {"stage": "result", "code": "PACKAGE_REJECTED", "message": "overall.accept is false"},
+                {"stage": "result", "code": "RESULT_KERNEL_ID", "message": "kernel_id is 'x'"}],
     "log_tails": {"build": "Traceback (most recent call last):\nImportError: no module named cupy\n",
                   "benchmark": ""},
 }
@@ -134,6 +136,9 @@ def test_a_rejection_prints_reasons_with_hints_and_the_log_tails(fake, tarball, 
     at = lines.index("reason: BUILD_FAILED: build_test_env.py exited 1")
     assert lines[at + 1] == "  hint: run kz dry-run to see the build fail locally"
     assert lines[at + 2] == "reason: PACKAGE_REJECTED: overall.accept is false"
+    assert not lines[at + 3].startswith("  hint:")  # no hint sent, none known for the code
+    at = lines.index("reason: RESULT_KERNEL_ID: kernel_id is 'x'")  # no hint sent: the contract's advice
+    assert lines[at + 1] == f"  hint: {RESULT_HINTS['RESULT_KERNEL_ID']}"
     at = lines.index("--- build log (last lines) ---")
     assert lines[at + 1:at + 3] == ["Traceback (most recent call last):", "ImportError: no module named cupy"]
     assert "benchmark log" not in out  # an empty tail is not shown

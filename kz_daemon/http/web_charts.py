@@ -77,7 +77,9 @@ class Chart:
 
 
 def tick_label(value: float) -> str:
-    """A short label for an axis value (3 significant digits)."""
+    """A short label for an axis value: whole numbers below ten million in full, else 3 significant digits."""
+    if value == int(value) and abs(value) < 1e7:
+        return f"{value:.0f}"
     return f"{value:.3g}"
 
 

@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SEED_SENTINEL = "0000000"
+from kz_runner.contract.layout import SEED_SHA, is_seed_sha
+
+SEED_SENTINEL = SEED_SHA
 LOWER_BETTER = "lower_better"
 HIGHER_BETTER = "higher_better"
 
 
 def is_sentinel(commit_sha: Any) -> bool:
     """True for the seed sentinel (``"0000000"``; any all-zero sha counts)."""
-    return isinstance(commit_sha, str) and commit_sha != "" and set(commit_sha) == {"0"}
+    return is_seed_sha(commit_sha)
 
 
 def _record_value(record: Any) -> float | None:

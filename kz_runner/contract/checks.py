@@ -1,4 +1,4 @@
-"""The server-side hard checks on a reported benchmark result (DESIGN.md §2).
+"""The server-side hard checks on a reported benchmark result.
 
 The daemon applies them to every result a runner reports; ``kz dry-run`` applies
 the same functions locally, so a submitter sees the server's verdict before

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .checks import Verdict, check_result, parse_output
+from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, KP, SEED_SHA
 from .problems import Problem
 
 STEPS = ("validate", "unpack", "build-1", "build-2", "idempotency", "benchmark", "output", "checks", "verdict")
@@ -129,7 +130,7 @@ def _child_env() -> dict[str, str]:
 def _run_child(script: str, package_dir: Path, workdir: Path, timeout_s: float, python: str):
     from kz_runner.procs import run_step
 
-    return run_step([python, f".kernel_package/{script}", str(workdir)], cwd=package_dir, env=_child_env(),
+    return run_step([python, f"{KP}/{script}", str(workdir)], cwd=package_dir, env=_child_env(),
                     timeout_s=timeout_s, stdout_cap=STDOUT_CAP, stderr_cap=STDERR_CAP, kill_grace_s=2.0)
 
 
@@ -194,7 +195,7 @@ def seed_bench_result(kernel_id: str, metas: list[dict]) -> dict[str, Any]:
     for meta in metas:
         def records() -> dict[str, Any]:
             """Fresh sentinel records for every declared metric."""
-            return {m["name"]: {"value": 0, "submitter": "seed", "commit_sha": "0000000",
+            return {m["name"]: {"value": 0, "submitter": "seed", "commit_sha": SEED_SHA,
                                 "recorded_at": SEED_RECORDED_AT} for m in meta.get("metrics", [])}
         cases.append({"test_case_id": meta["test_case_id"], "metrics_best": records(),
                       "metrics_current": records(), "correctness_current": "unknown"})
@@ -204,7 +205,7 @@ def seed_bench_result(kernel_id: str, metas: list[dict]) -> dict[str, Any]:
 def _read_metas(package_dir: Path) -> list[dict]:
     from .validate import read_metas
 
-    source = (package_dir / ".kernel_package" / "benchmark.py").read_bytes()
+    source = (package_dir / KP / BENCHMARK).read_bytes()
     metas, _ = read_metas(source)
     return [m for m in metas or [] if isinstance(m, dict)]
 
@@ -326,7 +327,7 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
             return
         package_dir = Path(unpacked.facts["package_dir"])
         run.kernel_id = unpacked.facts.get("kernel_id", run.kernel_id)
-        card = package_dir / ".kernel_package" / "bench_result.yaml"
+        card = package_dir / KP / BENCH_RESULT
         detail = f"{unpacked.facts.get('files')} files"
         if not card.exists() and scorecard_for is None:
             card.write_text(yaml.safe_dump(seed_bench_result(run.kernel_id, _read_metas(package_dir)),
@@ -340,13 +341,13 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
         if not is_tarball:  # never overwrite the author's own scorecard: run a copy
             package_dir = _copy_package(package_dir, scratch / "package")
         document = card.document if card.document is not None else seed_bench_result(run.kernel_id or "", metas)
-        (package_dir / ".kernel_package" / "bench_result.yaml").write_text(
+        (package_dir / KP / BENCH_RESULT).write_text(
             yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         run.judged_against = card.source
     workdirs = [scratch / "work1", scratch / "work2"]
     for i, workdir in enumerate(workdirs, start=1):
         workdir.mkdir(parents=True)
-        res = _run_child("build_test_env.py", package_dir, workdir, build_timeout_s, python)
+        res = _run_child(BUILD_TEST_ENV, package_dir, workdir, build_timeout_s, python)
         step = _child_step(f"build-{i}", res, build_timeout_s)
         run.steps.append(step)
         if not step.ok:
@@ -358,7 +359,7 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
     if not same:
         return
 
-    res = _run_child("benchmark.py", package_dir, workdirs[0], bench_timeout_s, python)
+    res = _run_child(BENCHMARK, package_dir, workdirs[0], bench_timeout_s, python)
     step = _child_step("benchmark", res, bench_timeout_s)
     run.steps.append(step)
     if not step.ok:

@@ -21,15 +21,17 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no forked workers either
     fcntl = None  # type: ignore[assignment]
 
+from kz_events.durable import atomic_write
+
 from .codes import problem
 from .index_cache import ContentsCache
 from .kernel_id import CATEGORY_FIELDS
+from .layout import SEED_SHA
 from .problems import Problem
 from .tarball import KERNEL_PACKAGE_DIR
 from .validate import Analysis, analyze_package_dir, is_ignored
 
 SCHEMA_VERSION = "1.0.0"
-SEED_SHA = "0000000"
 ENV_REPO = "KERNEL_ZOO_KERNEL_REPO_PATH"
 ENV_INDEX = "KERNEL_ZOO_INDEX_PATH"
 
@@ -453,16 +455,5 @@ def write_index(doc: dict, path: str | os.PathLike) -> Path:
     """Write ``doc`` to ``path`` atomically: temporary file, fsync, rename, fsync of the directory."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    data = dumps(doc).encode("utf-8")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    atomic_write(target, dumps(doc).encode("utf-8"))
     return target

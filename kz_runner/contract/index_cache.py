@@ -19,6 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from kz_events.durable import atomic_write
+
 from .problems import Problem
 from .schema_check import _json_finite
 from .validate import CONTRACT_FILES, Analysis, analyze_contents
@@ -155,10 +157,9 @@ class ContentsCache:
                 entries[key] = record
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "fingerprint": validator_fingerprint(),
-                                   "entries": entries}, separators=(",", ":")))
-        os.replace(tmp, target)
+        data = json.dumps({"format": CACHE_FORMAT, "fingerprint": validator_fingerprint(),
+                           "entries": entries}, separators=(",", ":")).encode()
+        atomic_write(target, data, fsync=False)  # a lost cache only costs one slower rebuild
 
 
 def default_cache_path(repo_root: str | os.PathLike) -> Path:

@@ -19,6 +19,7 @@ import ast
 from typing import Any
 
 from .codes import problem
+from .layout import BENCHMARK, BUILD_TEST_ENV, KP
 from .literals import NotLiteral, literal_value
 from .problems import Problem
 from .schema_check import (
@@ -28,8 +29,8 @@ from .schema_check import (
 )
 
 METAS_NAME = "KERNEL_ZOO_TEST_CASE_METAS"
-BENCHMARK_FILE = ".kernel_package/benchmark.py"
-BUILD_ENV_FILE = ".kernel_package/build_test_env.py"
+BENCHMARK_FILE = f"{KP}/{BENCHMARK}"
+BUILD_ENV_FILE = f"{KP}/{BUILD_TEST_ENV}"
 
 
 _BOM = b"\xef\xbb\xbf"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .codes import problem
+from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, CONTRACT_FILES, DESC, HARNESS_FILES
 from .kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id,
                         kernel_id_from_path, path_ends_with)
 from .problems import Problem, Report
@@ -32,12 +33,8 @@ from .schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
 from .tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
 from .yamlio import YAMLError, load_yaml, yaml_error_text
 
-DESC = "desc.yaml"
-BENCH_RESULT = "bench_result.yaml"
-BUILD_ENV = "build_test_env.py"
-BENCHMARK = "benchmark.py"
-CONTRACT_FILES = (DESC, BENCH_RESULT, BUILD_ENV, BENCHMARK)
-_SUBMITTED_FILES = (DESC, BUILD_ENV, BENCHMARK)
+BUILD_ENV = BUILD_TEST_ENV
+_SUBMITTED_FILES = HARNESS_FILES
 MAX_CONTRACT_FILE_BYTES = MiB
 #: Names ``kz pack`` leaves out and the validator ignores inside a package.
 IGNORED_NAMES = frozenset({"__pycache__", ".git"})

@@ -1,0 +1,107 @@
+"""The static source rules: each rule fires on its pattern with file:line evidence, and clean code passes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kz_runner.contract.rules import HOLD, REJECT, RULES, check_sources, rule_table_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def findings(source: str, path: str = "src/kernel.py", **kw):
+    return check_sources({path: source.encode()}, **kw)
+
+
+@pytest.mark.parametrize("source, rule, action", [
+    ("import time\ntime.perf_counter = lambda: 0.0\n", "timing-patch", REJECT),
+    ("import time as t\nt.perf_counter_ns = None\n", "timing-patch", REJECT),
+    ("import time\nsetattr(time, 'perf_counter', lambda: 0)\n", "timing-patch", REJECT),
+    ("import cupy as cp\ncp.cuda.Event = object\n", "timing-patch", REJECT),
+    ("from cupy import cuda\ncuda.Event.elapsed_time = None\n", "timing-patch", REJECT),
+    ("from kz_runner import bench\nbench.Harness.run = None\n", "timing-patch", REJECT),
+    ("import numpy as np\nx = np.load('expected/n1m_out.npy')\n", "expected-read", REJECT),
+    ("import os\np = os.path.join(os.environ['W'], 'expected', 'o.npy')\n", "expected-read", REJECT),
+    ("open('../.kernel_package/bench_result.yaml').read()\n", "expected-read", REJECT),
+    ("import threading\n", "concurrency", HOLD),
+    ("from concurrent.futures import ThreadPoolExecutor\n", "concurrency", HOLD),
+    ("import multiprocessing as mp\n", "concurrency", HOLD),
+    ("import os\nos.fork()\n", "concurrency", HOLD),
+    ("import cupy\ns = cupy.cuda.Stream(non_blocking=True)\n", "concurrency", HOLD),
+    ("import socket\n", "network-subprocess", HOLD),
+    ("from urllib.request import urlopen\n", "network-subprocess", HOLD),
+    ("import subprocess\n", "network-subprocess", HOLD),
+    ("import os\nos.system('nvidia-smi')\n", "network-subprocess", HOLD),
+    ("import ctypes\n", "network-subprocess", HOLD),
+    ("import cupy as cp\ndef f(a, b):\n    return cp.matmul(a, b)\n", "vendor-call", HOLD),
+    ("import cupy\ncupy.linalg.norm(x)\n", "vendor-call", HOLD),
+    ("import torch\ntorch.softmax(x, 1)\n", "vendor-call", HOLD),
+])
+def test_each_rule_fires_with_its_evidence(source, rule, action):
+    found = [f for f in findings(source, op_class="Elementwise") if f.rule == rule]
+    assert found, findings(source)
+    hit = found[0]
+    assert hit.action == action and hit.file == "src/kernel.py"
+    assert hit.line >= 1 and hit.text == source.splitlines()[hit.line - 1].strip()
+
+
+@pytest.mark.parametrize("path", ["src/time.py", "src/numpy/__init__.py", "cupy/core.py", "kz_runner/bench.py",
+                                  "src/kz_events.py", "lib/numpy.cpython-311-x86_64-linux-gnu.so"])
+def test_a_module_the_harness_imports_cannot_be_shadowed(path):
+    (hit,) = [f for f in check_sources({path: b""}) if f.rule == "shadow-module"]
+    assert hit.action == REJECT and hit.file == path
+
+
+@pytest.mark.parametrize("line, rule", [
+    ('FILE* f = fopen("expected/o.bin", "rb");', "expected-read"),
+    ("cudaStreamCreate(&s);", "concurrency"),
+    ("std::thread t(work);", "concurrency"),
+    ('system("curl x");', "network-subprocess"),
+    ("#include <sys/socket.h>", "network-subprocess"),
+])
+def test_native_sources_are_matched_line_by_line(line, rule):
+    found = check_sources({"src/k.cu": f"// kernel\n{line}\n".encode()})
+    assert [(f.rule, f.line) for f in found] == [(rule, 2)]
+
+
+def test_clean_code_docstrings_and_the_contract_area_pass():
+    source = '''"""Reads nothing from expected/ and never touches bench_result.yaml."""
+import numpy as np
+import time
+
+
+def axpy(a, x, y, out):
+    """out = a * x + y (the expected output is the harness's business)."""
+    t0 = time.perf_counter()
+    np.multiply(x, a, out=out)
+    return out, time.perf_counter() - t0
+'''
+    assert findings(source) == []
+    assert check_sources({".kernel_package/benchmark.py": b"import threading\nimport time\ntime.time = 0\n"}) == []
+
+
+def test_vendor_calls_are_free_in_reference_sources_and_for_gemm_kernels():
+    source = "import cupy as cp\nout = cp.matmul(a, b)\n"
+    assert findings(source, op_class="Attention")
+    assert findings(source, op_class="Attention", reference_sources=["src/kernel.py"]) == []
+    assert findings(source, op_class="gemm") == []
+    assert findings(source, op_class="Attention", vendor_calls=()) == []
+
+
+def test_every_example_passes_the_rules():
+    for desc in sorted((ROOT / "examples").rglob(".kernel_package/desc.yaml")):
+        pkg = desc.parent.parent
+        doc = yaml.safe_load(desc.read_text())
+        files = {p.relative_to(pkg).as_posix(): p.read_bytes() for p in pkg.rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts}
+        found = check_sources(files, op_class=doc["category"]["op_class"],
+                              reference_sources=doc.get("reference_sources") or [])
+        assert found == [], (pkg, [f.render() for f in found])
+
+
+def test_the_rule_table_lists_every_rule():
+    table = rule_table_markdown()
+    for rule in RULES:
+        assert f"| `{rule.id}` | {rule.action} |" in table

@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 from kz_runner import channel, contain, harnesslib, integrity
 from kz_runner.contract import tarball
+from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP
 from kz_runner.contract.pysource import read_metas
 from kz_runner.logtail import Redactor, tail
 from kz_runner.procs import StepResult, run_step
@@ -60,8 +61,8 @@ CANCELLED = "CANCELLED"
 FAILURE_CODES = (UNPACK_FAILED, BUILD_FAILED, BUILD_TIMEOUT, BENCHMARK_TIMEOUT, BENCHMARK_CRASHED, BAD_OUTPUT,
                  INTEGRITY_ERROR, CANCELLED)
 
-BUILD_SCRIPT = ".kernel_package/build_test_env.py"
-BENCHMARK_SCRIPT = ".kernel_package/benchmark.py"
+BUILD_SCRIPT = f"{KP}/{BUILD_TEST_ENV}"
+BENCHMARK_SCRIPT = f"{KP}/{BENCHMARK}"
 
 # Variables copied from the runner's environment into the steps' environment, when set.
 # Everything else (tokens, server URLs, credentials, the systemd credentials
@@ -394,17 +395,17 @@ def execute_job(
         else:
             state["runner_facts"] = [{"measure": "containment", "applied": False,
                                       "reason": "disabled by the runner's options"}]
-        contract_dir = package_dir / ".kernel_package"
+        contract_dir = package_dir / KP
         contract_before = integrity.snapshot(contract_dir)
         steps = state["steps"] = _Steps(settings, package_dir, env, user, cancel)
 
         build = steps.run(BUILD_SCRIPT, work, settings.build_timeout_s)
         timings["build_s"] = round(build.duration_s, 6)
         tails["build"] = tail(build.stderr_tail, redactor)
-        logs.note(_step_note("build_test_env.py", build))
-        logs.section("build_test_env.py stderr", build.stderr, build.stderr_dropped)
+        logs.note(_step_note(BUILD_TEST_ENV, build))
+        logs.section(f"{BUILD_TEST_ENV} stderr", build.stderr, build.stderr_dropped)
         if build.stdout:
-            logs.section("build_test_env.py stdout", build.stdout, build.stdout_dropped)
+            logs.section(f"{BUILD_TEST_ENV} stdout", build.stdout, build.stdout_dropped)
         if build.cancelled:
             return done(None, CANCELLED, "stopped during build_test_env.py")
         if build.timed_out:
@@ -429,8 +430,8 @@ def execute_job(
             pipes.close()
         timings["benchmark_s"] = round(bench.duration_s, 6)
         tails["benchmark"] = tail(bench.stderr_tail, redactor)
-        logs.note(_step_note("benchmark.py", bench))
-        logs.section("benchmark.py stderr", bench.stderr, bench.stderr_dropped)
+        logs.note(_step_note(BENCHMARK, bench))
+        logs.section(f"{BENCHMARK} stderr", bench.stderr, bench.stderr_dropped)
         if bench.cancelled:
             return done(None, CANCELLED, "stopped during benchmark.py")
         after = integrity.snapshot(work)

@@ -39,6 +39,7 @@ from kz_runner.bench.output import build_document, case_result, write_document
 from kz_runner.bench.scorecard import Scorecard, regression_check
 from kz_runner.bench.timing import Timing, time_fn
 from kz_runner.bench.trials import Trials
+from kz_runner.contract.layout import BENCH_RESULT, KP
 
 USAGE = "usage: benchmark.py <workdir>"
 CPU_TRIALS = 4  # trial contents on the CPU, as many as the input copies it always rotated
@@ -219,7 +220,7 @@ class Harness:
         self.regression_tolerance = regression_tolerance
         self.against = against
         self.device = device
-        card_path = self.package_root / ".kernel_package" / "bench_result.yaml"
+        card_path = self.package_root / KP / BENCH_RESULT
         self.scorecard = scorecard if scorecard is not None else Scorecard.load(card_path)
         self.kernel_id = kernel_id or self.scorecard.kernel_id
         if not self.kernel_id:

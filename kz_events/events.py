@@ -29,6 +29,7 @@ __all__ = [
     "SubmissionReceived", "SubmissionValidated", "SubmissionRejected",
     "JobQueued", "JobClaimed", "JobLeaseRenewed", "JobLeaseExpired", "JobReleased",
     "JobCancelled", "JobFailed", "ResultReported",
+    "JobConfirmationRequested", "SubmissionRevoked", "RevokeCommitted",
     "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
     "DaemonStarted", "LogRepaired",
@@ -334,6 +335,53 @@ class AcceptRolledBack(Event):
     TYPE = "accept.rolled_back"
     uuid: str = doc(_UUID)
     reason: str = doc("Why the saga was rolled back.")
+
+
+# --- confirmation runs and revocation -------------------------------------------------
+
+
+@register
+class JobConfirmationRequested(Event):
+    """The reported result beats the recorded best by more than ``confirmation.margin``: it is
+    run again before anything is committed. The job goes back to ``queued`` (the run counts as
+    an attempt) with a confirmation flag; ``runner_id`` may not claim it before ``exclusive_until``.
+
+    The next ``result.reported`` is the confirmation run; ``accept.started`` follows when the
+    two agree, ``submission.rejected`` (code ``CONFIRMATION_MISMATCH``) when they do not.
+    """
+
+    TYPE = "job.confirmation_requested"
+    uuid: str = doc(_UUID)
+    runner_id: str = doc("Runner of the first result.")
+    lease_id: str = doc("Lease the first result was reported under.")
+    result_sha256: str = doc("sha256 hex of the first result (runs/<uuid>/result.json).",
+                             pattern="^[0-9a-f]{64}$")
+    reason: str = doc("Which case and metric beat the recorded best, and by how much.")
+    exclusive_until: float = doc("Until then (epoch seconds) only another runner may claim the "
+                                 "confirmation run; afterwards any runner of the arch may.")
+
+
+@register
+class SubmissionRevoked(Event):
+    """An admin took an accepted record back; terminal ``revoked``.
+
+    The revocation commit follows (``revoke.committed``); history is never rewritten.
+    """
+
+    TYPE = "submission.revoked"
+    uuid: str = doc(_UUID)
+    by: str = doc("Who revoked it (the admin token's id, or 'operator' for the CLI).")
+    reason: str = doc("Why.")
+
+
+@register
+class RevokeCommitted(Event):
+    """The revocation commit (trailer ``Revokes: <uuid>``) is on the branch and the index is updated."""
+
+    TYPE = "revoke.committed"
+    uuid: str = doc(_UUID)
+    sha: str = doc("SHA of the revocation commit.", **_SHA)
+    best_changed: bool = doc("Whether the kernel's metrics_best changed (else the commit changes no file).")
 
 
 # --- the rest of the system -------------------------------------------------------

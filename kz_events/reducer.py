@@ -14,6 +14,8 @@ The lifecycle (``kz_events.status.Status``)::
     accepting --accept.completed--> accepted        accepting --accept.rolled_back--> failed
     any non-terminal --submission.rejected--> rejected
     any non-terminal --job.failed--> failed
+    running (result reported) --job.confirmation_requested--> queued (once per submission)
+    accepted --submission.revoked--> revoked (revoke.committed then records its commit)
     received/queued/running --job.cancelled--> cancelled
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
@@ -302,11 +304,14 @@ def _reported(state: State, seq: int, ts: str, p: dict) -> None:
     sub = _sub(state, seq, t, p, (Status.RUNNING,))
     _check_lease(state, seq, t, p, sub)
     cases = p["cases"]
+    previous = sub.result
     sub.result = {
         "seq": seq, "result_sha256": p["result_sha256"], "overall_accept": p["overall_accept"],
         "build_ok": p["build_ok"], "cases": len(cases),
         "failed_cases": [c.get("correctness") for c in cases].count("failed"),
     }
+    if previous is not None and "confirmation" in previous:
+        _confirming(sub, previous)
     _end_lease(state, sub)
 
 
@@ -383,6 +388,58 @@ def _log_repaired(state: State, seq: int, ts: str, p: dict) -> None:
                           "quarantine_file": p["quarantine_file"]})
 
 
+# --- confirmation runs and revocation ----------------------------------------------------
+
+
+def _confirmation_requested(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "job.confirmation_requested"
+    sub = _sub(state, seq, t, p, (Status.RUNNING,))
+    result = sub.result
+    if result is None or sub.uuid in state.queue.in_flight:
+        raise InvalidTransition(seq, t, "no result reported for the current attempt", sub.uuid)
+    if "confirmation" in result:
+        raise InvalidTransition(seq, t, "a confirmation run was already requested", sub.uuid)
+    if not result["overall_accept"]:
+        raise InvalidTransition(seq, t, "the reported result did not accept", sub.uuid)
+    if (p["result_sha256"], p["runner_id"], p["lease_id"]) != \
+            (result["result_sha256"], sub.runner_id, sub.lease_id):
+        raise InvalidTransition(seq, t, "not the result reported under the last lease", sub.uuid)
+    sub.result = {**result, "confirmation": {
+        "seq": seq, "reason": p["reason"], "runner_id": p["runner_id"], "lease_id": p["lease_id"],
+        "result_sha256": p["result_sha256"], "exclusive_until": p["exclusive_until"]}}
+    _back_in_line(state, sub, seq, ts)
+
+
+def _confirming(sub: Submission, previous: dict) -> None:
+    """The report that follows a confirmation request is the confirmation run: keep the first."""
+    first = previous.get("first") or {k: v for k, v in previous.items() if k != "confirmation"}
+    sub.result["confirmation"] = previous["confirmation"]
+    sub.result["first"] = first
+
+
+def _revocation(sub: Submission) -> dict | None:
+    return next((r for r in reversed(sub.reasons) if r.get("stage") == "revoke"), None)
+
+
+def _revoked(state: State, seq: int, ts: str, p: dict) -> None:
+    sub = _sub(state, seq, "submission.revoked", p, (Status.ACCEPTED,))
+    sub.reasons.append({"stage": "revoke", "code": "REVOKED", "message": p["reason"], "by": p["by"],
+                        "seq": seq, "sha": None})
+    kernel = state.kernels.get(sub.kernel_id)
+    if kernel is not None and kernel.accepted > 0:
+        kernel.accepted -= 1
+    _set_status(state, sub, Status.REVOKED, seq, ts)
+
+
+def _revoke_committed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "revoke.committed"
+    sub = _sub(state, seq, t, p, (Status.REVOKED,))
+    entry = _revocation(sub)
+    if entry is None or entry.get("sha") is not None:
+        raise InvalidTransition(seq, t, "the revocation is already committed", sub.uuid)
+    entry.update(sha=p["sha"], best_changed=p["best_changed"], committed_seq=seq)
+
+
 #: a handler folds one event: (state, seq, ts, payload); it checks before it changes anything.
 Handler = Callable[[State, int, str, dict], None]
 
@@ -408,6 +465,9 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.MirrorPushed: _mirror_pushed,
     E.DaemonStarted: _daemon_started,
     E.LogRepaired: _log_repaired,
+    E.JobConfirmationRequested: _confirmation_requested,
+    E.SubmissionRevoked: _revoked,
+    E.RevokeCommitted: _revoke_committed,
 }
 #: the same by type word: the fold of a log line knows only the word.
 _BY_WORD: dict[str, Handler] = {cls.TYPE: handler for cls, handler in _HANDLERS.items()}

@@ -22,12 +22,14 @@ class Status(StrEnum):
     REJECTED = "rejected"     # refused: validation, a hard check, or the package's own verdict
     FAILED = "failed"         # infrastructure gave up (attempts exhausted, saga rolled back)
     CANCELLED = "cancelled"   # withdrawn by its submitter or an admin
+    REVOKED = "revoked"       # was accepted; an admin took the record back (history kept)
 
 
 #: every status word, in lifecycle order.
 STATUSES: tuple[Status, ...] = tuple(Status)
 #: the statuses a submission never leaves.
-TERMINAL: frozenset[Status] = frozenset({Status.ACCEPTED, Status.REJECTED, Status.FAILED, Status.CANCELLED})
+TERMINAL: frozenset[Status] = frozenset({Status.ACCEPTED, Status.REJECTED, Status.FAILED, Status.CANCELLED,
+                                        Status.REVOKED})
 
 
 def is_terminal(status: str) -> bool:

@@ -57,6 +57,11 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
     E.DaemonStarted: lambda p: f"daemon {p['version']} started (pid {p['pid']})",
     E.LogRepaired: lambda p: (f"log repaired: {p['dropped_bytes']} torn bytes moved to "
                               f"{p['quarantine_file']}"),
+    E.JobConfirmationRequested: lambda p: (f"confirmation run requested ({p['reason']}); "
+                                           f"back in the queue, not for {p['runner_id']} at first"),
+    E.SubmissionRevoked: lambda p: f"revoked by {p['by']}: {p['reason']}",
+    E.RevokeCommitted: lambda p: (f"revocation commit {_short(p['sha'])}"
+                                  + ("" if p["best_changed"] else " (best unchanged)")),
 }
 
 

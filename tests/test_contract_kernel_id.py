@@ -4,11 +4,13 @@ from __future__ import annotations
 import io
 import tarfile
 
+import kz_schemas
 import pytest
+from jsonschema import Draft202012Validator
 
 from kz_daemon.cli import main
-from kz_runner.contract.kernel_id import (MAX_DEPTH, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES, check_kernel_id,
-                                          kernel_id_errors)
+from kz_runner.contract.kernel_id import (KERNEL_ID_PATTERN, MAX_DEPTH, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES,
+                                          check_kernel_id, kernel_id_errors)
 from kz_runner.contract.pack import build_tarball
 from kz_runner.contract.tarball import scan_tarball
 from kz_runner.contract.validate import validate_package_dir, validate_tarball
@@ -106,3 +108,23 @@ def test_validate_reports_one_clear_problem_for_a_bad_kernel_id(tmp_path, capsys
     assert main(["validate", "--kernel-id", f"{BASE}/has space", str(good)]) == 1
     out = capsys.readouterr().out
     assert out.count("error ") == 1 and "KERNEL_ID_INVALID" in out
+
+
+SCHEMA_SAMPLES = [
+    f"{BASE}/impl", f"{BASE}/.github", f"{BASE}/git", f"{BASE}/...", f"{BASE}/" + "k" * MAX_SEGMENT_BYTES,
+    "/".join(["k" * 63] * 4), "/".join(["a"] * MAX_DEPTH),
+    f"{BASE}/" + "k" * (MAX_SEGMENT_BYTES + 1), "/".join(["k" * 90] * 3), "/".join(["a"] * (MAX_DEPTH + 1)),
+    f"{BASE}/impl\n", f"{BASE}/impl\r", f"{BASE}/.GIT", f"{BASE}/.git..", f"{BASE}/.git/x", f"{BASE}/..",
+    f"{BASE}/./x", "..", ".", f"/{BASE}", f"{BASE}/", f"{BASE}//x", f"{BASE}/has space", "",
+]
+
+
+@pytest.mark.parametrize("name", ["bench_result", "benchmark_output"])
+def test_schema_kernel_id_pattern_is_the_one_rule(name):
+    """The schemas' kernel_id is KERNEL_ID_PATTERN and, as jsonschema applies it, agrees with the rule."""
+    schema = kz_schemas.load(name)["properties"]["kernel_id"]
+    assert schema["pattern"] == KERNEL_ID_PATTERN and schema["maxLength"] == MAX_KERNEL_ID_BYTES
+    validator = Draft202012Validator(schema)
+    for kernel_id in SCHEMA_SAMPLES:
+        assert validator.is_valid(kernel_id) == (kernel_id_errors(kernel_id) == []), repr(kernel_id)
+    assert not validator.is_valid(f"{BASE}/impl\n")  # Python's `$` alone would let this through

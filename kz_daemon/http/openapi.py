@@ -8,10 +8,15 @@ from typing import Any
 import kz_schemas
 
 from kz_daemon.http.apispec import Op
+from kz_runner.contract.kernel_id import KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES
 
 _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad request", 401: "Unauthorized",
             403: "Forbidden", 404: "Not found", 409: "Conflict", 413: "Payload too large",
             422: "Result invalid", 429: "Rate limited", 503: "Unavailable"}
+
+#: the kernel_id rule of kz_runner.contract.kernel_id, as a schema (the handlers apply the rule itself).
+_KERNEL_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_KERNEL_ID_BYTES,
+                     "pattern": KERNEL_ID_PATTERN}
 
 
 def _component(name: str) -> dict[str, Any]:
@@ -47,8 +52,7 @@ def build(ops: Iterable[Op], version: str) -> dict[str, Any]:
         }
         parameters = [
             {"name": name, "in": "path", "required": True,
-             "schema": {"type": "string", "minLength": 1,
-                        **({"pattern": "^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$"} if name == "kernel_id" else {})},
+             "schema": dict(_KERNEL_ID_SCHEMA) if name == "kernel_id" else {"type": "string", "minLength": 1},
              "description": "kernel_id (contains slashes)" if name == "kernel_id" else f"the {name}"}
             for name in op.path_params
         ]

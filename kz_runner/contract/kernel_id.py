@@ -37,6 +37,14 @@ KERNEL_ID_RE = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
 MAX_SEGMENT_BYTES = 100
 MAX_KERNEL_ID_BYTES = 255
 MAX_DEPTH = 16
+#: The same rule as one JSON Schema ``pattern`` (with ``maxLength: MAX_KERNEL_ID_BYTES``; the
+#: characters are ASCII, so bytes and characters agree) for schemas and the OpenAPI document.
+#: It reads the same in ECMA 262 and Python's ``re.search`` (which jsonschema uses): ``$(?!\n)``
+#: refuses the trailing newline Python's ``$`` would let through. Inside ``[A-Za-z0-9._-]`` the
+#: only names git refuses are ``.git`` in any case followed by dots, hence the lookahead.
+_SEGMENT_PATTERN = (r"(?!\.{1,2}(?:/|$))(?!\.[Gg][Ii][Tt]\.*(?:/|$))"
+                    rf"[A-Za-z0-9._-]{{1,{MAX_SEGMENT_BYTES}}}")
+KERNEL_ID_PATTERN = rf"^{_SEGMENT_PATTERN}(?:/{_SEGMENT_PATTERN}){{0,{MAX_DEPTH - 1}}}$(?!\n)"
 #: A file or directory whose presence marks a kernel repo root (nearest wins).
 REPO_MARKERS = (".kernel_zoo_root", ".git")
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")

@@ -1,6 +1,6 @@
 """The runner loop as a real ``kz runner`` process against a small protocol server.
 
-The server here speaks the runner wire protocol (docs/dev-notes.md) over real
+The server here speaks the runner wire protocol (docs/architecture.md) over real
 HTTP with in-memory state, so the loop's behaviour on the wire can be driven
 precisely: failing reports, revoked leases, stop signals. The same runner
 against the real daemon is in test_runner_e2e.py.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from kz_daemon import accept, queue, recovery, spool
+from kz_daemon import logs as logs_store
 from kz_daemon.clock import iso_now
 from kz_daemon.config import Config
 from kz_daemon.errors import ZooError
@@ -251,8 +252,22 @@ class Zoo:
 
     def report_result(self, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
                       logs: bytes = b"", env: dict | None = None,
-                      failure: dict | None = None) -> SubmissionView:
-        """Hard checks on the reported result, then the accept saga or a rejection; the final view."""
+                      failure: dict | None = None, log_tails: dict | None = None) -> SubmissionView:
+        """Hard checks on the reported result, then the accept saga or a rejection; the final view.
+
+        ``log_tails`` (``logs.clean_tails``) are stored with the run before its events are
+        emitted, so the status document that first shows the verdict also shows them;
+        only the lease holder's are stored (a stale report falls through to LEASE_LOST).
+        """
+        folder = self.pending.run_folder(sub_uuid)
+        if log_tails or (folder / logs_store.TAILS_FILE).exists():  # none sent: clear an earlier attempt's
+            with self.lock:
+                try:
+                    queue.check_lease(self, sub_uuid, runner_id, lease_id)
+                except ZooError:
+                    pass  # a repeat or a stale report: accept.report_result answers it
+                else:
+                    logs_store.store_tails(folder, log_tails or {})
         return accept.report_result(self, sub_uuid, runner_id, lease_id, result, logs, env or {}, failure)
 
     def cancel(self, sub_uuid: str, by: str, reason: str = "cancelled") -> SubmissionView:
@@ -324,7 +339,41 @@ class Zoo:
         with self._runners_lock:
             runners = {k: dict(v) for k, v in self._runners.items()}
         return {"seq": state.seq, "pending": pending, "in_flight": in_flight, "accepting": accepting,
-                "runners": runners}
+                "runners": runners, "arches": self._arch_counts(pending, runners)}
+
+    def runner_window_s(self) -> float:
+        """How recently a runner must have asked for work to count as serving its arch (two lease periods)."""
+        return 2.0 * self.config.queue.lease_seconds
+
+    def _live(self, runner: dict, now: float) -> bool:
+        return now - float(runner.get("last_seen") or 0.0) <= self.runner_window_s()
+
+    def _arch_counts(self, pending: list[dict], runners: dict[str, dict]) -> dict[str, dict]:
+        """Per arch: live runners, runners seen, jobs waiting (for the queue page and its API)."""
+        now = self.clock()
+        out: dict[str, dict] = {}
+        for runner in runners.values():
+            entry = out.setdefault(str(runner.get("arch") or ""), {"runners": 0, "runners_seen": 0, "waiting": 0})
+            entry["runners_seen"] += 1
+            entry["runners"] += self._live(runner, now)
+        for job in pending:
+            out.setdefault(str(job.get("arch") or ""), {"runners": 0, "runners_seen": 0, "waiting": 0})["waiting"] += 1
+        out.pop("", None)
+        return dict(sorted(out.items()))
+
+    def queue_warning(self, arch: str | None) -> dict | None:
+        """``{code: NO_RUNNER_FOR_ARCH, message}`` when no runner of ``arch`` asked for work lately; else None."""
+        if not arch:
+            return None
+        now = self.clock()
+        with self._runners_lock:
+            if any(r.get("arch") == arch and self._live(r, now) for r in self._runners.values()):
+                return None
+        window = self.runner_window_s()
+        return {"code": "NO_RUNNER_FOR_ARCH",
+                "message": f"no runner for arch {arch} has asked for work in the last {window:.0f} s, so the "
+                           f"job waits until one does: start one on a machine of that arch "
+                           f"(kz runner --arch {arch}) or ask the operator"}
 
     def metrics(self) -> dict:
         """Counters and gauges for /metrics."""

@@ -38,6 +38,22 @@ def default_examples() -> Path | None:
     return None
 
 
+def example_arches(seed: Path | None) -> list[str]:
+    """The arches of the example packages (the first segment of each kernel_id under ``seed``)."""
+    if seed is None or not seed.is_dir():
+        return []
+    return sorted({p.relative_to(seed).parts[0] for p in seed.rglob(".kernel_package") if p.is_dir()})
+
+
+def arch_warning(arch: str | None, arches: list[str]) -> str | None:
+    """A banner line when the local runner's arch serves none of the examples (their jobs would wait)."""
+    if not arch or not arches or arch in arches:
+        return None
+    return (f"warning: the local runner serves arch {arch}, but the examples are for {', '.join(arches)}: "
+            f"their submissions wait until a runner of that arch asks for work "
+            f"(kz runner --arch ARCH, or kz up --arch ARCH)")
+
+
 def _runner_argv(url: str, token_file: Path, arch: str) -> list[str] | None:
     """The local runner's command line, or None when this install has no ``kz runner``."""
     try:
@@ -94,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     tokens = ensure_local_tokens(state_dir)
     runner_desc: list[str | None] = [None]
+    runner_arch: list[str | None] = [None]
 
     def runner_argv_for(url: str) -> list[str] | None:
         if args.no_runner:
@@ -104,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
 
             arch = detect_arch().arch
         argv = _runner_argv(url, tokens["runner"], arch)
+        runner_arch[0] = arch if argv else None
         runner_desc[0] = f"kz runner --arch {arch}" if argv else "unavailable (no kz runner in this install)"
         return argv
 
     def show(url: str) -> None:
         print(banner(url, state_dir, tokens, runner_desc[0]), flush=True)
+        warning = arch_warning(runner_arch[0], example_arches(seed))
+        if warning:
+            print(warning, flush=True)
 
     os.environ.pop("KZ_TOKEN", None)
     return serve_config(config, host=args.host, port=args.port, runner_argv_for=runner_argv_for,

@@ -20,6 +20,7 @@ from kz_daemon.errors import ZooError
 from kz_daemon.http import authz, limits, views
 from kz_daemon.http.apispec import Op, Param
 from kz_daemon.http.metrics import accept_latency, render_metrics
+from kz_daemon.logs import logs_doc
 from kz_events.status import Status
 from kz_runner.contract.kernel_id import kernel_id_errors
 
@@ -167,9 +168,23 @@ async def create_submission(request: Request) -> Response:
         raise ZooError("VALIDATION_ERROR", f"the package was rejected at intake: {message or 'see details'}",
                        {"uuid": uuid, "status": Status.REJECTED, "reasons": reasons, "problems": problems,
                         "status_url": _status_url(request, uuid)})
-    body = {"uuid": uuid, "status": doc.get("status", Status.RECEIVED), "kernel_id": kernel_id,
+    body = {"uuid": uuid, "status": intake_status(doc), "kernel_id": kernel_id,
             "submitter_id": submitter, "status_url": _status_url(request, uuid)}
+    if doc.get("queue_warning"):
+        body["queue_warning"] = doc["queue_warning"]
     return JSONResponse(body, status_code=202, headers={"Location": body["status_url"]})
+
+
+def intake_status(doc: dict[str, Any]) -> str:
+    """What intake decided, for the POST answer: ``queued`` once intake queued the job.
+
+    A runner long-polling for work can claim the job in the instant between intake's
+    ``job.queued`` and this answer; the answer still says ``queued`` (the documented
+    contract: the upload passed intake), and ``status_url`` has the live status.
+    """
+    status = str(doc.get("status") or Status.RECEIVED)
+    passed = any(isinstance(h, list) and len(h) > 1 and h[1] == Status.QUEUED for h in doc.get("history") or [])
+    return str(Status.QUEUED) if passed else status
 
 
 async def _discard_body(request: Request, cap: int) -> None:
@@ -219,6 +234,19 @@ async def submission_status(request: Request) -> Response:
         fresh = await wait_slices(request, time.monotonic() + wait, step)
         if fresh is not None:
             doc = fresh
+    return JSONResponse(doc)
+
+
+async def submission_logs(request: Request) -> Response:
+    """GET /api/submissions/{uuid}/logs: the run's build/benchmark log tails and the runner's failure."""
+    zoo = request.app.state.zoo
+    uuid = request.path_params["uuid"]
+    view = zoo.submission(uuid)
+    if not getattr(view, "result", None):
+        raise ZooError("NOT_FOUND", f"submission {uuid} has no reported run yet ({view.status}); "
+                       f"its logs appear once a runner reports", {"uuid": uuid, "status": view.status})
+    doc = await run_in_threadpool(logs_doc, uuid, zoo.pending.run_folder(uuid))
+    doc["status"] = view.status
     return JSONResponse(doc)
 
 
@@ -306,6 +334,9 @@ OPS: list[Op] = [
        params=(Param("wait", {"type": "number", "minimum": 0, "maximum": 60},
                      "seconds to wait for a change (0 = answer now)"),),
        responses={200: "api_submission_status", 400: "api_error", 404: "api_error"}),
+    Op("GET", "/api/submissions/{uuid}/logs", submission_logs, "getSubmissionLogs",
+       "The run's log tails (build, benchmark) and the runner's failure", "submissions",
+       responses={200: "api_submission_logs", 404: "api_error"}),
     Op("POST", "/api/submissions/{uuid}/cancel", cancel_submission, "cancelSubmission",
        "Cancel a submission (its submitter or an admin)", "submissions", auth="submitter",
        request="api_empty",

@@ -1,4 +1,4 @@
-"""The runner wire protocol (docs/architecture.md): claim, package, lease renew/release, result.
+"""The runner wire protocol (docs/dev-notes.md): claim, package, lease renew/release, result.
 
 Every call needs ``Authorization: Bearer <runner token>``; the runner id comes from
 the token, never from the body. Lease ownership (403/409) is decided by the Zoo.
@@ -19,6 +19,7 @@ from kz_daemon.errors import ZooError
 from kz_daemon.http import authz, limits, views
 from kz_daemon.http.api import wait_slices
 from kz_daemon.http.apispec import Op
+from kz_daemon.logs import clean_tails
 
 
 def rfc3339(epoch: float | str | None) -> str | None:
@@ -97,6 +98,9 @@ async def renew(request: Request) -> Response:
     lease_id = _str_field(doc, "lease_id")
     uuid = request.path_params["uuid"]
     expires = await state.zoo.renew_async(uuid, runner_id, lease_id)
+    note = getattr(state.zoo, "note_runner", None)
+    if note is not None:  # a runner busy with a long job still serves its arch (no queue warning)
+        note(runner_id, {})
     return JSONResponse({"uuid": uuid, "lease_id": lease_id, "lease_expires_at": rfc3339(expires)})
 
 
@@ -115,7 +119,7 @@ async def release(request: Request) -> Response:
 
 
 async def result(request: Request) -> Response:
-    """POST /api/submissions/{uuid}/result: the benchmark JSON, base64 logs, env, failure."""
+    """POST /api/submissions/{uuid}/result: the benchmark JSON, base64 logs, env, failure, log tails."""
     state = request.app.state
     runner_id = authz.require_runner(request)
     doc = await limits.read_json_object(request, state.settings.max_result_bytes, required=("lease_id",))
@@ -139,9 +143,10 @@ async def result(request: Request) -> Response:
         logs = base64.b64decode(logs_b64, validate=True)
     except (binascii.Error, ValueError):
         raise ZooError("BAD_REQUEST", "field logs_b64 is not valid base64", {"field": "logs_b64"}) from None
+    tails = clean_tails(doc.get("log_tails"))
     uuid = request.path_params["uuid"]
     view = await run_in_threadpool(state.zoo.report_result, uuid, runner_id, lease_id, result_doc,
-                                   logs, env, failure)
+                                   logs, env, failure, tails)
     return JSONResponse(views.submission_doc(view, f"/api/submissions/{uuid}/status", state.zoo))
 
 

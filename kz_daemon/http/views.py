@@ -14,8 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kz_daemon import hints, logs
 from kz_daemon.accept import case_summary
-from kz_events.status import TERMINAL
+from kz_events.status import TERMINAL, Status
 
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
 
@@ -251,7 +252,32 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) ->
     doc["terminal"] = doc.get("status") in TERMINAL
     if status_url:
         doc["status_url"] = status_url
+    doc["reasons"] = [hints.with_hint(r) for r in doc["reasons"]]
+    sub_uuid = str(doc.get("uuid") or "")
+    if zoo is not None and sub_uuid:
+        add_run_logs(doc, zoo, sub_uuid)
+        add_queue_warning(doc, zoo)
     return doc
+
+
+def add_run_logs(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
+    """``logs_url`` once a run was reported, and ``log_tails`` when the run sent any (a file read)."""
+    if not isinstance(doc.get("result"), dict):
+        return
+    doc["logs_url"] = f"/api/submissions/{sub_uuid}/logs"
+    pending = getattr(zoo, "pending", None)
+    tails = logs.load_tails(pending.run_folder(sub_uuid)) if pending is not None else {}
+    if tails:
+        doc["log_tails"] = tails
+
+
+def add_queue_warning(doc: dict[str, Any], zoo: Any) -> None:
+    """``queue_warning`` for a queued job no live runner serves (a job waiting in silence otherwise)."""
+    warn = getattr(zoo, "queue_warning", None)
+    if doc.get("status") == Status.QUEUED and warn is not None:
+        warning = warn(doc.get("arch"))
+        if warning:
+            doc["queue_warning"] = warning
 
 
 def changed(before: Mapping[str, Any], after: Mapping[str, Any], keys: Iterable[str] = ()) -> bool:

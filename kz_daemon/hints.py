@@ -1,0 +1,106 @@
+"""What to do about each code a submission's ``reasons[]`` can carry: the fix hint the API sends.
+
+``kz dry-run`` and ``kz validate`` get their advice from the contract's tables
+(``kz_runner.contract.codes.CODES`` for package and tarball problems,
+``kz_runner.contract.checks.HINTS`` for the checks on the benchmark output). The
+daemon answers with the same words for those codes and adds, in :data:`DAEMON_HINTS`,
+the codes only a run or the daemon produces (runner failures, the harness library's
+integrity codes, intake policies, the queue and the accept saga). :func:`hint_for`
+is the one lookup; every ``reasons[]`` entry of a status document goes through it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kz_runner.contract.checks import HINTS as RESULT_HINTS
+from kz_runner.contract.codes import CODES
+
+__all__ = ["DAEMON_HINTS", "hint_for", "with_hint"]
+
+_INTEGRITY = ("Use kz_runner.bench.Harness as shipped and let it time, sync and check the kernel; "
+              "run `kz dry-run` locally, which applies the same checks.")
+
+#: code -> what to do, for codes the contract's tables do not hold.
+DAEMON_HINTS: dict[str, str] = {
+    # runner failures (the wire protocol's failure codes)
+    "UNPACK_FAILED": "The runner could not unpack the package: pack it with `kz pack` and check it with "
+                     "`kz validate package.tar.gz`.",
+    "BUILD_TIMEOUT": "build_test_env.py ran past the build time limit: generate smaller inputs or fewer "
+                     "cases, and time it locally with `kz dry-run`.",
+    "BENCHMARK_TIMEOUT": "benchmark.py ran past the benchmark time limit: fewer trials or smaller cases; "
+                         "time it locally with `kz dry-run`.",
+    "BENCHMARK_CRASHED": "benchmark.py exited with an error before printing its JSON: read the benchmark "
+                         "log tail (logs_url) and reproduce with `kz dry-run`.",
+    "INTEGRITY_ERROR": "Do not modify the files build_test_env.py produced or .kernel_package/ during the "
+                       "benchmark, and print the same result on stdout as the harness reports.",
+    "RUNNER_FAILURE": "The runner reported a failure without a code: read the log tails (logs_url) and "
+                      "submit again; tell the operator when it repeats.",
+    # the harness library's integrity codes
+    "TIMER_TAMPERED": "Do not replace or wrap clocks, events or synchronisation functions; " + _INTEGRITY,
+    "UNSYNCED_WORK": "Run all of the kernel's work on the stream the harness times and do not return "
+                     "before it finished; " + _INTEGRITY,
+    "THREAD_LEAK": "Join every thread and process you start before the timed call returns; " + _INTEGRITY,
+    "OUTPUT_TYPE": "Return exactly the expected array type, dtype and shape from the timed call.",
+    "STALE_OUTPUT": "Compute the output on every call; never return a cached or previous trial's result.",
+    "TIMED_MISMATCH": "The timed call must compute the same result as the checked call: no shortcuts "
+                      "when being timed.",
+    "HARNESS_ERROR": "The benchmark harness failed: read the benchmark log tail (logs_url); check the "
+                     "inputs you pass to kz_runner.bench and run `kz dry-run`.",
+    "HARNESS_LOCKED": "Keep the harness files of an existing package as they are in the repo (or ask "
+                      "the operator to review a change to them).",
+    "IMPLAUSIBLE_RESULT": "The timing is not physically plausible for the case: time the whole kernel "
+                          "through the harness and report the measured values unchanged.",
+    "RULE_VIOLATION": "The package breaks one of the zoo's rules named in the message: fix the code it "
+                      "points at and run `kz dry-run`.",
+    "CONFIRMATION_MISMATCH": "A second run did not confirm the first one's figures: make the benchmark "
+                             "deterministic and stable (warm-up, enough trials) and submit again.",
+    # intake
+    "PACKAGE_FROZEN": "The package is frozen and takes no submissions: submit to another kernel_id, or "
+                      "use status: normal in desc.yaml for a new package.",
+    "NEW_PACKAGE_NOT_ALLOWED": "This zoo takes no new packages: submit to an existing kernel_id "
+                               "(GET /api/kernels lists them) or ask the operator.",
+    "VALIDATION_ERROR": "Run `kz validate` on the package and fix each problem it reports.",
+    "INTAKE_FAILED": "The server could not read the upload: submit again; tell the operator when it repeats.",
+    "SIDECAR_INVALID": "The upload's metadata could not be read: submit with `kz submit` or the curl "
+                       "line of the API reference.",
+    "PACKAGE_REJECTED": "Run `kz dry-run` on the package and fix what it reports.",
+    "REVIEW_REJECTED": "An operator rejected the change after review: read the message and submit again "
+                       "once it is addressed.",
+    # queue and accept
+    "ATTEMPTS_EXHAUSTED": "Every runner that took the job lost it (crash, timeout or restart): make the "
+                          "build and benchmark finish well within the time limits and submit again.",
+    "CANCELLED": "The submission was cancelled; submit again when you want it run.",
+    "REVOKED": "An operator revoked this result (the message says why) and the bests were recomputed "
+               "without it: fix the package and submit again.",
+    "ROLLED_BACK": "The server could not finish committing the result: submit again; tell the operator "
+                   "when it repeats.",
+}
+
+
+def hint_for(code: Any) -> str:
+    """The fix hint for ``code`` (the contract's advice first, as ``kz dry-run`` gives it); '' if none."""
+    code = str(code or "")
+    if code in CODES:
+        return CODES[code].hint
+    if code in RESULT_HINTS:
+        return RESULT_HINTS[code]
+    return DAEMON_HINTS.get(code, "")
+
+
+def with_hint(reason: Any) -> Any:
+    """A copy of a ``reasons[]`` entry with ``hint`` set (its own, else its first problem's, else the table's)."""
+    if not isinstance(reason, Mapping):
+        return reason
+    out = dict(reason)
+    if out.get("hint"):
+        return out
+    hint = ""
+    details = out.get("details")
+    problems = details.get("problems") if isinstance(details, Mapping) else None
+    for problem in problems if isinstance(problems, list) else []:
+        if isinstance(problem, Mapping) and problem.get("code") == out.get("code") and problem.get("hint"):
+            hint = str(problem["hint"])
+            break
+    out["hint"] = hint or hint_for(out.get("code"))
+    return out

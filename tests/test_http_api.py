@@ -204,19 +204,6 @@ def test_runner_auth(anon, live):
     _error(anon.post("/api/submissions/x/result", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
 
 
-def test_claim_bad_bodies(r1):
-    _error(r1.post("/api/runner/claim", content=b"{not json", headers={"content-type": "application/json"}),
-           400, "BAD_REQUEST")
-    _error(r1.post("/api/runner/claim", json={"wait": 0}), 400, "BAD_REQUEST")
-    _error(r1.post("/api/runner/claim", json={"arch": "cpu", "wait": -1}), 400, "BAD_REQUEST")
-    _error(r1.post("/api/runner/claim", json=[1, 2]), 400, "BAD_REQUEST")
-
-
-def test_claim_returns_204_when_nothing_matches(r1):
-    resp = r1.post("/api/runner/claim", json={"arch": "gfx999", "wait": 0.2})
-    assert resp.status_code == 204 and resp.content == b""
-
-
 def test_concurrent_renewals_are_all_durable_and_share_fsyncs(live, anon, r1, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -296,24 +283,6 @@ def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
     assert accepted and int(accepted[0].split()[1]) >= 1
 
 
-def test_release_requeues_and_result_invalid_is_422(live, anon, r1, r2):
-    uuid = _queue(live, anon)
-    claim = _claim(r1, uuid)
-    _error(r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": "wrong"}), 409, "LEASE_LOST")
-    resp = r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": claim["lease_id"], "reason": "test"})
-    assert resp.status_code == 200 and resp.json()["released"] is True
-    assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "queued"
-    claim2 = _claim(r2, uuid)
-    assert claim2["lease_id"] != claim["lease_id"]
-    # the old lease is dead
-    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}), 409, "LEASE_LOST")
-    bad = result_doc(CPU_AXPY, accept=False, correctness="failed", case_accept=True)
-    resp = r2.post(f"/api/submissions/{uuid}/result",
-                   json={"lease_id": claim2["lease_id"], "result": bad, "logs_b64": "", "env": {}, "failure": None})
-    _error(resp, 422, "RESULT_INVALID")
-    assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "rejected"
-
-
 def test_failure_report_rejects_with_reason(live, anon, r1):
     uuid = _queue(live, anon)
     claim = _claim(r1, uuid)
@@ -364,30 +333,6 @@ def test_status_long_poll_returns_at_timeout_unchanged_and_early_on_change(live,
     assert got["status"] == "running"
     _error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": "x"}), 400, "BAD_REQUEST")
     _error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": 10_000}), 400, "BAD_REQUEST")
-
-
-def test_claim_long_poll_returns_when_a_job_arrives(live, anon, r2):
-    events: list[str] = []
-    got: dict = {}
-
-    def claim() -> None:
-        resp = r2.post("/api/runner/claim", json={"arch": "cpu", "wait": 30})
-        got["status"] = resp.status_code
-        got["body"] = resp.json() if resp.status_code == 200 else None
-        events.append("claim returned")
-
-    # first drain whatever an earlier test left queued
-    while r2.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}).status_code == 200:
-        pass
-    thread = threading.Thread(target=claim)
-    thread.start()
-    time.sleep(0.3)
-    assert events == []
-    events.append("submitted")
-    uuid = _queue(live, anon, CPU_SOFTMAX, CPU_SOFTMAX)
-    thread.join(30)
-    assert events == ["submitted", "claim returned"]
-    assert got["status"] == 200 and got["body"]["uuid"] == uuid
 
 
 def test_unexpected_errors_are_a_generic_500():

@@ -1,4 +1,8 @@
-"""/openapi.json against the routes and docs/api_reference.md, and a bounded schemathesis fuzz (no 5xx)."""
+"""The API's route table (apispec) and /openapi.json built from it (openapi).
+
+Paths and parameters, the kernel_id rule in the document, the routes against
+docs/api_reference.md, and a bounded schemathesis fuzz (no 5xx).
+"""
 from __future__ import annotations
 
 import re
@@ -8,7 +12,10 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 
+from kz_daemon.http import openapi
+from kz_daemon.http.apispec import Op, routes
 from kz_daemon.http.app import api_ops
+from kz_runner.contract.kernel_id import KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES
 from tests.helpers.http_server import CPU_AXPY, LiveServer
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api_reference.md"
@@ -22,6 +29,51 @@ def live(tmp_path_factory):
                                         "submit_burst": 100_000, "intake_wait_s": 5.0})
     yield server
     server.stop()
+
+
+def _endpoint(request):
+    raise AssertionError("never called")
+
+
+def test_paths_and_path_parameters_in_openapi_syntax():
+    op = Op("GET", "/api/kernels/{kernel_id:path}/history/{n}", _endpoint, "k", "a kernel", "kernels")
+    assert op.openapi_path == "/api/kernels/{kernel_id}/history/{n}"
+    assert op.path_params == ["kernel_id", "n"]
+    assert Op("GET", "/healthz", _endpoint, "h", "health", "ops").path_params == []
+
+
+def test_routes_are_one_per_operation():
+    ops = [Op("GET", "/x/{uuid}", _endpoint, "get_x", "x", "t"),
+           Op("POST", "/x/{uuid}", _endpoint, "post_x", "x", "t")]
+    built = routes(ops)
+    assert [(r.path, r.methods - {"HEAD"}, r.name) for r in built] == [
+        ("/x/{uuid}", {"GET"}, "get_x"), ("/x/{uuid}", {"POST"}, "post_x")]
+
+
+def test_kernel_id_parameter_carries_the_one_rule():
+    doc = openapi.build(api_ops(), "test")
+    params = [p for methods in doc["paths"].values() for operation in methods.values()
+              for p in operation.get("parameters", []) if p["name"] == "kernel_id"]
+    assert params
+    for p in params:
+        assert p["in"] == "path" and p["required"] is True
+        assert p["schema"] == {"type": "string", "minLength": 1, "maxLength": MAX_KERNEL_ID_BYTES,
+                               "pattern": KERNEL_ID_PATTERN}
+    pattern = re.compile(KERNEL_ID_PATTERN)
+    assert pattern.search("cpu/Elementwise/Axpy/fp32/impl")
+    for bad in ("cpu/x/.git", "cpu/x/..", "cpu/x\n", "/".join(["a"] * 17), "cpu/" + "k" * 101):
+        assert not pattern.search(bad), bad
+
+
+def test_auth_becomes_security_requirements():
+    doc = openapi.build(api_ops(), "test")
+    by_id = {op["operationId"]: op for methods in doc["paths"].values() for op in methods.values()}
+    for op in api_ops():
+        security = by_id[op.operation_id].get("security")
+        if op.auth == "runner":
+            assert security == [{"runnerToken": []}], op.operation_id
+        elif op.auth == "submitter":
+            assert security == [{}, {"submitterToken": []}], op.operation_id
 
 
 def _documented() -> set[tuple[str, str]]:

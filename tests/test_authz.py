@@ -1,0 +1,112 @@
+"""Who may call what (kz_daemon/http/authz.py): each principal kind against runner and submission routes."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from starlette.requests import Request
+
+from kz_daemon.auth import Principal, TokenStore
+from kz_daemon.errors import ZooError
+from kz_daemon.http import authz
+from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = LiveServer.start(tmp_path_factory.mktemp("authz"), settings={"submit_burst": 1000})
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def anon(live):
+    with live.client() as c:
+        yield c
+
+
+def _error(resp, status: int, code: str) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code, body
+    return body["error"]
+
+
+@pytest.fixture()
+def tokens(tmp_path):
+    store = TokenStore(tmp_path / "auth.yaml")
+    return {"store": store, "runner": store.issue("runner", "gpu-0"), "submitter": store.issue("submitter", "alice"),
+            "admin": store.issue("admin", "admin")}
+
+
+def _request(tokens, token=None, submitter=None, require_token=False) -> Request:
+    """A request as the authz functions see it: headers and the app's token store and settings."""
+    headers = []
+    if token is not None:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    if submitter is not None:
+        headers.append((b"x-submitter-id", submitter.encode()))
+    app = SimpleNamespace(state=SimpleNamespace(
+        tokens=tokens["store"], settings=SimpleNamespace(submissions_require_token=require_token)))
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": headers, "app": app})
+
+
+def _code(call) -> str:
+    with pytest.raises(ZooError) as info:
+        call()
+    return info.value.code
+
+
+def test_runner_routes_take_runner_tokens_only(tokens):
+    assert authz.require_runner(_request(tokens, tokens["runner"])) == "gpu-0"
+    assert _code(lambda: authz.require_runner(_request(tokens))) == "UNAUTHORIZED"
+    assert _code(lambda: authz.require_runner(_request(tokens, "unknown"))) == "UNAUTHORIZED"
+    for kind in ("submitter", "admin"):
+        assert _code(lambda: authz.require_runner(_request(tokens, tokens[kind]))) == "FORBIDDEN", kind
+
+
+def test_submission_routes_by_principal(tokens):
+    assert authz.header_submitter(_request(tokens, submitter="bob")) == (None, "bob")
+    assert _code(lambda: authz.header_submitter(_request(tokens, require_token=True))) == "UNAUTHORIZED"
+    assert _code(lambda: authz.header_submitter(_request(tokens, tokens["runner"]))) == "FORBIDDEN"
+    alice = Principal("submitter", "alice")
+    assert authz.header_submitter(_request(tokens, tokens["submitter"], require_token=True)) == (alice, "alice")
+    assert _code(lambda: authz.header_submitter(_request(tokens, tokens["submitter"], "bob"))) == "FORBIDDEN"
+    admin = Principal("admin", "admin")
+    assert authz.header_submitter(_request(tokens, tokens["admin"], "bob")) == (admin, "bob")  # as anyone
+    assert _code(lambda: authz.header_submitter(_request(tokens, submitter="no spaces"))) == "VALIDATION_ERROR"
+
+
+def test_final_submitter_reconciles_token_header_and_field():
+    alice = Principal("submitter", "alice")
+    assert authz.final_submitter(alice, "alice", None) == "alice"
+    assert _code(lambda: authz.final_submitter(alice, "alice", "bob")) == "FORBIDDEN"
+    assert authz.final_submitter(None, "bob", "bob") == "bob"
+    assert _code(lambda: authz.final_submitter(None, "bob", "carol")) == "FORBIDDEN"
+    assert authz.final_submitter(None, None, "carol") == "carol"
+    assert authz.final_submitter(Principal("admin", "admin"), None, "") == "admin"
+    assert _code(lambda: authz.final_submitter(None, None, None)) == "VALIDATION_ERROR"
+
+
+def test_runner_auth(anon, live):
+    _error(anon.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    with live.client("nope") as bad:
+        _error(bad.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    with live.client(headers={"Authorization": "Basic abc"}) as basic:
+        _error(basic.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    with live.client("submitter:alice") as alice:
+        _error(alice.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 403, "FORBIDDEN")
+    _error(anon.get("/api/runner/package/x"), 401, "UNAUTHORIZED")
+    _error(anon.post("/api/runner/lease/x/renew", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
+    _error(anon.post("/api/submissions/x/result", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
+
+
+def test_submitter_token_must_match_header(live):
+    data = package_tarball(CPU_AXPY)
+    with live.client("submitter:alice") as alice:
+        _error(live.submit(alice, CPU_AXPY, data, submitter="bob"), 403, "FORBIDDEN")
+    with live.client("bogus-token") as bogus:
+        _error(live.submit(bogus, CPU_AXPY, data), 401, "UNAUTHORIZED")
+    with live.client("runner:r1") as runner:
+        _error(live.submit(runner, CPU_AXPY, data), 403, "FORBIDDEN")

@@ -36,6 +36,7 @@ import yaml
 
 from kz_daemon import scorecard
 from kz_daemon.errors import ZooError
+from kz_daemon.physics import implausible
 from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
 from kz_daemon.pending import StoredRun, result_bytes
 from kz_daemon.ports import Daemon
@@ -116,6 +117,9 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
         run = zoo.pending.store_run(sub_uuid, result, logs, env, failure)
         metas = zoo.pending.metas(sub_uuid)
         accepted, code, message, details, invalid = judge(sub, result, failure, metas)
+        refused = implausible(zoo, sub, result, metas) if accepted else None
+        if refused is not None:  # the physics floor: no device of the arch can do it
+            accepted, code, (message, details) = False, "IMPLAUSIBLE_RESULT", refused
         overall = result.get("overall", {}) if isinstance(result, dict) else {}
         overall = overall if isinstance(overall, dict) else {}
         reported = ev.ResultReported(

@@ -19,6 +19,9 @@ from typing import Any
 import yaml
 
 from kz_daemon.errors import ZooError
+from kz_daemon.harness_lock import parse_maintainers
+from kz_daemon.physics import Physics, parse_physics
+from kz_daemon.rules import RuleSettings, parse_rules
 from kz_runner.contract.tarball import Limits as TarballLimits
 
 MIB = 1024 * 1024
@@ -76,6 +79,17 @@ http:                     # the HTTP shim (kz up, kz daemon)
   intake_wait_s: 30             # how long POST /api/submissions waits for intake to finish
 
 mirrors: []               # e.g. [{name: backup, url: /srv/git/kernels.git}]
+
+maintainers: {}           # kernel_id prefix -> submitter ids who may change an existing kernel's
+                          # desc.yaml/build_test_env.py/benchmark.py (token-bound ids only; admin
+                          # tokens always may), e.g. {gfx928/Attention: [alice, bob]}
+
+physics:                  # the floor under reported figures (IMPLAUSIBLE_RESULT); per-arch figures
+  enabled: true           # (hbm_tbps, l2_tbps, l2_mib, tflops: {dtype: n}) override the defaults
+  margin: 2.0             # a figure must beat margin x the arch's ceiling to be refused
+
+rules:                    # static rules over the source area (docs/architecture.md, "Trust")
+  disabled: []            # rule ids switched off
 """
 
 
@@ -188,6 +202,9 @@ class Config:
     http: HttpSettings = field(default_factory=HttpSettings)
     mirrors: tuple[Mirror, ...] = ()
     source_file: Path | None = None
+    maintainers: dict = field(default_factory=dict)   # kernel_id prefix -> submitter ids
+    physics: Physics = field(default_factory=Physics)
+    rules: RuleSettings = field(default_factory=RuleSettings)
 
     # Derived locations, so no caller joins path segments by hand.
     @property
@@ -238,6 +255,7 @@ class Config:
             "timeouts": Timeouts, "intake": IntakeSettings, "policy": Policy,
             "http": HttpSettings, "mirrors": None,
         }
+        sections.update({"maintainers": None, "physics": None, "rules": None})  # parsed by their modules
         _reject_unknown(data, sections, source, "")
         raw_paths = data.get("paths") or {}
         if not isinstance(raw_paths, dict):
@@ -258,7 +276,10 @@ class Config:
                 continue
             built[name] = _section(klass, data.get(name), source, name)
         mirrors = _mirrors(data.get("mirrors"), source)
-        config = cls(state_dir=state_dir, paths=Paths(**resolved), mirrors=mirrors, **built)
+        config = cls(state_dir=state_dir, paths=Paths(**resolved), mirrors=mirrors,
+                     maintainers=parse_maintainers(data.get("maintainers"), source),
+                     physics=parse_physics(data.get("physics"), source),
+                     rules=parse_rules(data.get("rules"), source), **built)
         _check_ranges(config, source)
         return config
 

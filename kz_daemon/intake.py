@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kz_daemon import spool
+from kz_daemon import harness_lock, spool
+from kz_daemon.rules import screen
 from kz_daemon.config import Config, Limits
 from kz_daemon.gitstore import GitStore
 from kz_daemon.pending import PACKAGE_FILE, SUBMISSION_FILE
@@ -36,10 +37,12 @@ from kz_events import events as ev
 from kz_events.reducer import ReducerError
 from kz_events.store import Store, StoreBroken, StoreClosed
 from kz_runner.bench.manifest import sha256_file
-from kz_runner.contract.layout import BENCHMARK, DESC, KP
+from kz_runner.contract.layout import BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.pysource import read_metas
+from kz_runner.contract.rules import RULES_BY_ID
 from kz_runner.contract.tarball import read_member
 from kz_runner.contract.validate import validate_tarball
+from kz_runner.contract.yamlio import load_yaml
 
 EMIT_BATCH = 16  # files whose events are appended together
 REASON_FILE = "reason.json"
@@ -53,6 +56,8 @@ class Outcome:
     kernel_id: str
     arch: str = ""
     new_kernel: bool = False
+    harness_change: bool = False     # a maintainer changed an existing kernel's locked harness
+    held: list[dict] = field(default_factory=list)   # findings of the hold rules: an admin decides
     warnings: list[str] = field(default_factory=list)
     code: str = ""
     message: str = ""
@@ -131,6 +136,37 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) 
     outcome.new_kernel = not exists
     if not outcome.arch:
         return reject(kid, "VALIDATION_ERROR", "desc.yaml has no category.arch")
+    return outcome
+
+
+def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore, config: Config,
+                    verified: dict | None) -> Outcome:
+    """The zoo's own rules on a valid outcome: the locked harness, then the static source rules.
+
+    Call with the git lock held (HEAD's harness files are read). Sets
+    ``harness_change`` for a maintainer's change, ``held`` for findings an admin must
+    review; rejects HARNESS_LOCKED or RULE_VIOLATION. Records the desc's
+    ``io_signature`` in ``facts`` for the physics floor.
+    """
+    kid = outcome.kernel_id
+    limits = config.limits.contract_limits
+    submitted = {name: read_member(tarball, f"{kid}/{KP}/{name}", limits) for name in HARNESS_FILES}
+    desc = load_yaml(submitted[DESC] or b"") if submitted[DESC] else None
+    desc = desc if isinstance(desc, dict) else {}
+    facts["io_signature"] = desc.get("io_signature")
+    if not outcome.new_kernel:
+        changed = harness_lock.changed_files(harness_lock.head_harness(git, kid), submitted)
+        if changed and not harness_lock.is_maintainer(kid, verified, config.maintainers):
+            return reject(kid, "HARNESS_LOCKED", harness_lock.locked_message(kid, changed), files=changed,
+                          urls=[f"/api/kernels/{kid}/files/{KP}/{name}" for name in changed])
+        outcome.harness_change = bool(changed)
+    rejecting, holding = screen(tarball, kid, desc, config.rules, limits)
+    if rejecting:
+        first = rejecting[0]
+        return reject(kid, "RULE_VIOLATION", f"rule {first.rule}: {first.file}:{first.line}: {first.text} "
+                      f"({RULES_BY_ID[first.rule].reason})", rule=first.rule,
+                      evidence=[f.to_json() for f in rejecting + holding])
+    outcome.held = [f.to_json() for f in holding]
     return outcome
 
 
@@ -223,8 +259,11 @@ class Intake:
         if meta.get("sidecar_error") and outcome.ok:
             outcome = reject(outcome.kernel_id, "SIDECAR_INVALID", meta["sidecar_error"])
         if outcome.ok:
+            verified = harness_lock.read_verified(self.config.state_dir, sub_uuid)
             with self.git_lock:
                 outcome = policy_check(outcome, facts, self.git, self.config.policy.allow_new_packages)
+                if outcome.ok:
+                    outcome = integrity_check(outcome, claimed.tarball, facts, self.git, self.config, verified)
         self._record(sub_uuid, meta, outcome, claimed.tarball, facts)
         self._queue_events(claimed, meta, outcome)
 
@@ -239,6 +278,7 @@ class Intake:
         if outcome.ok:
             folder = self.pending_dir / sub_uuid
             doc["metas"] = facts.get("metas")
+            doc["io_signature"] = facts.get("io_signature")
             name = SUBMISSION_FILE
         else:
             folder = self.dirs.rejected / sub_uuid
@@ -262,9 +302,14 @@ class Intake:
             filename=str(meta.get("filename", "")), size=int(meta.get("size", 0)),
             sha256=str(meta.get("sha256", "0" * 64)))
         if outcome.ok:
-            return [received,
-                    ev.SubmissionValidated(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch,
-                                           new_kernel=outcome.new_kernel, warnings=list(outcome.warnings)),
+            validated = ev.SubmissionValidated(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch,
+                                               new_kernel=outcome.new_kernel, warnings=list(outcome.warnings),
+                                               harness_change=outcome.harness_change)
+            if outcome.held:
+                return [received, validated,
+                        ev.SubmissionHeld(uuid=sub_uuid, rules=sorted({f["rule"] for f in outcome.held}),
+                                          evidence=list(outcome.held))]
+            return [received, validated,
                     ev.JobQueued(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch)]
         return [received,
                 ev.SubmissionRejected(uuid=sub_uuid, stage="intake", code=outcome.code,
@@ -272,6 +317,7 @@ class Intake:
 
     def _cleanup(self, claimed: Claimed) -> None:
         (self.dirs.work / f"{claimed.uuid}{spool.SIDECAR_SUFFIX}").unlink(missing_ok=True)
+        harness_lock.forget_verified(self.config.state_dir, claimed.uuid)
         if claimed.tarball.exists() and claimed.uuid in self.store.state.submissions:
             claimed.tarball.unlink()
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kz_daemon import harness_lock
 from kz_daemon import scorecard
 from kz_daemon.config import Limits
 from kz_daemon.errors import ZooError
@@ -187,13 +188,13 @@ def decide_cancel(zoo: Daemon, sub_uuid: str, by: str, reason: str = "cancelled"
         if sub is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
         if sub.status not in CANCELLABLE or (sub.status == Status.RUNNING and sub.result is not None):
-            raise ZooError("CONFLICT", f"submission {sub_uuid} is {sub.status}; only received, queued "
+            raise ZooError("CONFLICT", f"submission {sub_uuid} is {sub.status}; only received, held, queued "
                            "or running submissions can be cancelled", {"status": sub.status})
         return None, zoo.store.submit(ev.JobCancelled(uuid=sub_uuid, by=by, reason=reason))
 
 
 #: the statuses a submission can be cancelled in (a running one only until its result is reported)
-CANCELLABLE = (Status.RECEIVED, Status.QUEUED, Status.RUNNING)
+CANCELLABLE = (Status.RECEIVED, Status.HELD, Status.QUEUED, Status.RUNNING)
 
 
 # -- the runner's tarball -----------------------------------------------------------
@@ -204,10 +205,14 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
     kid = sub.kernel_id
     with zoo.git_lock:
         current = zoo.git.read_file(f"{kid}/{KP}/{BENCH_RESULT}")
+        # an existing kernel runs HEAD's harness, whatever the package holds (a maintainer's
+        # own harness change runs as submitted: HEAD still has the old one)
+        harness = {} if sub.harness_change else harness_lock.head_harness(zoo.git, kid)
     if current is None:
         metas = zoo.pending.metas(sub_uuid)
         current = scorecard.dump(scorecard.seed_scorecard(kid, metas))
-    key = hashlib.sha256(current).hexdigest()
+    key = hashlib.sha256(current + b"".join(hashlib.sha256(harness[n]).digest()
+                                            for n in sorted(harness))).hexdigest()
     target = folder / RUNNER_TARBALL
     key_file = folder / RUNNER_TARBALL_KEY
     try:
@@ -215,15 +220,19 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
             return target
     except (OSError, ValueError):
         pass
-    data = build_runner_tarball(zoo.pending.package(sub_uuid), kid, current, zoo.config.limits)
+    data = build_runner_tarball(zoo.pending.package(sub_uuid), kid, current, zoo.config.limits, harness)
     # a cache: a crash may lose it (it is rebuilt), never leave it half-written
     atomic_write(target, data, fsync=False)
     key_file.write_text(json.dumps({"scorecard_sha256": key}) + "\n")
     return target
 
 
-def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits) -> bytes:
-    """Deterministic tar.gz bytes: every member of ``package`` plus ``<kid>/.kernel_package/bench_result.yaml``."""
+def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits,
+                         harness: dict[str, bytes] | None = None) -> bytes:
+    """Deterministic tar.gz bytes: every member of ``package`` plus ``<kid>/.kernel_package/bench_result.yaml``.
+
+    ``harness`` ({contract file name: bytes}, HEAD's) replaces those files of the package.
+    """
     scan = scan_tarball(package, limits.contract_limits, capture=lambda name: True,
                         capture_bytes=limits.max_member_bytes)
     if not scan.ok:
@@ -234,4 +243,6 @@ def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, lim
         entries[member.name] = (member.kind, member.mode, scan.captured.get(member.name, b""))
     bench_path = f"{kernel_id}/{KP}/{BENCH_RESULT}"
     entries[bench_path] = ("file", 0o644, bench_result)
+    for name, data in (harness or {}).items():
+        entries[f"{kernel_id}/{KP}/{name}"] = ("file", 0o644, data)
     return deterministic_targz(entries)

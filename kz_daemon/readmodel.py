@@ -25,6 +25,7 @@ class SubmissionView:
     received_at: str = ""
     arch: str | None = None
     new_kernel: bool | None = None
+    harness_change: bool = False     # a maintainer changed the kernel's locked harness files
     warnings: list = field(default_factory=list)
     attempts: int = 0
     runner_id: str | None = None
@@ -47,6 +48,7 @@ def view_of(sub: Any, seq: int) -> SubmissionView:
     return SubmissionView(
         uuid=sub.uuid, kernel_id=sub.kernel_id, submitter_id=sub.submitter_id, status=sub.status,
         source=sub.source, received_at=sub.received_at, arch=sub.arch, new_kernel=sub.new_kernel,
+        harness_change=bool(getattr(sub, "harness_change", False)),
         warnings=list(sub.warnings), attempts=sub.attempts, runner_id=sub.runner_id,
         lease_expires_at=sub.lease_expires_at, reasons=[dict(r) for r in sub.reasons],
         result=dict(sub.result) if sub.result else None, commit_sha=sub.sha_src, sha_br=sub.sha_br,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from kz_daemon import harness_lock, review
 from kz_daemon import accept, queue, recovery, spool
 from kz_daemon import logs as logs_store
 from kz_daemon.clock import iso_now
@@ -38,6 +39,7 @@ from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.store import Store
 from kz_runner import __version__
+from kz_runner.contract.layout import DESC, KP
 
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...
 SYNC_MAX_DELAY_S = 30.0  # ... but no longer than this
@@ -274,6 +276,34 @@ class Zoo:
         """Cancel a submission before its accept saga; its view."""
         queue.cancel(self, sub_uuid, by, reason)
         return self.submission(sub_uuid)
+
+    # -- human review and the locked harness ------------------------------------------------------
+    def reviews(self) -> list[dict]:
+        """Submissions held for an admin's review, with the rules and evidence that hold them."""
+        return review.held(self)
+
+    def review(self, sub_uuid: str, decision: str, by: str, reason: str = "") -> SubmissionView:
+        """An admin's decision on a held submission (approve: queued; reject: rejected); its view."""
+        review.decide(self, sub_uuid, decision, by, reason)
+        return self.submission(sub_uuid)
+
+    def note_verified(self, sub_uuid: str, kind: str, principal_id: str) -> None:
+        """Record that upload ``sub_uuid`` came with a token of ``(kind, principal_id)`` (maintainer checks)."""
+        harness_lock.record_verified(self.config.state_dir, sub_uuid, kind, principal_id)
+
+    def kernel_file(self, kernel_id: str, path: str) -> bytes:
+        """A file of ``kernel_id``'s package at HEAD (NOT_FOUND when the package or the file is not there)."""
+        parts = path.split("/")
+        if not path or any(p in ("", ".", "..") for p in parts):
+            raise ZooError("BAD_REQUEST", f"{path!r} is not a plain relative path", {"path": path})
+        with self.git_lock:
+            if self.git.read_file(f"{kernel_id}/{KP}/{DESC}") is None:
+                raise ZooError("NOT_FOUND", f"no kernel {kernel_id!r} in the repo", {"kernel_id": kernel_id})
+            data = self.git.read_file(f"{kernel_id}/{path}")
+        if data is None:
+            raise ZooError("NOT_FOUND", f"{kernel_id} has no file {path!r} at HEAD",
+                           {"kernel_id": kernel_id, "path": path})
+        return data
 
     # -- the same decisions for the HTTP loop --------------------------------------------------
     async def renew_async(self, sub_uuid: str, runner_id: str, lease_id: str) -> float:

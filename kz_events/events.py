@@ -29,6 +29,7 @@ __all__ = [
     "SubmissionReceived", "SubmissionValidated", "SubmissionRejected",
     "JobQueued", "JobClaimed", "JobLeaseRenewed", "JobLeaseExpired", "JobReleased",
     "JobCancelled", "JobFailed", "ResultReported",
+    "SubmissionHeld", "SubmissionReviewed",
     "JobConfirmationRequested", "SubmissionRevoked", "RevokeCommitted",
     "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
@@ -155,14 +156,22 @@ class SubmissionReceived(Event):
 
 @register
 class SubmissionValidated(Event):
-    """The package passed validation; its arch is known. Status stays ``received``."""
+    """The package passed validation; its arch is known. Status stays ``received``.
+
+    Version 2 added ``harness_change`` (version 1 lines read as ``false``).
+    """
 
     TYPE = "submission.validated"
+    VERSION = 2
     uuid: str = doc(_UUID)
     kernel_id: str = doc(_KID)
     arch: str = doc("Target arch of the package (e.g. gfx928, sm_90).")
     new_kernel: bool = doc("True when no package with this kernel_id exists in the repo yet.")
     warnings: list = doc("Codes of the validation warnings.", items={"type": "string"})
+    # a default, so that callers written before version 2 still build the event
+    harness_change: bool = field(default=False, metadata={"doc": (
+        "True when a maintainer of an existing kernel changed its locked harness files "
+        "(desc.yaml, build_test_env.py, benchmark.py)."), "schema": {}})
 
 
 @register
@@ -180,6 +189,33 @@ class SubmissionRejected(Event):
     code: str = doc("Stable machine-readable reason code, e.g. VALIDATION_ERROR.")
     message: str = doc("Human message: what is wrong and what to fix.")
     details: dict = doc("Machine-readable details (e.g. the problems found).")
+
+
+# --- human review (static rules that hold a submission) -----------------------------
+
+
+@register
+class SubmissionHeld(Event):
+    """A static rule asks an admin to look at the package before it runs; status ``held``.
+
+    Follows ``submission.validated``; ``submission.reviewed`` ends the hold.
+    """
+
+    TYPE = "submission.held"
+    uuid: str = doc(_UUID)
+    rules: list = doc("Ids of the rules that hold it.", items={"type": "string"})
+    evidence: list = doc("One {rule, file, line, text} per finding.", items={"type": "object"})
+
+
+@register
+class SubmissionReviewed(Event):
+    """An admin decided on a held submission: ``approve`` queues it, ``reject`` ends it (``rejected``)."""
+
+    TYPE = "submission.reviewed"
+    uuid: str = doc(_UUID)
+    decision: str = doc("The admin's decision.", enum=["approve", "reject"])
+    by: str = doc("Who decided (the admin token's id).")
+    reason: str = doc("Why (may be empty for an approval).")
 
 
 # --- jobs ---------------------------------------------------------------------

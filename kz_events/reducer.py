@@ -10,13 +10,15 @@ exactly as it was. Callers folding several events atomically use
 The lifecycle (``kz_events.status.Status``)::
 
     received --job.queued--> queued --job.claimed--> running --accept.started--> accepting
+    received --submission.held--> held --submission.reviewed(approve)--> queued
+    held --submission.reviewed(reject)--> rejected
     running --job.lease_expired / job.released--> queued
     accepting --accept.completed--> accepted        accepting --accept.rolled_back--> failed
     any non-terminal --submission.rejected--> rejected
     any non-terminal --job.failed--> failed
     running (result reported) --job.confirmation_requested--> queued (once per submission)
     accepted --submission.revoked--> revoked (revoke.committed then records its commit)
-    received/queued/running --job.cancelled--> cancelled
+    received/held/queued/running --job.cancelled--> cancelled
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
 
@@ -33,7 +35,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from kz_events import events as E
-from kz_events.codec import Envelope
+from kz_events.codec import Envelope, upcaster
 from kz_events.state import Kernel, Lease, State, Submission
 from kz_events.status import Status
 
@@ -182,7 +184,7 @@ def _check_lease(state: State, seq: int, t: str, p: dict, sub: Submission) -> Le
 
 # --- handlers -------------------------------------------------------------------------
 
-_LIVE = (Status.RECEIVED, Status.QUEUED, Status.RUNNING, Status.ACCEPTING)
+_LIVE = (Status.RECEIVED, Status.HELD, Status.QUEUED, Status.RUNNING, Status.ACCEPTING)
 #: the plain word stored for each status (see the module docstring).
 _WORD: dict[Status, str] = {status: _intern(status.value) for status in Status}
 _RECEIVED = _WORD[Status.RECEIVED]
@@ -210,6 +212,14 @@ def _validated(state: State, seq: int, ts: str, p: dict) -> None:
     sub.arch = _intern(p["arch"])
     sub.new_kernel = p["new_kernel"]
     sub.warnings = list(p["warnings"])
+    sub.harness_change = p["harness_change"]
+
+
+@upcaster("submission.validated", 1)
+def _validated_v1(payload: dict) -> dict:
+    """Version 1 predates the locked harness: no submission then changed it."""
+    payload["harness_change"] = False
+    return payload
 
 
 def _rejected(state: State, seq: int, ts: str, p: dict) -> None:
@@ -231,6 +241,27 @@ def _queued(state: State, seq: int, ts: str, p: dict) -> None:
     sub.queued_seq = seq
     _enqueue(state, sub)
     _set_status(state, sub, Status.QUEUED, seq, ts)
+
+
+def _held(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "submission.held"
+    sub = _sub(state, seq, t, p, (Status.RECEIVED,))
+    if sub.arch is None:
+        raise InvalidTransition(seq, t, "held before it was validated", sub.uuid)
+    _set_status(state, sub, Status.HELD, seq, ts)
+
+
+def _reviewed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "submission.reviewed"
+    sub = _sub(state, seq, t, p, (Status.HELD,))
+    if p["decision"] == "approve":
+        sub.queued_seq = seq
+        _enqueue(state, sub)
+        _set_status(state, sub, Status.QUEUED, seq, ts)
+        return
+    sub.reasons.append({"stage": "review", "code": "REVIEW_REJECTED", "message": p["reason"],
+                        "by": p["by"], "seq": seq})
+    _finish(state, sub, Status.REJECTED, seq, ts)
 
 
 def _claimed(state: State, seq: int, ts: str, p: dict) -> None:
@@ -287,7 +318,7 @@ def _released(state: State, seq: int, ts: str, p: dict) -> None:
 
 
 def _cancelled(state: State, seq: int, ts: str, p: dict) -> None:
-    sub = _sub(state, seq, "job.cancelled", p, (Status.RECEIVED, Status.QUEUED, Status.RUNNING))
+    sub = _sub(state, seq, "job.cancelled", p, (Status.RECEIVED, Status.HELD, Status.QUEUED, Status.RUNNING))
     sub.reasons.append({"stage": "cancel", "code": "CANCELLED", "message": p["reason"],
                         "by": p["by"], "seq": seq})
     _finish(state, sub, Status.CANCELLED, seq, ts)
@@ -456,6 +487,8 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.JobCancelled: _cancelled,
     E.JobFailed: _failed,
     E.ResultReported: _reported,
+    E.SubmissionHeld: _held,
+    E.SubmissionReviewed: _reviewed,
     E.AcceptStarted: _accept_started,
     E.AcceptSourceCommitted: _source_committed,
     E.AcceptScorecardCommitted: _scorecard_committed,

@@ -53,6 +53,7 @@ class Submission:
     base_head: str | None = None     # branch head when the accept saga started
     sha_src: str | None = None       # accept saga commits
     sha_br: str | None = None
+    harness_change: bool = False     # from submission.validated: a maintainer changed the locked harness
 
     def to_row(self) -> list:
         """Positional list of the fields (compact snapshot form)."""

@@ -15,6 +15,7 @@ class Status(StrEnum):
     """Where a submission stands (in lifecycle order)."""
 
     RECEIVED = "received"     # the spool has it; intake has not judged it yet
+    HELD = "held"             # valid, but a static rule asks an admin to review it before it is queued
     QUEUED = "queued"         # valid; waiting for a runner of its arch
     RUNNING = "running"       # claimed by a runner (or its result is being judged)
     ACCEPTING = "accepting"   # the accept saga is writing its two commits

@@ -246,12 +246,15 @@ def test_gpu_examples_pass(pkg):
 
 @pytest.fixture(scope="module")
 def zoo_server(tmp_path_factory):
-    """A real zoo on 127.0.0.1 whose Axpy scorecard records an impossibly fast best (0.0001 us)."""
+    """A real zoo on 127.0.0.1 whose Axpy scorecard records a best (1 us) no CPU run reaches.
+
+    (Faster figures than the physics floor are refused when reported: IMPLAUSIBLE_RESULT.)
+    """
     from tests.helpers.daemon import accept_axpy
     from tests.helpers.http_server import CPU_AXPY, LiveServer
 
     server = LiveServer.start(tmp_path_factory.mktemp("dryrun-server"), kernels=[CPU_AXPY])
-    accept_axpy(server.zoo, CPU_AXPY, "fast", latency=0.0001)
+    accept_axpy(server.zoo, CPU_AXPY, "fast", latency=1.0)
     yield server
     server.stop()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid as uuidlib
 from typing import Any
 
 import anyio
@@ -150,6 +151,10 @@ async def create_submission(request: Request) -> Response:
             "source": "http",
             "filename": package.filename or "package.tar.gz",
         }
+        if principal is not None and principal.kind in ("submitter", "admin"):
+            # a token-bound upload: intake may treat its submitter as a maintainer (locked harness)
+            meta["uuid"] = str(uuidlib.uuid4())
+            await run_in_threadpool(state.zoo.note_verified, meta["uuid"], principal.kind, principal.id)
         await package.seek(0)
         uuid = await run_in_threadpool(state.zoo.drop_upload, package.file, meta)
     finally:
@@ -267,6 +272,54 @@ async def cancel_submission(request: Request) -> Response:
     return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
 
 
+def require_admin(request: Request) -> str:
+    """The admin id of an admin-token request: 401 without a valid token, 403 for another kind."""
+    principal = authz.token_principal(request)
+    if principal is None:
+        raise ZooError("UNAUTHORIZED", "reviews need 'Authorization: Bearer <admin token>'")
+    if principal.kind != "admin":
+        raise ZooError("FORBIDDEN", f"a {principal.kind} token cannot review submissions; use an admin token")
+    return principal.id
+
+
+async def list_reviews(request: Request) -> Response:
+    """GET /api/reviews: submissions held by a static rule, with the evidence (admin token)."""
+    require_admin(request)
+    rows = await run_in_threadpool(request.app.state.zoo.reviews)
+    return JSONResponse({"reviews": views.plain(rows)})
+
+
+async def _review(request: Request, decision: str) -> Response:
+    state = request.app.state
+    by = require_admin(request)
+    uuid = request.path_params["uuid"]
+    body = await limits.read_json_object(request, state.settings.max_json_bytes)
+    reason = body.get("reason", "") if isinstance(body, dict) else ""
+    if not isinstance(reason, str):
+        raise ZooError("BAD_REQUEST", "reason must be a string", {"field": "reason"})
+    view = await run_in_threadpool(state.zoo.review, uuid, decision, by, reason)
+    return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
+
+
+async def approve_review(request: Request) -> Response:
+    """POST /api/reviews/{uuid}/approve: an admin lets a held submission run (it is queued)."""
+    return await _review(request, "approve")
+
+
+async def reject_review(request: Request) -> Response:
+    """POST /api/reviews/{uuid}/reject: an admin refuses a held submission (rejected, with the reason)."""
+    return await _review(request, "reject")
+
+
+async def kernel_file(request: Request) -> Response:
+    """GET /api/kernels/{kernel_id}/files/{path}: one file of the kernel's package at HEAD, as bytes."""
+    kernel_id, path = request.path_params["kernel_id"], request.path_params["path"]
+    data = await run_in_threadpool(request.app.state.zoo.kernel_file, kernel_id, path)
+    media = "text/plain; charset=utf-8" if path.endswith((".py", ".yaml", ".yml", ".md", ".txt")) \
+        else "application/octet-stream"
+    return Response(data, media_type=media)
+
+
 async def queue(request: Request) -> Response:
     """GET /api/queue: pending jobs, jobs in flight, runners seen."""
     view = await run_in_threadpool(request.app.state.zoo.queue_view)
@@ -321,6 +374,9 @@ OPS: list[Op] = [
                  "page size, default 100"),
        ),
        responses={200: "api_kernel_list", 400: "api_error"}),
+    Op("GET", "/api/kernels/{kernel_id:path}/files/{path:path}", kernel_file, "getKernelFile",
+       "One file of a kernel's package at HEAD (e.g. .kernel_package/benchmark.py)", "kernels",
+       responses={200: None, 400: "api_error", 404: "api_error"}, content_type="application/octet-stream"),
     Op("GET", "/api/kernels/{kernel_id:path}", get_kernel, "getKernel",
        "One kernel: index entry, desc.yaml and bench_result.yaml", "kernels",
        responses={200: "api_kernel", 404: "api_error"}),
@@ -341,6 +397,19 @@ OPS: list[Op] = [
        "Cancel a submission (its submitter or an admin)", "submissions", auth="submitter",
        request="api_empty",
        responses={200: "api_submission_status", 403: "api_error", 404: "api_error", 409: "api_error"}),
+    Op("GET", "/api/reviews", list_reviews, "listReviews",
+       "Submissions held by a static rule, with the evidence (admin token)", "reviews", auth="submitter",
+       responses={200: "api_review_list", 401: "api_error", 403: "api_error"}),
+    Op("POST", "/api/reviews/{uuid}/approve", approve_review, "approveReview",
+       "Approve a held submission: it is queued (admin token)", "reviews", auth="submitter",
+       request="api_review_request",
+       responses={200: "api_submission_status", 401: "api_error", 403: "api_error", 404: "api_error",
+                  409: "api_error"}),
+    Op("POST", "/api/reviews/{uuid}/reject", reject_review, "rejectReview",
+       "Reject a held submission with a reason (admin token)", "reviews", auth="submitter",
+       request="api_review_request",
+       responses={200: "api_submission_status", 401: "api_error", 403: "api_error", 404: "api_error",
+                  409: "api_error"}),
     Op("GET", "/api/queue", queue, "getQueue", "Pending jobs, jobs in flight, runners seen", "ops",
        responses={200: "api_queue"}),
     Op("GET", "/index.json", index_json, "getIndex", "The leaderboard index document", "ops",

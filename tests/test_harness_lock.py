@@ -1,0 +1,105 @@
+"""The locked harness over HTTP: an existing kernel's harness files change only through a maintainer."""
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from kz_daemon.harness_lock import is_maintainer
+from tests.helpers.daemon import wait_for
+from tests.helpers.http_server import CPU_AXPY, EXAMPLES, LiveServer, package_tarball
+
+BENCH = ".kernel_package/benchmark.py"
+CONFIG = "maintainers:\n  cpu/Elementwise: [bob]\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = LiveServer.start(tmp_path_factory.mktemp("harness"), kernels=[CPU_AXPY], config_yaml=CONFIG)
+    from kz_daemon.auth import TokenStore
+    store = TokenStore(srv.state_dir / "auth.yaml")
+    srv.tokens["submitter:bob"] = store.issue("submitter", "bob")
+    yield srv
+    srv.stop()
+
+
+def changed_harness(files):
+    files[BENCH] = files[BENCH] + b"\n# a harness change\n"
+
+
+def submit(server, token, submitter, mutate=None):
+    with server.client(token) as c:
+        return server.submit(c, CPU_AXPY, package_tarball(CPU_AXPY, mutate=mutate), submitter=submitter)
+
+
+@pytest.mark.parametrize("token, submitter", [(None, "bob"), ("submitter:alice", "alice")])
+def test_a_harness_change_by_a_non_maintainer_is_refused_with_the_way_out(server, token, submitter):
+    r = submit(server, token, submitter, changed_harness)
+    assert r.status_code == 400, r.text
+    details = r.json()["error"]["details"]
+    (reason,) = details["reasons"]
+    assert reason["code"] == "HARNESS_LOCKED"
+    assert "harness files are locked: benchmark.py differs from the repo's" in reason["message"]
+    assert f"/api/kernels/{CPU_AXPY}/files/{BENCH}" in reason["message"]
+    assert f"git show HEAD:{CPU_AXPY}/{BENCH}" in reason["message"]
+
+
+def test_the_current_harness_is_served_and_resubmitting_it_passes(server):
+    with server.client() as c:
+        r = c.get(f"/api/kernels/{CPU_AXPY}/files/{BENCH}")
+        assert r.status_code == 200
+        assert r.content == (EXAMPLES / CPU_AXPY / BENCH).read_bytes()
+        assert c.get(f"/api/kernels/{CPU_AXPY}/files/.kernel_package/nope.py").status_code == 404
+        assert c.get(f"/api/kernels/no/such/kernel/x/y/files/{BENCH}").status_code == 404
+    r = submit(server, None, "carol")
+    assert r.status_code == 202, r.text
+    with server.client() as c:
+        doc = c.get(r.json()["status_url"]).json()
+    assert doc["harness_change"] is False and doc["new_kernel"] is False
+
+
+@pytest.mark.parametrize("token, submitter", [("submitter:bob", "bob"), ("admin", "root")])
+def test_a_maintainer_or_an_admin_may_change_the_harness(server, token, submitter):
+    r = submit(server, token, submitter, changed_harness)
+    assert r.status_code == 202, r.text
+    with server.client() as c:
+        doc = c.get(r.json()["status_url"]).json()
+    assert doc["harness_change"] is True
+
+
+def test_a_maintainer_claim_needs_a_token_bound_to_the_id():
+    maintainers = {"cpu/Elementwise": ("bob",)}
+    assert is_maintainer("cpu/Elementwise/Axpy/fp32/x", {"kind": "submitter", "id": "bob"}, maintainers)
+    assert not is_maintainer("cpu/Elementwise/Axpy/fp32/x", None, maintainers)  # the open policy
+    assert not is_maintainer("cpu/ElementwiseX/a/b/c", {"kind": "submitter", "id": "bob"}, maintainers)
+    assert not is_maintainer("cpu/Elementwise/a/b/c", {"kind": "runner", "id": "bob"}, maintainers)
+    assert is_maintainer("gfx928/x/y/z/w", {"kind": "admin", "id": "root"}, {})
+
+
+def test_the_runner_runs_heads_harness_even_when_it_changed_after_intake(server):
+    zoo = server.zoo
+    r = submit(server, None, "dave")
+    assert r.status_code == 202, r.text
+    sub_uuid = r.json()["uuid"]
+    new_bench = (EXAMPLES / CPU_AXPY / BENCH).read_bytes() + b"\n# the maintainers' newer harness\n"
+    with zoo.git_lock:
+        zoo.git.commit_changes({f"{CPU_AXPY}/{BENCH}": new_bench}, "maintainers: harness",
+                               "kernel_zoo <kz@localhost>", zoo.git.head())
+    claim = wait_for(lambda: _claim_until(zoo, sub_uuid))
+    tarball = zoo.runner_package(sub_uuid, "r1")
+    with tarfile.open(fileobj=io.BytesIO(tarball.read_bytes())) as tf:
+        got = tf.extractfile(f"{CPU_AXPY}/{BENCH}").read()
+    assert got == new_bench
+    zoo.release(sub_uuid, "r1", claim.lease_id)
+
+
+def _claim_until(zoo, sub_uuid):
+    """Claim as r1 until the claim is ``sub_uuid`` (earlier tests left other jobs queued)."""
+    got = zoo.claim("r1", "cpu", 0)
+    if got is None:
+        return None
+    if got.uuid != sub_uuid:
+        zoo.cancel(got.uuid, "test")
+        return None
+    return got

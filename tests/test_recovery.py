@@ -1,4 +1,5 @@
-"""SIGKILL the daemon at every point of the accept saga; after restart all is terminal, nothing doubled."""
+"""Start-up recovery (kz_daemon/recovery.py): SIGKILL the daemon at every point of the accept saga;
+after restart recovery leaves all terminal, nothing doubled."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The runner wire protocol (docs/dev-notes.md): claim, package, lease renew/release, result.
+"""The runner wire protocol (docs/architecture.md): claim, package, lease renew/release, result.
 
 Every call needs ``Authorization: Bearer <runner token>``; the runner id comes from
 the token, never from the body. Lease ownership (403/409) is decided by the Zoo.

@@ -50,6 +50,8 @@ limits:                   # checked on every upload before anything touches the 
   max_member_bytes: 67108864        # 64 MiB: one file, unpacked
   max_total_bytes: 268435456        # 256 MiB: all files, unpacked
   max_ratio: 200                    # unpacked total / compressed size
+  min_free_bytes: 536870912         # 512 MiB: uploads are refused (503 STORAGE_FULL) when the state
+  min_free_percent: 5.0             # directory's disk has less free than the smaller of these two; 0 = off
 
 queue:
   lease_seconds: 300      # a claim's lease; runners renew it while they work
@@ -123,6 +125,9 @@ class Limits:
     max_member_bytes: int = 64 * MIB
     max_total_bytes: int = 256 * MIB
     max_ratio: float = 200.0
+    #: disk headroom: uploads are refused below the smaller of these (either 0 turns the guard off)
+    min_free_bytes: int = 512 * MIB
+    min_free_percent: float = 5.0
 
     @property
     def contract_limits(self) -> TarballLimits:
@@ -394,6 +399,13 @@ def _check_ranges(config: Config, source: str) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise _invalid(f"{source}: {key} must be > 0, got {value!r}", path=source, key=key)
+    not_negative = {
+        "limits.min_free_bytes": config.limits.min_free_bytes,
+        "limits.min_free_percent": config.limits.min_free_percent,
+    }
+    for key, value in not_negative.items():
+        if value < 0:
+            raise _invalid(f"{source}: {key} must be >= 0, got {value!r}", path=source, key=key)
     if not 0 < config.http.port < 65536:
         raise _invalid(f"{source}: http.port must be 1..65535", path=source, key="http.port")
     if "/" in config.repo.branch or not config.repo.branch.strip():

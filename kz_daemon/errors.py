@@ -26,6 +26,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "RESULT_INVALID": 422,
     "RATE_LIMITED": 429,
     "UNAVAILABLE": 503,
+    "STORAGE_FULL": 503,
     # daemon core (kz_daemon.intake / queue / accept / config)
     "PACKAGE_FROZEN": 409,
     "NEW_PACKAGE_NOT_ALLOWED": 403,

@@ -21,6 +21,8 @@ import json
 import os
 import stat
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -184,6 +186,9 @@ class Intake:
         self.pending_dir = config.paths.pending
         self._batch: list[tuple[list, Claimed]] = []  # decided, events not appended yet
         self._batched: set[str] = set()
+        self._skipped: set[tuple[str, str]] = set()  # inbox entries already logged as spool.skipped
+        self._skip_lock = threading.Lock()
+        self.unsettled = 0  # inbox files the last scan left for a writer to finish
 
     # -- the scan --------------------------------------------------------------
     def scan_once(self) -> int:
@@ -198,15 +203,36 @@ class Intake:
                 self.process_guarded(claimed)
                 count += 1
             known = self.store.state.submissions.__contains__
-            for path in spool.inbox_files(self.dirs):
+            unsettled = 0
+            now = time.time()
+            for path in spool.inbox_files(self.dirs, self._skip):
+                if not spool.settled(path, now):  # a writer is still filling it in place
+                    unsettled += 1
+                    continue
                 claimed = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u)
                                       or u in self._batched, self.clock_iso)
                 if claimed is not None:
                     self.process_guarded(claimed)
                     count += 1
+            self.unsettled = unsettled
         finally:
             self.flush()
         return count
+
+    def _skip(self, name: str, reason: str) -> None:
+        """Log an inbox entry that is not a regular file, once per entry (name and kind)."""
+        key = (name, reason)
+        with self._skip_lock:  # the intake thread and a direct scan may meet the same entry
+            if key in self._skipped:
+                return
+            self._skipped.add(key)
+        try:
+            self.store.emit(ev.SpoolSkipped(name=name, reason=reason))
+        except BaseException:
+            self._skipped.discard(key)  # not logged: the next scan tries again
+            raise
+        print(f"kz daemon: spool: left {name!r} in the inbox alone: it is a {reason}, "
+              "not a regular file", file=sys.stderr)
 
     def flush(self) -> None:
         """Append the events of the decided files in one go, then clean their work/ files."""

@@ -18,9 +18,12 @@ restarts or an inotify queue overflow.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import pwd
+import stat
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,10 @@ from kz_events.durable import atomic_write_json, fsync_dir
 TARBALL_SUFFIX = ".tar.gz"
 SIDECAR_SUFFIX = ".meta.json"
 CHUNK = 1 << 20
+#: An inbox file the kernel cannot say is closed is claimed once unmodified this long ...
+SETTLE_QUIET_S = 2.0
+#: ... and any inbox file once unmodified this long, even while held open for writing.
+SETTLE_MAX_S = 600.0
 SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at", "filename")
 
 
@@ -142,8 +149,13 @@ def drop(dirs: SpoolDirs, fileobj: BinaryIO, meta: dict[str, Any], max_bytes: in
     return sub_uuid
 
 
-def inbox_files(dirs: SpoolDirs) -> list[Path]:
-    """Files in the inbox that are submissions (everything but sidecars and dot-files), oldest first."""
+def inbox_files(dirs: SpoolDirs, skipped: Callable[[str, str], None] | None = None) -> list[Path]:
+    """Regular files in the inbox that are submissions (not sidecars, not dot-files), oldest first.
+
+    Anything else (a directory, symlink, fifo, socket, device) is left where it is
+    and named to ``skipped(name, reason)``: a symlink could point anywhere on the
+    host and a fifo would block the reader, so neither is ever opened.
+    """
     out = []
     try:
         entries = list(os.scandir(dirs.inbox))
@@ -153,13 +165,68 @@ def inbox_files(dirs: SpoolDirs) -> list[Path]:
         if entry.name.startswith(".") or entry.name.endswith(SIDECAR_SUFFIX):
             continue
         try:
-            if not entry.is_file(follow_symlinks=False) and not entry.is_symlink():
-                continue
-            mtime = entry.stat(follow_symlinks=False).st_mtime_ns
+            st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue
-        out.append((mtime, entry.name, Path(entry.path)))
+        if not stat.S_ISREG(st.st_mode):
+            if skipped is not None:
+                skipped(entry.name, entry_kind(st.st_mode))
+            continue
+        out.append((st.st_mtime_ns, entry.name, Path(entry.path)))
     return [p for _m, _n, p in sorted(out)]
+
+
+def entry_kind(mode: int) -> str:
+    """A word for a non-regular file type (the ``reason`` of ``spool.skipped``)."""
+    for test, word in ((stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "fifo"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device")):
+        if test(mode):
+            return word
+    return "other"
+
+
+def open_for_writing(path: Path) -> bool | None:
+    """Whether any process has ``path`` open for writing; None when the kernel will not say.
+
+    A read lease (``F_SETLEASE``) is refused with EAGAIN exactly while some open file
+    description of the file is writable. Taking one needs the file's owner or
+    CAP_LEASE, and not every file system supports leases: then None.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        return True if exc.errno in (errno.EAGAIN, errno.EBUSY) else None
+    else:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
+
+
+def settled(path: Path, now: float, quiet_s: float = SETTLE_QUIET_S, max_wait_s: float = SETTLE_MAX_S) -> bool:
+    """Whether an inbox file is complete enough to claim.
+
+    A file renamed in from ``tmp/`` is complete at once; one written in place is not
+    while its writer has it open, or (where the kernel cannot tell) while it was
+    modified less than ``quiet_s`` ago. The wait is bounded: a file untouched for
+    ``max_wait_s`` is claimed even if a writer still holds it open (its checks then
+    judge whatever it holds).
+    """
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    age = now - st.st_mtime
+    if age >= max_wait_s:
+        return True
+    writing = open_for_writing(path)
+    if writing is None:
+        return age >= quiet_s
+    return not writing
 
 
 def sidecar_of(path: Path) -> Path:

@@ -33,7 +33,7 @@ __all__ = [
     "JobConfirmationRequested", "SubmissionRevoked", "RevokeCommitted",
     "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
-    "DaemonStarted", "LogRepaired",
+    "DaemonStarted", "LogRepaired", "SpoolSkipped",
 ]
 
 #: type word -> the class of the current version of that event.
@@ -460,6 +460,15 @@ class LogRepaired(Event):
     TYPE = "log.repaired"
     dropped_bytes: int = doc("How many bytes were cut off the last segment.", minimum=1)
     quarantine_file: str = doc("Path of the quarantine file, relative to the events dir.")
+
+
+@register
+class SpoolSkipped(Event):
+    """An entry in the spool's inbox that is not a regular file was left alone (logged once per entry)."""
+
+    TYPE = "spool.skipped"
+    name: str = doc("The entry's name in the inbox.")
+    reason: str = doc("Why it was skipped: directory, symlink, fifo, socket, device or other.")
 
 
 # --- the schema ------------------------------------------------------------------

@@ -471,6 +471,10 @@ def _revoke_committed(state: State, seq: int, ts: str, p: dict) -> None:
     entry.update(sha=p["sha"], best_changed=p["best_changed"], committed_seq=seq)
 
 
+def _spool_skipped(state: State, seq: int, ts: str, p: dict) -> None:
+    """Nothing to fold: the event is the operator's record of an inbox entry left alone."""
+
+
 #: a handler folds one event: (state, seq, ts, payload); it checks before it changes anything.
 Handler = Callable[[State, int, str, dict], None]
 
@@ -498,6 +502,7 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.MirrorPushed: _mirror_pushed,
     E.DaemonStarted: _daemon_started,
     E.LogRepaired: _log_repaired,
+    E.SpoolSkipped: _spool_skipped,
     E.JobConfirmationRequested: _confirmation_requested,
     E.SubmissionRevoked: _revoked,
     E.RevokeCommitted: _revoke_committed,

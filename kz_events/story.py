@@ -57,6 +57,7 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
     E.DaemonStarted: lambda p: f"daemon {p['version']} started (pid {p['pid']})",
     E.LogRepaired: lambda p: (f"log repaired: {p['dropped_bytes']} torn bytes moved to "
                               f"{p['quarantine_file']}"),
+    E.SpoolSkipped: lambda p: f"spool: left {p['name']!r} in the inbox alone ({p['reason']})",
     E.JobConfirmationRequested: lambda p: (f"confirmation run requested ({p['reason']}); "
                                            f"back in the queue, not for {p['runner_id']} at first"),
     E.SubmissionRevoked: lambda p: f"revoked by {p['by']}: {p['reason']}",

@@ -17,6 +17,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from kz_daemon import health
 from kz_daemon.errors import ZooError
 from kz_daemon.http import authz, limits, views
 from kz_daemon.http.apispec import Op, Param
@@ -109,6 +110,7 @@ async def create_submission(request: Request) -> Response:
         principal, early_id = authz.header_submitter(request)
         client = request.client.host if request.client else "unknown"
         state.rate_limiter.check(early_id or (principal.id if principal else f"ip:{client}"))
+        await run_in_threadpool(health.check_headroom, state.zoo)
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):
             raise ZooError("BAD_REQUEST",
@@ -333,18 +335,27 @@ async def index_json(request: Request) -> Response:
                     media_type="application/json")
 
 
+def _health(request: Request) -> dict[str, Any]:
+    state = request.app.state
+    return health.report(state.zoo, getattr(state, "runner_supervisor", None), state.draining.is_set())
+
+
 async def healthz(request: Request) -> Response:
-    """GET /healthz: the process answers."""
-    return JSONResponse({"status": "ok"})
+    """GET /healthz: the process answers and its store can still write (503 when only a restart helps)."""
+    doc = await run_in_threadpool(_health, request)
+    if not doc["alive"]:
+        raise ZooError("UNAVAILABLE", "not alive: " + "; ".join(doc["reasons"]),
+                       {"reasons": doc["reasons"], "checks": doc["checks"]})
+    return JSONResponse({"status": "ok", "checks": doc["checks"]})
 
 
 async def readyz(request: Request) -> Response:
-    """GET /readyz: 200 once the daemon serves, 503 while starting or draining."""
-    state = request.app.state
-    ready = bool(getattr(state.zoo, "ready", True)) and not state.draining.is_set()
-    if not ready:
-        raise ZooError("UNAVAILABLE", "the daemon is starting or shutting down; retry shortly")
-    return JSONResponse({"status": "ready"})
+    """GET /readyz: 200 when work can be taken; 503 naming every check that fails."""
+    doc = await run_in_threadpool(_health, request)
+    if not doc["ready"]:
+        raise ZooError("UNAVAILABLE", "not ready: " + "; ".join(doc["reasons"]),
+                       {"reasons": doc["reasons"], "checks": doc["checks"]})
+    return JSONResponse({"status": "ready", "checks": doc["checks"]})
 
 
 async def metrics(request: Request) -> Response:
@@ -384,7 +395,7 @@ OPS: list[Op] = [
        "Submit a package (multipart: kernel_id, submitter_id, package)", "submissions",
        auth="submitter", request="multipart",
        responses={202: "api_submission_created", 400: "api_error", 401: "api_error", 403: "api_error",
-                  413: "api_error", 429: "api_error"}),
+                  413: "api_error", 429: "api_error", 503: "api_error"}),
     Op("GET", "/api/submissions/{uuid}/status", submission_status, "getSubmissionStatus",
        "Submission status (long poll with ?wait=S)", "submissions",
        params=(Param("wait", {"type": "number", "minimum": 0, "maximum": 60},
@@ -414,7 +425,7 @@ OPS: list[Op] = [
        responses={200: "api_queue"}),
     Op("GET", "/index.json", index_json, "getIndex", "The leaderboard index document", "ops",
        responses={200: None}),
-    Op("GET", "/healthz", healthz, "healthz", "Liveness", "ops", responses={200: "api_health"}),
+    Op("GET", "/healthz", healthz, "healthz", "Liveness", "ops", responses={200: "api_health", 503: "api_error"}),
     Op("GET", "/readyz", readyz, "readyz", "Readiness", "ops", responses={200: "api_health", 503: "api_error"}),
     Op("GET", "/metrics", metrics, "metrics", "Prometheus metrics", "ops", responses={200: None},
        content_type="text/plain"),

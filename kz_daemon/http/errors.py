@@ -1,6 +1,9 @@
 """One place that turns failures into the JSON error body ``{"error": {code, message, details}}``.
 
-``ZooError`` carries its own code and status. Starlette's ``HTTPException`` (404
+``ZooError`` carries its own code and status. A failed disk write (``OSError``; the
+event store's ``StorageError``) is answered ``503`` (``STORAGE_FULL`` for ENOSPC and
+EDQUOT) with ``Retry-After``: the daemon goes on and the retry succeeds once the disk
+takes writes again. Starlette's ``HTTPException`` (404
 for an unknown path, 405 for a wrong method) is mapped to the same body. Anything
 else is a bug: it is logged with its traceback on the server and answered as a
 500 with a generic body; no stack trace or exception text ever reaches a client.
@@ -15,6 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kz_daemon.errors import ZooError
+from kz_daemon.health import FULL_ERRNOS, RETRY_AFTER_S, storage_full
+from kz_events.store import StorageError, StoreBroken
+
+#: codes whose answers tell the client when to retry
+RETRY_CODES = ("RATE_LIMITED", "STORAGE_FULL")
 
 log = logging.getLogger("kz_daemon.http")
 
@@ -38,11 +46,11 @@ def error_response(status: int, code: str, message: str, details: dict[str, Any]
 
 
 async def zoo_error(request: Request, exc: Exception) -> Response:
-    """ZooError → its status and body (429 answers carry Retry-After)."""
+    """ZooError → its status and body (429 and 503 STORAGE_FULL answers carry Retry-After)."""
     assert isinstance(exc, ZooError)
     headers = None
     retry = exc.details.get("retry_after_s") if isinstance(exc.details, dict) else None
-    if exc.code == "RATE_LIMITED" and retry is not None:
+    if exc.code in RETRY_CODES and retry is not None:
         headers = {"Retry-After": str(max(1, int(float(retry) + 0.999)))}
     details = exc.details if isinstance(exc.details, dict) else {"detail": exc.details}
     return error_response(exc.http_status, exc.code, exc.message, details, headers)
@@ -61,6 +69,33 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, code, message, {}, getattr(exc, "headers", None))
 
 
+async def storage_error(request: Request, exc: Exception) -> Response:
+    """A failed disk write (OSError, the store's StorageError) → 503; a full disk → STORAGE_FULL.
+
+    Nothing was recorded and the daemon goes on: the store cuts its log back to the
+    last durable line and the spool leaves no partial file, so the client can retry.
+    Any other OSError is still a bug and answered as one.
+    """
+    assert isinstance(exc, OSError)
+    if exc.errno in FULL_ERRNOS or getattr(exc, "full", False):
+        log.warning("disk full on %s %s: %s", request.method, request.url.path, exc)
+        return await zoo_error(request, storage_full("no space left on device"))
+    if isinstance(exc, StorageError):
+        log.error("event log write failed on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "UNAVAILABLE", "the server could not write to its disk; nothing was "
+                              "recorded: retry in a while", {"retry_after_s": RETRY_AFTER_S},
+                              {"Retry-After": str(RETRY_AFTER_S)})
+    return await internal_error(request, exc)
+
+
+async def store_broken(request: Request, exc: Exception) -> Response:
+    """The store refuses everything until the process restarts: 503, and /healthz says so."""
+    log.error("event store broken on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "UNAVAILABLE", "the server cannot record anything until its operator "
+                          "restarts it; retry later", {"retry_after_s": RETRY_AFTER_S},
+                          {"Retry-After": str(RETRY_AFTER_S)})
+
+
 async def internal_error(request: Request, exc: Exception) -> Response:
     """Any other exception: log it here, answer 500 with nothing internal in the body."""
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -70,5 +105,7 @@ async def internal_error(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     ZooError: zoo_error,
     HTTPException: http_error,
+    OSError: storage_error,
+    StoreBroken: store_broken,
     Exception: internal_error,
 }

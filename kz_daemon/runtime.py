@@ -17,6 +17,7 @@ from typing import Callable
 from kz_daemon.config import Config, write_default
 from kz_daemon.gitstore import GitStore, file_mode, format_message
 from kz_daemon.service import Zoo
+from kz_events.log import CorruptLog, LogError, LogLocked
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -92,3 +93,21 @@ def run_until_signal(config: Config, on_ready: Callable[[object], None] | None =
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def open_failure(prog: str, state_dir: Path, exc: BaseException) -> str | None:
+    """One line telling the operator why the event log cannot be opened, or None for any other error.
+
+    A log that fails its checks at open (a hash link broken by an edit, a seq gap,
+    an unreadable line) is not something a restart fixes: the line names the seq and
+    the file, and says to run ``kz audit`` and to move the events folder aside.
+    """
+    if isinstance(exc, CorruptLog):
+        return (f"{prog}: the event log is corrupt at seq {exc.seq} in {exc.path} "
+                f"(byte offset {exc.offset}: {exc.reason}); nothing was started. "
+                f"Run `kz audit --state-dir {state_dir}` for the full report, then move "
+                f"{state_dir / 'events'} aside (quarantine) and restore it from a backup")
+    if isinstance(exc, LogError) and not isinstance(exc, LogLocked):
+        return (f"{prog}: the event log cannot be opened: {exc}; nothing was started. "
+                f"Run `kz audit --state-dir {state_dir}` for the full report")
+    return None

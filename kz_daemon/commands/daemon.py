@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Initialise the state dir, then run the Zoo until a signal."""
     from kz_daemon.errors import ZooError
-    from kz_daemon.runtime import init_state_dir, run_until_signal
+    from kz_daemon.runtime import init_state_dir, open_failure, run_until_signal
 
     try:
         config = init_state_dir(args.state_dir, seed_from=args.seed_from, config_file=args.config,
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kz daemon: ready on {config.state_dir} (repo {config.paths.repo}, "
               f"inbox {config.spool_inbox}, pid {__import__('os').getpid()})", file=sys.stderr, flush=True)
 
-    from kz_events.log import LogLocked
+    from kz_events.log import LogError, LogLocked
 
     try:
         if not args.no_http:
@@ -56,4 +56,7 @@ def run(args: argparse.Namespace) -> int:
     except LogLocked as exc:
         print(f"kz daemon: another daemon holds {config.paths.events} ({exc}); stop it first",
               file=sys.stderr)
+        return 2
+    except LogError as exc:
+        print(open_failure("kz daemon", config.state_dir, exc), file=sys.stderr)
         return 2

@@ -3,8 +3,9 @@
 Creates (or reuses) the state directory: kz.yaml, the kernel repo seeded from
 ``examples/`` as its first commit, the spool, hashed tokens in auth.yaml with the
 plaintext copies in DIR/tokens/ (mode 0600). Serves the API and the web pages on
-127.0.0.1, starts ``kz runner`` for the detected arch as a child process (unless
---no-runner), prints the URL and copy-paste submit commands, and stops everything
+127.0.0.1, starts ``kz runner`` for the detected arch as a supervised child process
+named ``local-runner`` (unless --no-runner; restarted with backoff when it dies, a
+runner that keeps dying is reported by /readyz and in the log), prints the URL and copy-paste submit commands, and stops everything
 cleanly on Ctrl-C or SIGTERM.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 NAME = "up"
+#: the local runner's one name: its token's id, its logs, the queue view
+LOCAL_RUNNER = "local-runner"
 HELP = "run the whole zoo locally: daemon + HTTP on 127.0.0.1 + a local runner (state in ./kz-data)"
 
 
@@ -65,7 +68,7 @@ def _runner_argv(url: str, token_file: Path, arch: str) -> list[str] | None:
     # --grace 10: on Ctrl-C a running job gets 10 s, then the runner kills it and releases its
     # lease, well inside the 15 s kz up waits for the runner before it stops the server.
     return [sys.executable, "-m", "kz_daemon", "runner", "--server", url, "--token-file", str(token_file),
-            "--arch", arch, "--grace", "10"]
+            "--arch", arch, "--grace", "10", "--runner-id", LOCAL_RUNNER]
 
 
 def banner(url: str, state_dir: Path, tokens: dict[str, Path], runner: str | None) -> str:
@@ -99,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     from kz_daemon.auth import ensure_local_tokens
     from kz_daemon.errors import ZooError
     from kz_daemon.http.serve import serve_config
-    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.runtime import init_state_dir, open_failure
+    from kz_events.log import LogError, LogLocked
 
     state_dir = Path(args.state_dir).resolve()
     seed = Path(args.seed_from) if args.seed_from else default_examples()
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     except ZooError as exc:
         print(f"kz up: {exc.message}", file=sys.stderr)
         return 2
-    tokens = ensure_local_tokens(state_dir)
+    tokens = ensure_local_tokens(state_dir, runner_id=LOCAL_RUNNER)
     runner_desc: list[str | None] = [None]
     runner_arch: list[str | None] = [None]
 
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             arch = detect_arch().arch
         argv = _runner_argv(url, tokens["runner"], arch)
         runner_arch[0] = arch if argv else None
-        runner_desc[0] = f"kz runner --arch {arch}" if argv else "unavailable (no kz runner in this install)"
+        runner_desc[0] = f"{LOCAL_RUNNER} (kz runner --arch {arch}, restarted if it dies)" if argv else "unavailable (no kz runner in this install)"
         return argv
 
     def show(url: str) -> None:
@@ -132,5 +136,12 @@ def run(args: argparse.Namespace) -> int:
             print(warning, flush=True)
 
     os.environ.pop("KZ_TOKEN", None)
-    return serve_config(config, host=args.host, port=args.port, runner_argv_for=runner_argv_for,
-                        banner=show)
+    try:
+        return serve_config(config, host=args.host, port=args.port, runner_argv_for=runner_argv_for,
+                            banner=show)
+    except LogLocked as exc:
+        print(f"kz up: another daemon holds {config.paths.events} ({exc}); stop it first", file=sys.stderr)
+        return 2
+    except LogError as exc:
+        print(open_failure("kz up", state_dir, exc), file=sys.stderr)
+        return 2

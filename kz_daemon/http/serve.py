@@ -25,6 +25,7 @@ from kz_daemon.history import KernelHistory
 from kz_daemon.http.app import create_app, make_server
 from kz_daemon.http.settings import from_config
 from kz_daemon.sdnotify import Notifier
+from kz_daemon.supervise import Supervisor
 from kz_daemon.service import Zoo
 from kz_runner import __version__
 
@@ -62,7 +63,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _stop_child(proc: subprocess.Popen | None, grace_s: float) -> None:
+def _stop_child(proc: subprocess.Popen | Supervisor | None, grace_s: float) -> None:
+    if isinstance(proc, Supervisor):
+        proc.stop(grace_s)
+        return
     if proc is None or proc.poll() is not None:
         return
     try:
@@ -82,7 +86,7 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
     notifier = notifier or Notifier()
     host, port = sock.getsockname()[:2]
     url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
-    child: list[subprocess.Popen | None] = [None]
+    child: list[Supervisor | None] = [None]
 
     def shutdown_sequence(srv: Any) -> None:
         notifier.stopping("stopping: runner, then HTTP, then daemon")
@@ -106,8 +110,10 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
                 env.pop("NOTIFY_SOCKET", None)  # systemd's socket is ours, not the runner's
                 env.pop("WATCHDOG_USEC", None)
                 env.pop("WATCHDOG_PID", None)
-                child[0] = subprocess.Popen(list(options.runner_argv), env=env, stdin=subprocess.DEVNULL,
-                                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                # supervised: a runner that dies (a poisonous job) is restarted with backoff
+                child[0] = Supervisor(list(options.runner_argv), env=env,
+                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None).start()
+                app.state.runner_supervisor = child[0]
             if banner is not None:
                 banner(url)
             notifier.ready(f"serving {url}")

@@ -1,0 +1,128 @@
+"""Keep ``kz up``'s local runner alive: restart it with backoff, and say when it keeps dying.
+
+One poisonous job (a package that kills its runner) must not leave the zoo without
+a runner. :class:`Supervisor` starts the child, watches it from a thread and, when
+it exits while not being stopped, starts it again after a backoff that doubles from
+``first_backoff_s`` up to ``max_backoff_s`` (reset once a run lasted ``stable_s``).
+Every exit is logged on one line. A child that exited ``crash_limit`` times within
+``window_s`` is *crash-looping*: :meth:`health` reports it (``/readyz`` turns 503)
+while the restarts go on.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+
+class Supervisor:
+    """A supervised child process: ``start()``, ``health()``, ``stop(grace_s)``."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, name: str = "runner",
+                 preexec_fn: Callable[[], None] | None = None, out: TextIO = sys.stderr,
+                 first_backoff_s: float = 1.0, max_backoff_s: float = 60.0, stable_s: float = 60.0,
+                 crash_limit: int = 3, window_s: float = 300.0) -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.name = name
+        self.preexec_fn = preexec_fn
+        self.out = out
+        self.first_backoff_s = first_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.stable_s = stable_s
+        self.crash_limit = crash_limit
+        self.window_s = window_s
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.last_exit: int | None = None
+        self._exits: deque[float] = deque(maxlen=max(1, crash_limit))
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def log(self, message: str) -> None:
+        """One line on the operator's stream."""
+        print(f"kz up: {self.name}: {message}", file=self.out, flush=True)
+
+    def start(self) -> "Supervisor":
+        """Start the child and the thread that restarts it."""
+        self._spawn()
+        self._thread = threading.Thread(target=self._watch, name=f"kz-supervise-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
+                                         preexec_fn=self.preexec_fn)
+            self.starts += 1
+
+    def _watch(self) -> None:
+        backoff = self.first_backoff_s
+        while not self._stopping.is_set():
+            proc = self.proc
+            began = time.monotonic()
+            code = proc.wait() if proc is not None else None
+            if self._stopping.is_set():
+                return
+            now = time.monotonic()
+            self.last_exit = code
+            self._exits.append(now)
+            if now - began >= self.stable_s:
+                backoff = self.first_backoff_s
+            looping = self.crash_looping()
+            self.log(f"exited with code {code} after {now - began:.1f} s; restarting in {backoff:.0f} s"
+                     + (f" (it died {len(self._exits)} times within {self.window_s:.0f} s: "
+                        "look at its log above)" if looping else ""))
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(self.max_backoff_s, backoff * 2)
+            try:
+                self._spawn()
+            except OSError as exc:
+                self.log(f"cannot be started: {exc}")
+
+    def crash_looping(self) -> bool:
+        """Whether the child exited ``crash_limit`` times within the last ``window_s``."""
+        exits = list(self._exits)
+        return len(exits) >= self.crash_limit and time.monotonic() - exits[0] <= self.window_s
+
+    def alive(self) -> bool:
+        """Whether the child runs now."""
+        proc = self.proc
+        return proc is not None and proc.poll() is None
+
+    def health(self) -> dict[str, Any]:
+        """The ``runner`` check of /readyz: ok unless the child is crash-looping."""
+        looping = self.crash_looping()
+        alive = self.alive()
+        reason = None
+        if looping:
+            reason = (f"the local {self.name} died {len(self._exits)} times within {self.window_s:.0f} s "
+                      f"(last exit code {self.last_exit}); kz up keeps restarting it")
+        return {"ok": not looping, "reason": reason, "alive": alive, "starts": self.starts,
+                "restarts": max(0, self.starts - 1), "last_exit": self.last_exit,
+                "pid": self.proc.pid if alive and self.proc is not None else None}
+
+    def stop(self, grace_s: float) -> None:
+        """Stop restarting, then SIGTERM the child (SIGKILL after ``grace_s``)."""
+        with self._lock:
+            self._stopping.set()
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.terminate()
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+            except ProcessLookupError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)

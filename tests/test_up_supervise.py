@@ -1,0 +1,108 @@
+"""`kz up` keeps its local runner alive, names it `local-runner` everywhere, and refuses a
+tampered event log with one clear line instead of a traceback."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kz_daemon.runtime import init_state_dir
+from kz_daemon.service import Zoo
+from kz_daemon.supervise import Supervisor
+from tests.helpers.daemon import EXAMPLES, wait_for
+from tests.test_up import Up, _alive
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_dying_child_is_restarted_and_a_crash_loop_is_reported(tmp_path):
+    log = tmp_path / "log.txt"
+    with open(log, "w") as out:
+        sup = Supervisor([sys.executable, "-c", "import sys; sys.exit(3)"], out=out, name="runner",
+                         first_backoff_s=0.05, max_backoff_s=0.2, crash_limit=3, window_s=300)
+        sup.start()
+        try:
+            wait_for(lambda: sup.starts >= 4)
+            health = sup.health()
+            assert health["ok"] is False and health["last_exit"] == 3
+            assert "died" in health["reason"]
+        finally:
+            sup.stop(5)
+    text = log.read_text()
+    assert "exited with code 3" in text and "restarting" in text
+
+
+def test_a_killed_child_comes_back_and_stop_ends_it(tmp_path):
+    sup = Supervisor([sys.executable, "-c", "import time; time.sleep(120)"], out=open(os.devnull, "w"),
+                     first_backoff_s=0.05)
+    sup.start()
+    try:
+        first = wait_for(lambda: sup.proc.pid if sup.alive() else None)
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: sup.proc.pid if sup.alive() and sup.proc.pid != first else None)
+        assert sup.health()["ok"] is True and sup.health()["restarts"] == 1
+    finally:
+        sup.stop(5)
+    assert not _alive(second)
+
+
+@pytest.mark.slow
+def children(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (a restart is spawned by the supervising thread)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out.extend(int(p) for p in (task / "children").read_text().split())
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def test_kz_up_restarts_its_runner_under_one_name(tmp_path):
+    up = Up(tmp_path / "kz-data")
+    up.children = lambda: children(up.proc.pid)
+    try:
+        runner = wait_for(lambda: up.children()[0] if up.children() else None, timeout=60)
+        with httpx.Client(base_url=up.url, timeout=30) as http:
+            wait_for(lambda: "local-runner" in http.get("/api/queue").json()["runners"], timeout=60)
+            os.kill(runner, signal.SIGKILL)
+            again = wait_for(lambda: next((c for c in up.children() if c != runner), None), timeout=60)
+            assert _alive(again)
+            ready = http.get("/readyz").json()
+            assert ready["checks"]["runner"]["restarts"] >= 1
+            assert set(http.get("/api/queue").json()["runners"]) == {"local-runner"}
+        assert "local-runner: exited with code" in up.output() or "runner: exited with code" in up.output()
+        assert "kz-runner[local-runner]" in up.output()
+    finally:
+        assert up.stop() == 0
+
+
+def _tampered_state(tmp_path) -> Path:
+    config = init_state_dir(tmp_path / "kz", seed_from=EXAMPLES)
+    zoo = Zoo(config)
+    zoo.start()
+    zoo.stop()
+    seg = sorted(config.paths.events.glob("*.jsonl"))[0]
+    lines = seg.read_bytes().splitlines(keepends=True)
+    doc = json.loads(lines[1])
+    doc["ts"] = "2000-01-01T00:00:00Z"  # an edit that leaves the line well-formed
+    lines[1] = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+    seg.write_bytes(b"".join(lines))
+    return config.state_dir
+
+
+@pytest.mark.parametrize("argv", [["up", "--no-runner", "--port", "0"], ["daemon", "--no-http"]])
+def test_a_tampered_log_is_one_clear_line_and_a_nonzero_exit(tmp_path, argv):
+    state = _tampered_state(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "kz_daemon", *argv, "--state-dir", str(state)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    err = done.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "seq " in err and ".jsonl" in err and "kz audit" in err and "quarantine" in err

@@ -1,4 +1,5 @@
-"""End-to-end on CPU: spool → queued → claimed → real run → accepted, with the two-commit model."""
+"""The Zoo facade (kz_daemon/service.py) end to end on CPU: spool → queued → claimed → real run →
+accepted with the two-commit model, a failing result rejected, a stranger's report refused."""
 from __future__ import annotations
 
 import json

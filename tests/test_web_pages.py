@@ -167,3 +167,17 @@ def test_queue_page_and_unknown_pages(site):
         resp = page.goto(site.url + "/")
         assert "script-src 'self'" in resp.headers["content-security-policy"]
         assert resp.headers["x-content-type-options"] == "nosniff"
+
+
+def test_queue_page_shows_runners_and_waiting_jobs_per_arch(site):
+    with site.client("runner:r1") as r1:
+        r1.post("/api/runner/claim", json={"arch": "cpu", "wait": 0, "host": "arch-test-host"})
+    with browser(javascript=False) as ctx:
+        page = ctx.new_page()
+        page.goto(site.url + "/queue")
+        headers = page.locator("table.arches thead th").all_inner_texts()
+        assert headers == ["arch", "live runners", "runners seen", "waiting jobs"]
+        rows = {r[0]: r[1:] for r in (row.split("\t") for row in
+                                      page.locator("table.arches tbody tr").all_inner_texts())}
+        live, seen, waiting = (int(v) for v in rows["cpu"])
+        assert 1 <= live <= seen and waiting >= 0

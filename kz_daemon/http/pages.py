@@ -17,11 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kz_daemon import review, scorecard
 from kz_daemon.errors import ZooError
+from kz_daemon import logs
 from kz_daemon.http import commits, operators, submission_list, views, web_charts
 from kz_daemon.http.api import catalog
 from kz_daemon.http.render import TEMPLATES, fmt_value, short_sha, when
-from kz_events.status import STATUSES, is_terminal
+from kz_events.status import STATUSES, Status, is_terminal
 
 KERNELS_PER_PAGE = 500
 SORT_KEYS = ("kernel", "name", "status", "cases")
@@ -137,6 +139,24 @@ def _secondary(history: Any, entries: list[Mapping[str, Any]]) -> tuple[dict, di
     return values, declared
 
 
+def _older_harness_bests(history: Any, entries: list[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """``{kernel_id: {case ids}}`` whose best primary record was measured under a harness other than HEAD's."""
+    out: dict[str, set[str]] = {}
+    if history is None:
+        return out
+    for entry in entries:
+        kernel_id = str(entry.get("kernel_id", ""))
+        primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
+        head = history.harness(kernel_id).blob
+        _desc, card = history.package_docs(kernel_id)
+        for case in (card or {}).get("cases") or [] if isinstance(card, dict) else []:
+            best = case.get("metrics_best") if isinstance(case, dict) else None
+            case_id = str(case.get("test_case_id")) if isinstance(case, dict) else ""
+            if isinstance(best, dict) and scorecard.older_harness(best.get(primaries.get(case_id)), head):
+                out.setdefault(kernel_id, set()).add(case_id)
+    return out
+
+
 async def operator_page(request: Request) -> Response:
     """GET /ops/{arch}/{op_class}/{sub_class}/{quant}: the implementations ranked per case."""
     p = request.path_params
@@ -148,9 +168,11 @@ async def operator_page(request: Request) -> Response:
     reference = operators.reference_of(entries)
     case_boards = operators.boards(entries, reference)
     values, declared = await run_in_threadpool(_secondary, request.app.state.history, entries)
+    older = await run_in_threadpool(_older_harness_bests, request.app.state.history, entries)
     for board in case_boards:
         for standing in board.standings:
             standing.secondary = values.get(standing.kernel_id, {}).get(board.case_id, {})
+            standing.older_harness = board.case_id in older.get(standing.kernel_id, ())
     return _render(request, "operator.html", {
         "title": key.path, "key": key, "boards": case_boards, "entries": entries, "reference": reference,
         "declared": declared, "reference_tag": operators.REFERENCE_TAG,
@@ -179,10 +201,14 @@ def _case_charts(points: list[Any], primaries: Mapping[str, str], units: Mapping
     return charts
 
 
-def _scorecard_rows(scorecard: Any, primaries: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per case and metric (the primary first): best and current records, value None for a placeholder."""
+def _scorecard_rows(card: Any, primaries: Mapping[str, str], head_harness: str | None = None) -> list[dict[str, Any]]:
+    """One row per case and metric (the primary first): best and current records, value None for a placeholder.
+
+    A record measured under a harness other than ``head_harness`` (HEAD's benchmark.py
+    blob) has ``older_harness`` set; records without a harness are never marked.
+    """
     rows = []
-    for case in scorecard.get("cases") or [] if isinstance(scorecard, dict) else []:
+    for case in card.get("cases") or [] if isinstance(card, dict) else []:
         if not isinstance(case, dict):
             continue
         case_id = str(case.get("test_case_id"))
@@ -194,7 +220,9 @@ def _scorecard_rows(scorecard: Any, primaries: Mapping[str, str]) -> list[dict[s
             for record in (best_all.get(metric), current_all.get(metric)):
                 record = record if isinstance(record, dict) else {}
                 records.append({"value": operators.measured_value(record), "submitter": record.get("submitter", ""),
-                                "commit_sha": str(record.get("commit_sha") or "")})
+                                "commit_sha": str(record.get("commit_sha") or ""),
+                                "harness": str(record.get("harness") or ""),
+                                "older_harness": scorecard.older_harness(record, head_harness)})
             rows.append({"case": case_id, "metric": metric, "primary": metric == primary, "best": records[0],
                          "current": records[1], "correctness": case.get("correctness_current") or ""})
     return rows
@@ -203,8 +231,8 @@ def _scorecard_rows(scorecard: Any, primaries: Mapping[str, str]) -> list[dict[s
 def _kernel_data(history: Any, kernel_id: str) -> tuple[Any, Any, list[Any], Any]:
     if history is None:
         return None, None, [], None
-    desc, scorecard = history.package_docs(kernel_id)
-    return desc, scorecard, history.accepted(kernel_id), history.harness(kernel_id)
+    desc, card = history.package_docs(kernel_id)
+    return desc, card, history.accepted(kernel_id), history.harness(kernel_id)
 
 
 async def kernel_page(request: Request) -> Response:
@@ -213,7 +241,7 @@ async def kernel_page(request: Request) -> Response:
     entry = catalog(request).get(kernel_id)
     if entry is None:
         return _error(request, ZooError("NOT_FOUND", f"no kernel {kernel_id!r}"))
-    desc, scorecard, points, harness = await run_in_threadpool(_kernel_data, request.app.state.history, kernel_id)
+    desc, card, points, harness = await run_in_threadpool(_kernel_data, request.app.state.history, kernel_id)
     desc = desc if isinstance(desc, dict) else {}
     kernel_cases = views.cases(entry)
     primaries = {str(c.get("test_case_id")): str(c.get("primary_metric") or "") for c in kernel_cases}
@@ -226,7 +254,7 @@ async def kernel_page(request: Request) -> Response:
         "title": kernel_id, "kernel_id": kernel_id, "entry": entry, "desc": desc, "quant": quant,
         "category": views.category(entry), "operator": operators.key_of(entry).path,
         "status": views.status_of(entry), "valid": views.is_valid(entry), "problems": entry.get("problems") or [],
-        "scorecard": _scorecard_rows(scorecard, primaries), "primaries": primaries, "points": list(reversed(points)),
+        "scorecard": _scorecard_rows(card, primaries, harness.blob if harness else None), "primaries": primaries, "points": list(reversed(points)),
         "charts": [c for c in _case_charts(points, primaries, units) if c is not None],
         "harness": harness, "attempts": attempts, "more_attempts": more,
         "io": [i for i in desc.get("io_signature") or [] if isinstance(i, dict)]})
@@ -285,6 +313,24 @@ def log_blocks(doc: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     return blocks
 
 
+def _submission_data(zoo: Any, view: Any, uuid: str) -> tuple[dict[str, Any], bool]:
+    """The status document and whether retention removed the run's logs (file reads)."""
+    doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", zoo)
+    pending = getattr(zoo, "pending", None)
+    pruned = bool(doc.get("logs_url")) and pending is not None and \
+        logs.logs_doc(uuid, pending.run_folder(uuid))["pruned"]
+    return doc, pruned
+
+
+def _held_evidence(zoo: Any, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rule findings that held the submission, when it was ever held (a file read; [] otherwise)."""
+    history = doc.get("history") or []
+    was_held = any(isinstance(h, (list, tuple)) and len(h) > 1 and h[1] == Status.HELD for h in history)
+    if not was_held or getattr(zoo, "pending", None) is None:
+        return []
+    return [f for f in review.evidence_of(zoo, str(doc.get("uuid") or "")) if isinstance(f, dict)]
+
+
 async def submission_page(request: Request) -> Response:
     """GET /submissions/{uuid}: status history, reasons with fix hints, results, logs; follows the job."""
     uuid = request.path_params["uuid"]
@@ -292,9 +338,10 @@ async def submission_page(request: Request) -> Response:
         view = await run_in_threadpool(request.app.state.zoo.submission, uuid)
     except ZooError as exc:
         return _error(request, exc)
-    doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", request.app.state.zoo)
-    reasons = [dict(r, hint=r.get("hint") or submission_list.fix_hint(r.get("code")))
-               for r in doc.get("reasons") or [] if isinstance(r, dict)]
+    # submission_doc reads the run's log tails (a file): off the event loop
+    doc, logs_pruned = await run_in_threadpool(_submission_data, request.app.state.zoo, view, uuid)
+    reasons = [r for r in doc.get("reasons") or [] if isinstance(r, dict)]  # each carries its hint
+    doc = dict(doc, held_evidence=await run_in_threadpool(_held_evidence, request.app.state.zoo, doc))
     timeline = [{"seq": item[0], "status": item[1], "ts": item[2]} for item in doc.get("history") or []
                 if isinstance(item, (list, tuple)) and len(item) >= 3]
     status = str(doc.get("status", ""))
@@ -302,7 +349,8 @@ async def submission_page(request: Request) -> Response:
         "title": f"Submission {uuid[:8]}", "uuid": uuid, "doc": doc, "status": status,
         "terminal": is_terminal(status), "reasons": reasons, "timeline": timeline,
         "cases": [c for c in doc.get("cases") or [] if isinstance(c, dict)],
-        "result": doc.get("result") if isinstance(doc.get("result"), dict) else {}, "logs": log_blocks(doc)})
+        "result": doc.get("result") if isinstance(doc.get("result"), dict) else {}, "logs": log_blocks(doc),
+        "logs_pruned": logs_pruned})
 
 
 # -- queue ------------------------------------------------------------------------------------------
@@ -314,12 +362,13 @@ def _listing(items: Any, key: str) -> list[dict[str, Any]]:
 
 
 async def queue_page(request: Request) -> Response:
-    """GET /queue: pending jobs, jobs in flight, runners seen (refreshes itself)."""
+    """GET /queue: per arch (live runners, runners seen, waiting), pending jobs, in flight, runners (refreshes)."""
     view = views.plain(await run_in_threadpool(request.app.state.zoo.queue_view))
     view = view if isinstance(view, dict) else {}
     return _render(request, "queue.html", {
         "title": "Queue", "pending": _listing(view.get("pending"), "uuid"),
-        "in_flight": _listing(view.get("in_flight"), "uuid"), "runners": _listing(view.get("runners"), "runner_id")})
+        "in_flight": _listing(view.get("in_flight"), "uuid"), "runners": _listing(view.get("runners"), "runner_id"),
+        "arches": _listing(view.get("arches"), "arch")})
 
 
 ROUTES = [

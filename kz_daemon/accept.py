@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from kz_daemon import scorecard
+from kz_daemon import confirm, scorecard
 from kz_daemon.errors import ZooError
 from kz_daemon.physics import implausible
 from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
@@ -114,7 +114,8 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
         if repeat is not None:
             return repeat
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
-        run = zoo.pending.store_run(sub_uuid, result, logs, env, failure)
+        confirming = confirm.is_confirmation_run(sub)
+        run = confirm.store_run(zoo.pending, sub, result, logs, env, failure)
         metas = zoo.pending.metas(sub_uuid)
         accepted, code, message, details, invalid = judge(sub, result, failure, metas)
         refused = implausible(zoo, sub, result, metas) if accepted else None
@@ -126,16 +127,15 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
             uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=run.sha256,
             overall_accept=accepted, build_ok=overall.get("build_ok") is True,
             cases=case_summary(result, metas), env=env or {})
-        if accepted:
-            with zoo.git_lock:
-                base = zoo.git.head()
-            zoo.store.emit(reported, ev.AcceptStarted(uuid=sub_uuid, kernel_id=sub.kernel_id, base_head=base))
-        else:
-            zoo.store.emit(reported, ev.SubmissionRejected(uuid=sub_uuid, stage="result", code=code,
-                                                           message=message, details=details))
+        # accept.started, a confirmation run (far ahead of the best) or a rejection
+        follow = confirm.verdict_events(zoo, sub, run, reported.cases, metas,
+                                        (accepted, code, message, details, invalid), runner_id, lease_id,
+                                        confirming, case_summary)
+        zoo.store.emit(reported, *follow)
+        accepted = isinstance(follow[0], ev.AcceptStarted)
     crash_point("after_result_reported")
-    if accepted:
-        finish_saga(zoo, sub_uuid, run, metas)  # finished, rolled back, or left for the reaper to retry
+    if accepted:  # after a confirmation the saga reads the run it commits from the stored pair
+        finish_saga(zoo, sub_uuid, None if confirming else run, metas)
     view = zoo.submission(sub_uuid)
     if invalid:
         raise ZooError("RESULT_INVALID", message, {"uuid": sub_uuid, **details})
@@ -253,7 +253,9 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
 def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: list[dict] | None = None) -> None:
     """Drive the accept saga of ``sub_uuid`` (status ``accepting``) to a terminal status; idempotent."""
     def result() -> Any:
-        return run.result if run is not None else zoo.pending.load_result(sub_uuid)
+        if run is not None:
+            return run.result
+        return confirm.committed_result(zoo.pending, sub_uuid, case_metas(), case_summary)
 
     def case_metas() -> list[dict]:
         return metas if metas is not None else zoo.pending.metas(sub_uuid)

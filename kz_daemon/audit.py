@@ -10,7 +10,10 @@ everything agrees:
   whose bench_result.yaml carries no ``__PENDING_COMMIT__``;
 - no commit with a ``Kz-Submission`` trailer lacks its events (a saga still
   ``accepting`` is a warning: the next start-up finishes it);
-- the branch head is the scorecard commit of the last completed accept (unless
+- a revoked submission keeps its two commits and has exactly one revocation commit
+  (``Kz-Step: revoke``, ``Revokes: <uuid>``) after them; an accepted one has none;
+- the branch head is the scorecard commit of the last completed accept, or the last
+  revocation commit when that came later (unless
   later commits carry no kz trailer, e.g. an operator's commit: a warning);
 - index.json equals a full rebuild at HEAD. A running daemon writes index.json
   when accepts pause (up to ~5 s behind HEAD): while the event log's lock is held,
@@ -25,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from types import SimpleNamespace
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,7 @@ from typing import Any
 from kz_daemon import indexer
 from kz_daemon.config import Config
 from kz_daemon.gitstore import WORKTREE_MARK, GitStore
+from kz_daemon.revoke import REVOKE_STEP, revocation
 from kz_events.replay import replay_dir
 from kz_runner.contract.layout import PENDING_COMMIT
 
@@ -118,7 +123,7 @@ def _audit_commits(state, git) -> list[Finding]:
                 out.append(Finding("DUPLICATE_COMMIT", f"{len(commits)} {step} commits for one submission",
                                    uuid=sub_uuid, sha=commits[0].sha))
         sub = subs.get(sub_uuid)
-        if sub is None or sub.status not in ("accepted", "accepting"):
+        if sub is None or sub.status not in ("accepted", "accepting", "revoked"):
             status = sub.status if sub else "unknown to the log"
             for commits in steps.values():
                 out.append(Finding("COMMIT_WITHOUT_EVENTS", f"commit of a submission that is {status}",
@@ -126,7 +131,8 @@ def _audit_commits(state, git) -> list[Finding]:
         elif sub.status == "accepting":
             out.append(Finding("SAGA_IN_PROGRESS", "accept saga not finished (the next start-up finishes it)",
                                severity="warning", uuid=sub_uuid))
-    accepted = [s for s in subs.values() if s.status == "accepted"]
+    accepted = [s for s in subs.values() if s.status in ("accepted", "revoked")]  # revoked: commits kept
+    out += _audit_revocations(accepted, by_uuid)
     for sub in accepted:
         steps = by_uuid.get(sub.uuid, {})
         src = [c.sha for c in steps.get("source", [])]
@@ -144,7 +150,7 @@ def _audit_commits(state, git) -> list[Finding]:
             out.append(Finding("PENDING_IN_SCORECARD", "bench_result.yaml still holds __PENDING_COMMIT__",
                                uuid=sub.uuid, sha=sub.sha_br))
     if accepted:
-        last = max(accepted, key=lambda s: s.history[-1][0])
+        last = _last_kz_commit(accepted)
         head = git.head()
         if head != last.sha_br:
             later = []
@@ -160,6 +166,38 @@ def _audit_commits(state, git) -> list[Finding]:
                 out.append(Finding("HEAD_MISMATCH", f"{len(later)} commit(s) without kz trailers after the last "
                                    "accept", severity="warning", sha=head))
     return out
+
+
+def _audit_revocations(subs: list, by_uuid: dict) -> list[Finding]:
+    """A revoked submission has exactly its revocation commit (``Revokes: <uuid>``); an accepted one none."""
+    out: list[Finding] = []
+    for sub in subs:
+        commits = by_uuid.get(sub.uuid, {}).get(REVOKE_STEP, [])
+        entry = revocation(sub)
+        if sub.status == "accepted":
+            if commits:
+                out.append(Finding("COMMIT_WITHOUT_EVENTS", "revocation commit of a submission the log has as "
+                                   "accepted", uuid=sub.uuid, sha=commits[0].sha))
+        elif entry is None or not entry.get("sha"):
+            out.append(Finding("SAGA_IN_PROGRESS", "revocation not finished (the next start-up finishes it)",
+                               severity="warning", uuid=sub.uuid))
+        elif [c.sha for c in commits] != [entry["sha"]] or commits[0].trailers.get("Revokes") != sub.uuid:
+            out.append(Finding("REVOKE_COMMIT", f"expected the revocation commit {entry['sha']} with trailer "
+                               f"Revokes: {sub.uuid}, found {[c.sha for c in commits]}", uuid=sub.uuid))
+    return out
+
+
+def _last_kz_commit(subs: list) -> SimpleNamespace:
+    """The commit the branch should end at: the latest (by log seq) accept's scorecard commit or revocation commit."""
+    seq, sha, uuid = -1, None, None
+    for sub in subs:
+        accepted_seq = next((q for q, status, _ts in sub.history if status == "accepted"), 0)
+        if accepted_seq > seq:
+            seq, sha, uuid = accepted_seq, sub.sha_br, sub.uuid
+        entry = revocation(sub) or {}
+        if entry.get("sha") and entry.get("committed_seq", 0) > seq:
+            seq, sha, uuid = entry["committed_seq"], entry["sha"], sub.uuid
+    return SimpleNamespace(sha_br=sha, uuid=uuid)
 
 
 def _audit_index(config, state, git, running: bool = False) -> list[Finding]:

@@ -92,6 +92,11 @@ physics:                  # the floor under reported figures (IMPLAUSIBLE_RESULT
 
 rules:                    # static rules over the source area (docs/architecture.md, "Trust")
   disabled: []            # rule ids switched off
+
+confirmation:             # a result far ahead of the recorded best is run twice before it is committed
+  margin: 0.1             # re-run when a case's primary metric beats the non-seed best by more than 10 % (0: never)
+  agreement: 0.1          # the two runs' primary metrics may differ by at most 10 % per case
+  exclusive_s: 120        # for this long only another runner may take the confirmation run; then any
 """
 
 
@@ -185,6 +190,15 @@ class HttpSettings:
 
 
 @dataclass(frozen=True)
+class ConfirmationSettings:
+    """When a result is run a second time before it is committed, and how close the runs must be."""
+
+    margin: float = 0.1
+    agreement: float = 0.1
+    exclusive_s: float = 120.0
+
+
+@dataclass(frozen=True)
 class Mirror:
     """A remote the repo is pushed to after each accept (a path or URL dulwich can push to)."""
 
@@ -207,6 +221,7 @@ class Config:
     http: HttpSettings = field(default_factory=HttpSettings)
     mirrors: tuple[Mirror, ...] = ()
     source_file: Path | None = None
+    confirmation: ConfirmationSettings = field(default_factory=ConfirmationSettings)
     maintainers: dict = field(default_factory=dict)   # kernel_id prefix -> submitter ids
     physics: Physics = field(default_factory=Physics)
     rules: RuleSettings = field(default_factory=RuleSettings)
@@ -261,6 +276,7 @@ class Config:
             "http": HttpSettings, "mirrors": None,
         }
         sections.update({"maintainers": None, "physics": None, "rules": None})  # parsed by their modules
+        sections["confirmation"] = ConfirmationSettings
         _reject_unknown(data, sections, source, "")
         raw_paths = data.get("paths") or {}
         if not isinstance(raw_paths, dict):
@@ -406,6 +422,9 @@ def _check_ranges(config: Config, source: str) -> None:
     for key, value in not_negative.items():
         if value < 0:
             raise _invalid(f"{source}: {key} must be >= 0, got {value!r}", path=source, key=key)
+    for key in ("margin", "agreement", "exclusive_s"):
+        if getattr(config.confirmation, key) < 0:
+            raise _invalid(f"{source}: confirmation.{key} must be >= 0", path=source, key=f"confirmation.{key}")
     if not 0 < config.http.port < 65536:
         raise _invalid(f"{source}: http.port must be 1..65535", path=source, key="http.port")
     if "/" in config.repo.branch or not config.repo.branch.strip():

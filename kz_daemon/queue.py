@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kz_daemon import harness_lock
-from kz_daemon import scorecard
+from kz_daemon import confirm, scorecard
 from kz_daemon.config import Limits
 from kz_daemon.errors import ZooError
 from kz_daemon.gitstore import GitStore
@@ -63,7 +63,9 @@ def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim 
         with zoo.lock:  # decisions are serialized; lock order: lock -> git_lock -> store.lock
             with zoo.store.lock:  # the state is not folded while we read it
                 state = zoo.store.state
-                sub_uuid = next_claimable(state, arch)
+                # a confirmation run goes to another runner first (confirm.excluded)
+                sub_uuid = next_claimable(state, arch, exclude=confirm.excluded(state, runner_id,
+                                                                                float(zoo.clock())))
                 seq = state.seq
                 sub = state.submissions[sub_uuid] if sub_uuid is not None else None
                 kernel_id, attempts, sub_arch = (sub.kernel_id, sub.attempts, sub.arch) if sub else (None, 0, None)

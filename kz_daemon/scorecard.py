@@ -106,6 +106,47 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
     return {"schema_version": SCHEMA_VERSION, "kernel_id": kernel_id, "cases": cases}
 
 
+def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
+                   runs: Iterable[dict | None]) -> dict[str, Any]:
+    """``card`` with every case's ``metrics_best`` rebuilt as if only ``runs`` had been accepted.
+
+    Used when a record is revoked. ``baseline`` is the scorecard before the kernel's first
+    logged accept (its real records stand; seed records do not); ``runs`` are the
+    scorecards the remaining accepts committed, oldest first, whose ``metrics_current``
+    records are replayed with the accept rule (a record replaces the best where it
+    strictly beats it in the metric's declared direction). A declared metric nobody
+    holds gets the seed sentinel. ``metrics_current`` and everything else is kept;
+    inputs are not modified.
+    """
+    directions = {m["test_case_id"]: {x["name"]: x.get("direction", "lower_better") for x in m.get("metrics", [])}
+                  for m in metas or []}
+
+    def cases_of(doc: dict | None) -> dict:
+        return {c.get("test_case_id"): c for c in (doc or {}).get("cases", []) or []}
+
+    base_cases = cases_of(baseline)
+    run_cases = [cases_of(run) for run in runs]
+    out = copy.deepcopy(card)
+    for case in out.get("cases", []) or []:
+        case_id = case.get("test_case_id")
+        declared = directions.get(case_id) or {name: "lower_better" for name in case.get("metrics_best") or {}}
+        best = {name: copy.deepcopy(rec) for name, rec in
+                ((base_cases.get(case_id) or {}).get("metrics_best") or {}).items()
+                if isinstance(rec, dict) and rec.get("commit_sha") != SEED_SHA}
+        for cases in run_cases:
+            for name, rec in ((cases.get(case_id) or {}).get("metrics_current") or {}).items():
+                if name not in declared or not isinstance(rec, dict):
+                    continue
+                prev = best.get(name)
+                if prev is None or beats(rec["value"], prev["value"], declared[name]):
+                    best[name] = copy.deepcopy(rec)
+        rebuilt = {name: best.pop(name, None) or _record(0, SEED_SUBMITTER, SEED_SHA, SEED_RECORDED_AT)
+                   for name in declared}
+        rebuilt.update(best)  # real records of metrics no longer declared stay, as on accept
+        case["metrics_best"] = rebuilt
+    return out
+
+
 def stamp(scorecard: dict, sha_src: str) -> dict[str, Any]:
     """A copy with every ``__PENDING_COMMIT__`` commit_sha replaced by ``sha_src``."""
     out = copy.deepcopy(scorecard)

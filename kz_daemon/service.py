@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from kz_daemon import harness_lock, review
-from kz_daemon import accept, queue, recovery, spool
+from kz_daemon import accept, confirm, queue, recovery, revoke, spool
 from kz_daemon import logs as logs_store
 from kz_daemon.clock import iso_now
 from kz_daemon.config import Config
@@ -79,7 +79,10 @@ class Zoo:
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         """Recover (log, git locks, sagas, intake outcomes, expired leases), then start the threads."""
+        # a result logged without its verdict gets the live one (maybe a confirmation run) first
+        confirm.recover(self, accept.judge, accept.case_summary)
         recovery.recover(self)
+        revoke.recover(self)  # revocations a crash left half-way
         self.store.emit(ev.DaemonStarted(version=__version__, pid=os.getpid()))
         self._watcher.start()
         for name, target in (("kz-intake", self._intake_loop), ("kz-reaper", self._reaper_loop),
@@ -304,6 +307,11 @@ class Zoo:
             raise ZooError("NOT_FOUND", f"{kernel_id} has no file {path!r} at HEAD",
                            {"kernel_id": kernel_id, "path": path})
         return data
+
+    def revoke(self, sub_uuid: str, by: str, reason: str) -> SubmissionView:
+        """Take an accepted record back (``kz_daemon.revoke``): events, revocation commit, index; its view."""
+        revoke.revoke(self, sub_uuid, by, reason)
+        return self.submission(sub_uuid)
 
     # -- the same decisions for the HTTP loop --------------------------------------------------
     async def renew_async(self, sub_uuid: str, runner_id: str, lease_id: str) -> float:

@@ -322,6 +322,24 @@ async def kernel_file(request: Request) -> Response:
     return Response(data, media_type=media)
 
 
+async def revoke_submission(request: Request) -> Response:
+    """POST /api/submissions/{uuid}/revoke: an admin takes an accepted record back (``{"reason": ...}``)."""
+    state = request.app.state
+    uuid = request.path_params["uuid"]
+    principal = authz.token_principal(request)
+    if principal is None:
+        raise ZooError("UNAUTHORIZED", "revoking a record needs 'Authorization: Bearer <admin token>'")
+    if principal.kind != "admin":
+        raise ZooError("FORBIDDEN", f"a {principal.kind} token cannot revoke records; an admin token can")
+    body = await limits.read_json_object(request, state.settings.max_json_bytes, ("reason",))
+    reason = body.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ZooError("BAD_REQUEST", "send {\"reason\": \"...\"}: why the record is revoked",
+                       {"field": "reason"})
+    view = await run_in_threadpool(state.zoo.revoke, uuid, principal.id, reason)
+    return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
+
+
 async def queue(request: Request) -> Response:
     """GET /api/queue: pending jobs, jobs in flight, runners seen."""
     view = await run_in_threadpool(request.app.state.zoo.queue_view)
@@ -421,6 +439,10 @@ OPS: list[Op] = [
        request="api_review_request",
        responses={200: "api_submission_status", 401: "api_error", 403: "api_error", 404: "api_error",
                   409: "api_error"}),
+    Op("POST", "/api/submissions/{uuid}/revoke", revoke_submission, "revokeSubmission",
+       "Revoke an accepted record (admin token)", "submissions", request="api_revoke_request",
+       responses={200: "api_submission_status", 400: "api_error", 401: "api_error", 403: "api_error",
+                  404: "api_error", 409: "api_error"}),
     Op("GET", "/api/queue", queue, "getQueue", "Pending jobs, jobs in flight, runners seen", "ops",
        responses={200: "api_queue"}),
     Op("GET", "/index.json", index_json, "getIndex", "The leaderboard index document", "ops",

@@ -34,9 +34,8 @@ from typing import Any
 
 import yaml
 
-from kz_daemon import confirm, scorecard
+from kz_daemon import confirm, physics, scorecard
 from kz_daemon.errors import ZooError
-from kz_daemon.physics import implausible
 from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
 from kz_daemon.pending import StoredRun, result_bytes
 from kz_daemon.ports import Daemon
@@ -116,9 +115,11 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
         confirming = confirm.is_confirmation_run(sub)
         run = confirm.store_run(zoo.pending, sub, result, logs, env, failure)
-        metas = zoo.pending.metas(sub_uuid)
+        facts = zoo.pending.read_submission(sub_uuid)  # read once per report
+        metas = facts.get("metas") or []
         accepted, code, message, details, invalid = judge(sub, result, failure, metas)
-        refused = implausible(zoo, sub, result, metas) if accepted else None
+        refused = (physics.check_result(result, metas, facts.get("io_signature"), sub.arch or "",
+                                        zoo.config.physics) if accepted else None)
         if refused is not None:  # the physics floor: no device of the arch can do it
             accepted, code, (message, details) = False, "IMPLAUSIBLE_RESULT", refused
         overall = result.get("overall", {}) if isinstance(result, dict) else {}

@@ -18,20 +18,14 @@ and an unknown dtype or arch gets none either. Pure functions over values.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from kz_daemon.errors import ZooError
-from kz_daemon.pending import SUBMISSION_FILE
-
-if TYPE_CHECKING:  # the Protocol only annotates; importing ports here would cycle through config
-    from kz_daemon.ports import Daemon
 
 __all__ = ["Ceiling", "Physics", "DEFAULT_CEILINGS", "DTYPE_BYTES", "case_bytes", "check_result",
-           "parse_physics", "stored_io_signature", "implausible"]
+           "parse_physics"]
 
 TB = 1e12
 MIB = 1024 * 1024
@@ -259,18 +253,3 @@ def check_result(result: Any, metas: list[dict], io_signature: Any, arch: str,
                f"{physics.margin:g}x the {arch} figures). No {arch} device can do this: the measurement "
                "is broken, not the kernel fast")
     return message, {"findings": findings, "arch": arch, "margin": physics.margin}
-
-
-def stored_io_signature(folder: Path) -> Any:
-    """The ``io_signature`` intake recorded in ``pending/<uuid>/submission.json`` (None if absent)."""
-    try:
-        doc = json.loads((folder / SUBMISSION_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc.get("io_signature") if isinstance(doc, dict) else None
-
-
-def implausible(zoo: Daemon, sub: Any, result: Any, metas: list[dict]) -> tuple[str, dict] | None:
-    """:func:`check_result` for a reported result of submission ``sub`` under the daemon's settings."""
-    return check_result(result, metas, stored_io_signature(zoo.pending.folder(sub.uuid)), sub.arch or "",
-                        zoo.config.physics)

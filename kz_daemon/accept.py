@@ -36,6 +36,7 @@ import yaml
 
 from kz_daemon import confirm, physics, scorecard
 from kz_daemon.errors import ZooError
+from kz_daemon.harness_lock import SHORT_SHA, blob_sha
 from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
 from kz_daemon.pending import StoredRun, result_bytes
 from kz_daemon.ports import Daemon
@@ -44,7 +45,7 @@ from kz_daemon.readmodel import SubmissionView, view_of
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_runner.contract.checks import check_result
-from kz_runner.contract.layout import BENCH_RESULT, DESC, KP
+from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, KP
 from kz_runner.contract.tarball import scan_tarball
 
 CRASH_POINTS = (
@@ -218,10 +219,17 @@ def _trailers(sub: Any, step: str, **extra: str) -> dict[str, str]:
 
 
 def new_scorecard(zoo: Daemon, sub: Any, sha_src: str, result: Any, metas: list[dict]) -> bytes:
-    """Commit 2's bench_result.yaml bytes: the rewrite of the card in commit 1's tree, stamped with SHA_src."""
+    """Commit 2's bench_result.yaml bytes: the rewrite of the card in commit 1's tree, stamped with SHA_src.
+
+    Every record the run writes carries the short blob sha of commit 1's benchmark.py:
+    the harness it was measured under (a pure function of SHA_src, so a restarted saga
+    writes the same bytes).
+    """
     kid = sub.kernel_id
     old = scorecard.load(zoo.git.read_file(f"{kid}/{KP}/{BENCH_RESULT}", sha_src))
-    card = scorecard.update_scorecard(old, kid, metas, result, sub.submitter_id, _accept_ts(sub))
+    bench = zoo.git.read_file(f"{kid}/{KP}/{BENCHMARK}", sha_src)
+    harness = blob_sha(bench)[:SHORT_SHA] if bench is not None else None
+    card = scorecard.update_scorecard(old, kid, metas, result, sub.submitter_id, _accept_ts(sub), harness)
     return scorecard.dump(scorecard.stamp(card, sha_src))
 
 

@@ -17,7 +17,7 @@ from kz_daemon.ports import Daemon
 from kz_events import events as ev
 from kz_events.status import Status
 
-__all__ = ["DECISIONS", "held", "decide"]
+__all__ = ["DECISIONS", "held", "decide", "evidence_of"]
 
 DECISIONS = ("approve", "reject")
 
@@ -29,6 +29,11 @@ def _evidence(zoo: Daemon, sub_uuid: str) -> list:
         return []
     held_findings = (doc.get("outcome") or {}).get("held")
     return held_findings if isinstance(held_findings, list) else []
+
+
+def evidence_of(zoo: Daemon, sub_uuid: str) -> list:
+    """The findings ({rule, action, file, line, text}) that held ``sub_uuid`` at intake ([] when none)."""
+    return _evidence(zoo, sub_uuid)
 
 
 def held(zoo: Daemon) -> list[dict]:

@@ -11,6 +11,10 @@ Rules (the kernel package guide §3.2; docs/architecture.md):
   records the run did not replace are dropped (the sentinel never survives an
   accept); real records of metrics no longer declared are kept;
 - ``correctness_current`` ← the case's correctness (``skipped`` → ``unknown``);
+- every record the run writes carries ``harness``, the short blob sha of the
+  ``benchmark.py`` it was measured under, when the caller knows it; old bests stay
+  when the harness changes, and a page marks a best whose harness is not HEAD's
+  (:func:`older_harness`). Seed records and records from before the field carry none;
 - :func:`stamp` then replaces ``__PENDING_COMMIT__`` with SHA_src (commit 2).
 
 Example::
@@ -42,9 +46,12 @@ SCHEMA_VERSION = "1.0.0"
 SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 
 
-def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str) -> dict[str, Any]:
-    return {"value": value, "submitter": submitter, "commit_sha": commit_sha,
-            "recorded_at": recorded_at}
+def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str,
+            harness: str | None = None) -> dict[str, Any]:
+    record = {"value": value, "submitter": submitter, "commit_sha": commit_sha, "recorded_at": recorded_at}
+    if harness:
+        record["harness"] = harness
+    return record
 
 
 def seed_scorecard(kernel_id: str, metas: Iterable[dict],
@@ -68,8 +75,12 @@ def beats(new: float, old: float, direction: str) -> bool:
 
 
 def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], result: dict,
-                     submitter: str, recorded_at: str) -> dict[str, Any]:
-    """The new scorecard after accepting ``result`` (commit_sha = ``__PENDING_COMMIT__``); inputs are not modified."""
+                     submitter: str, recorded_at: str, harness: str | None = None) -> dict[str, Any]:
+    """The new scorecard after accepting ``result`` (commit_sha = ``__PENDING_COMMIT__``); inputs are not modified.
+
+    ``harness`` (the short blob sha of the benchmark.py the run was measured under)
+    goes into every record this run writes; None writes records without it.
+    """
     old_cases = {c.get("test_case_id"): c for c in (current or {}).get("cases", []) or []}
     run_cases = {c["test_case_id"]: c for c in result.get("cases", [])}
     cases = []
@@ -83,14 +94,14 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
         direction = {m["name"]: m.get("direction", "lower_better") for m in meta.get("metrics", [])}
         order = declared + [name for name in values if name not in declared]
 
-        current_records = {name: _record(values[name], submitter, PENDING_COMMIT, recorded_at)
+        current_records = {name: _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness)
                            for name in order if name in values}
         best: dict[str, Any] = {}
         for name in declared:
             prev = old_best.get(name)
             if name in values and (prev is None or prev.get("commit_sha") == SEED_SHA
                                    or beats(values[name], prev["value"], direction[name])):
-                best[name] = _record(values[name], submitter, PENDING_COMMIT, recorded_at)
+                best[name] = _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness)
             elif prev is not None and prev.get("commit_sha") != SEED_SHA:
                 best[name] = copy.deepcopy(prev)
         for name, prev in old_best.items():
@@ -145,6 +156,18 @@ def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
         rebuilt.update(best)  # real records of metrics no longer declared stay, as on accept
         case["metrics_best"] = rebuilt
     return out
+
+
+def older_harness(record: Any, head_blob: str | None) -> bool:
+    """Whether ``record`` was measured under a harness other than ``head_blob`` (HEAD's full benchmark.py blob sha).
+
+    False for records without a ``harness`` (seeds, records from before the field) and
+    when HEAD's harness is unknown: only a recorded difference is marked.
+    """
+    if not isinstance(record, dict) or not head_blob:
+        return False
+    harness = record.get("harness")
+    return isinstance(harness, str) and bool(harness) and not head_blob.startswith(harness)
 
 
 def stamp(scorecard: dict, sha_src: str) -> dict[str, Any]:

@@ -125,3 +125,24 @@ def test_dump_load_round_trip_is_stable():
 def test_unknown_direction_is_a_bug():
     with pytest.raises(ValueError):
         sc.beats(1, 2, "sideways")
+
+
+def test_the_harness_goes_into_every_record_the_run_writes():
+    card = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, run(5.0, 1.0, 9.0), "a", T0, "abc123abc123")
+    assert {r["harness"] for c in card["cases"] for k in ("metrics_best", "metrics_current")
+            for r in c[k].values()} == {"abc123abc123"}
+    jsonschema.validate(stamp(card, "d" * 40), schema())
+    # a slower run under a new harness: the old best (and its harness) stays, current moves on
+    later = update_scorecard(card, KID, METAS, run(6.0, 0.5, 9.5), "b", T1, "def456def456")
+    small = later["cases"][0]
+    assert small["metrics_best"]["ms"]["harness"] == "abc123abc123"
+    assert small["metrics_current"]["ms"]["harness"] == "def456def456"
+    assert "harness" not in update_scorecard(None, KID, METAS, run(1, 1, 1), "a", T0)["cases"][0]["metrics_best"]["ms"]
+
+
+def test_older_harness_marks_only_a_recorded_difference():
+    rec = {"value": 1, "harness": "abc123abc123"}
+    assert sc.older_harness(rec, "def" + "0" * 37)
+    assert not sc.older_harness(rec, "abc123abc123" + "0" * 28)
+    assert not sc.older_harness({"value": 1}, "def" + "0" * 37)  # seeds and older records: unmarked
+    assert not sc.older_harness(rec, None)

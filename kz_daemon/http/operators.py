@@ -55,6 +55,7 @@ class Standing:
     rank: int | None = None
     speedup: float | None = None
     secondary: dict[str, float] = field(default_factory=dict)
+    older_harness: bool = False  # the best was measured under a harness other than HEAD's
 
     @property
     def measured(self) -> bool:

@@ -74,7 +74,9 @@ def row_of(sub: Any) -> dict[str, Any]:
             "updated_at": history[-1][2] if history and len(history[-1]) > 2 else "",
             "attempts": getattr(sub, "attempts", 0), "commit_sha": getattr(sub, "sha_src", None),
             "code": reasons[-1].get("code", "") if reasons else "",
-            "message": reasons[-1].get("message", "") if reasons else ""}
+            "message": reasons[-1].get("message", "") if reasons else "",
+            "new_kernel": bool(getattr(sub, "new_kernel", False)),
+            "harness_change": bool(getattr(sub, "harness_change", False))}
 
 
 def recent(zoo: Any, filters: Filters, page: int = 1, per_page: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], bool]:

@@ -97,6 +97,11 @@ confirmation:             # a result far ahead of the recorded best is run twice
   margin: 0.1             # re-run when a case's primary metric beats the non-seed best by more than 10 % (0: never)
   agreement: 0.1          # the two runs' primary metrics may differ by at most 10 % per case
   exclusive_s: 120        # for this long only another runner may take the confirmation run; then any
+
+retention:                # what a finished submission leaves on disk (`kz gc`; the daemon sweeps hourly)
+  pending_days: 7         # pending/<uuid>/ of a terminal submission: the package and runner tarball go
+  run_logs_days: 30       # runs/<uuid>/ logs and env; a run that was not accepted goes whole (0: keep forever)
+  sweep_interval_s: 3600  # how often the daemon sweeps (and once at start); the event log and git are never pruned
 """
 
 
@@ -199,6 +204,15 @@ class ConfirmationSettings:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How long a terminal submission's files stay in pending/ and runs/ (days; 0 keeps them forever)."""
+
+    pending_days: float = 7.0
+    run_logs_days: float = 30.0
+    sweep_interval_s: float = 3600.0
+
+
+@dataclass(frozen=True)
 class Mirror:
     """A remote the repo is pushed to after each accept (a path or URL dulwich can push to)."""
 
@@ -225,6 +239,7 @@ class Config:
     maintainers: dict = field(default_factory=dict)   # kernel_id prefix -> submitter ids
     physics: Physics = field(default_factory=Physics)
     rules: RuleSettings = field(default_factory=RuleSettings)
+    retention: Retention = field(default_factory=Retention)
 
     # Derived locations, so no caller joins path segments by hand.
     @property
@@ -277,6 +292,7 @@ class Config:
         }
         sections.update({"maintainers": None, "physics": None, "rules": None})  # parsed by their modules
         sections["confirmation"] = ConfirmationSettings
+        sections["retention"] = Retention
         _reject_unknown(data, sections, source, "")
         raw_paths = data.get("paths") or {}
         if not isinstance(raw_paths, dict):
@@ -425,6 +441,13 @@ def _check_ranges(config: Config, source: str) -> None:
     for key in ("margin", "agreement", "exclusive_s"):
         if getattr(config.confirmation, key) < 0:
             raise _invalid(f"{source}: confirmation.{key} must be >= 0", path=source, key=f"confirmation.{key}")
+    for key in ("pending_days", "run_logs_days"):
+        if getattr(config.retention, key) < 0:
+            raise _invalid(f"{source}: retention.{key} must be >= 0 (0: keep forever)", path=source,
+                           key=f"retention.{key}")
+    if config.retention.sweep_interval_s <= 0:
+        raise _invalid(f"{source}: retention.sweep_interval_s must be > 0", path=source,
+                       key="retention.sweep_interval_s")
     if not 0 < config.http.port < 65536:
         raise _invalid(f"{source}: http.port must be 1..65535", path=source, key="http.port")
     if "/" in config.repo.branch or not config.repo.branch.strip():

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, Callable
 
 from kz_daemon import harness_lock, review
 from kz_daemon import accept, confirm, queue, recovery, revoke, spool
+from kz_daemon import gc as retention
 from kz_daemon import logs as logs_store
 from kz_daemon.clock import iso_now
 from kz_daemon.config import Config
@@ -86,7 +87,7 @@ class Zoo:
         self.store.emit(ev.DaemonStarted(version=__version__, pid=os.getpid()))
         self._watcher.start()
         for name, target in (("kz-intake", self._intake_loop), ("kz-reaper", self._reaper_loop),
-                             ("kz-sync", self._sync_loop)):
+                             ("kz-sync", self._sync_loop), ("kz-gc", self._gc_loop)):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -154,6 +155,24 @@ class Zoo:
                     accept.finish_saga(self, sub_uuid)
             except Exception as exc:
                 self.log(f"lease reaper failed: {type(exc).__name__}: {exc}")
+
+    def sweep_retention(self, dry_run: bool = False) -> retention.Sweep:
+        """Prune finished submissions' files by ``config.retention`` (``kz_daemon.gc``); what went."""
+        with self.store.lock:
+            done = retention.finished(self.store.state.submissions.values())
+        return retention.sweep(self.config, done, self.clock(), dry_run=dry_run)
+
+    def _gc_loop(self) -> None:
+        # once at start, then every sweep_interval_s; a failed sweep is retried at the next one
+        while not self._stop.is_set():
+            try:
+                swept = self.sweep_retention()
+                if swept.count:
+                    self.log(f"retention: removed {swept.count} file(s)/folder(s) of {swept.submissions} "
+                             f"submission(s), {swept.bytes} bytes")
+            except Exception as exc:
+                self.log(f"retention sweep failed: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.config.retention.sweep_interval_s)
 
     def _sync_loop(self) -> None:
         # git's index file costs ~1 s of CPU to rewrite at 50,000 entries: wait for a quiet

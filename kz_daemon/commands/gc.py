@@ -1,0 +1,54 @@
+"""``kz gc``: prune what finished submissions left in pending/ and runs/ (``retention:`` in kz.yaml)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "gc"
+HELP = "remove old files of finished submissions (retention: in kz.yaml); safe beside a running daemon"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``kz gc``."""
+    parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
+                        help="state directory (default ./kz-data): its kz.yaml, event log, pending/ and runs/")
+    parser.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 after the sweep (also when nothing was due), 2 without a state directory or with a bad kz.yaml."""
+    import time
+    from pathlib import Path
+
+    from kz_daemon import gc
+    from kz_daemon.config import Config
+    from kz_daemon.errors import ZooError
+    from kz_events.replay import load_state
+
+    state_dir = Path(args.state_dir)
+    try:
+        config = Config.load(state_dir)
+    except ZooError as exc:
+        print(f"kz gc: {exc.message}", file=sys.stderr)
+        return 2
+    if not config.paths.events.is_dir():
+        print(f"kz gc: no event log at {config.paths.events} (use --state-dir)", file=sys.stderr)
+        return 2
+    # read-only replay without the writer's lock: a status read as terminal stays terminal, so
+    # what this sees as finished is finished for the running daemon too
+    state = load_state(config.paths.events)
+    result = gc.sweep(config, gc.finished(state.submissions.values()), time.time(), dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for r in result.removed:
+        print(f"{verb} {r.path} ({r.what}, {_human(r.bytes)})")
+    print(f"kz gc: {verb} {result.count} file(s)/folder(s) of {result.submissions} submission(s), "
+          f"{_human(result.bytes)} ({result.bytes} bytes)")
+    return 0

@@ -74,3 +74,27 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     text.write_text("hello")
     assert main(["validate", str(text)]) == 2
     assert "neither a package directory nor a .tar.gz" in capsys.readouterr().err
+
+
+def test_static_rules_report_what_the_server_would_reject_or_hold(tmp_path, capsys):
+    pkg = write_package(mark_repo(tmp_path / "repo"))
+    with open(pkg / "src" / "axpy.py", "a") as handle:
+        handle.write("\nimport threading\nimport time\ntime.perf_counter = lambda: 0.0\n")
+    lines = (pkg / "src" / "axpy.py").read_text().splitlines()
+    hold_line, reject_line = lines.index("import threading") + 1, lines.index("time.perf_counter = lambda: 0.0") + 1
+    assert main(["validate", "--json", str(pkg)]) == 1
+    found = {p["code"]: p for p in json.loads(capsys.readouterr().out)["problems"]}
+    assert found["timing-patch"]["severity"] == "error" and found["timing-patch"]["file"] == "src/axpy.py"
+    assert found["timing-patch"]["field"] == str(reject_line) and "falsifies" in found["timing-patch"]["hint"]
+    assert found["concurrency"]["severity"] == "warning" and found["concurrency"]["field"] == str(hold_line)
+    # the same package as a tarball; a hold rule alone leaves it valid, with the warning shown
+    members = package_members(pkg, DEFAULT_ID)
+    tarball = tmp_path / "pkg.tar.gz"
+    tarball.write_bytes(make_tarball(members))
+    assert main(["validate", str(tarball)]) == 1
+    assert f"error timing-patch src/axpy.py:{reject_line}" in capsys.readouterr().out
+    (pkg / "src" / "axpy.py").write_text("\n".join(lines[:reject_line - 2]) + "\n")
+    tarball.write_bytes(make_tarball(package_members(pkg, DEFAULT_ID)))
+    assert main(["validate", str(tarball)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning concurrency src/axpy.py:{hold_line}: import threading" in out and "VALID" in out

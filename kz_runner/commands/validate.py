@@ -7,7 +7,8 @@ import os
 import sys
 
 NAME = "validate"
-HELP = "Check a kernel package directory or .tar.gz against the contract (exit 0 valid, 1 invalid, 2 usage)."
+HELP = ("Check a kernel package directory or .tar.gz against the contract and the static source rules "
+        "(exit 0 valid, 1 invalid, 2 usage).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from kz_runner.contract.validate import validate_package_dir, validate_tarball
 
     if is_dir:
-        report = validate_package_dir(path, kernel_id=args.kernel_id)
+        report = validate_package_dir(path, kernel_id=args.kernel_id, rules=True)
     else:
-        report = validate_tarball(path, os.path.basename(path), kernel_id=args.kernel_id)
+        report = validate_tarball(path, os.path.basename(path), kernel_id=args.kernel_id, rules=True)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
     else:

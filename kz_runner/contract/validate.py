@@ -27,7 +27,8 @@ from .codes import problem
 from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, CONTRACT_FILES, DESC, HARNESS_FILES
 from .kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id,
                         kernel_id_from_path, path_ends_with)
-from .problems import Problem, Report
+from .problems import ERROR, WARNING, Problem, Report
+from .rules import REJECT, RULES_BY_ID, check_sources
 from .pysource import check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas  # noqa: F401
 from .schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
 from .tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
@@ -504,9 +505,54 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
     return an
 
 
-def validate_package_dir(path: str | os.PathLike, kernel_id: str | None = None) -> Report:
-    """Validate a package directory; ``kernel_id`` defaults to what :func:`resolve_kernel_id` finds."""
-    return analyze_package_dir(path, kernel_id).report(str(path))
+def rule_problems(files: dict[str, bytes], desc: dict | None) -> list[Problem]:
+    """The static rules (``rules.check_sources``) over a source area as problems.
+
+    Each finding becomes a problem whose code is the rule id: an error for a rule the
+    server rejects on, a warning for one it holds for an admin's review; ``file`` and
+    ``field`` give file and line, the hint is the rule's reason. The server's defaults
+    apply (a server may configure other vendor calls or switch rules off).
+    """
+    desc = desc if isinstance(desc, dict) else {}
+    category = desc.get("category") if isinstance(desc.get("category"), dict) else {}
+    refs = desc.get("reference_sources") if isinstance(desc.get("reference_sources"), list) else []
+    out = []
+    for f in check_sources(files, op_class=str(category.get("op_class") or ""),
+                           reference_sources=[str(r).strip("/") for r in refs]):
+        # codes.problem() knows only the contract's own codes; a rule id is its own code here
+        out.append(Problem(code=f.rule, message=f.text, severity=ERROR if f.action == REJECT else WARNING,
+                           file=f.file, field=str(f.line) if f.line else None, hint=RULES_BY_ID[f.rule].reason))
+    return out
+
+
+def _source_area(package_dir: str | os.PathLike) -> dict[str, bytes]:
+    """{path relative to the package: bytes} of the regular files outside ``.kernel_package/`` (caches skipped)."""
+    base = os.fspath(package_dir)
+    files: dict[str, bytes] = {}
+    for top, dirs, names in os.walk(base):
+        rel_top = os.path.relpath(top, base).replace(os.sep, "/")
+        rel_top = "" if rel_top == "." else rel_top
+        dirs[:] = sorted(d for d in dirs if not is_ignored(d) and not (not rel_top and d == KERNEL_PACKAGE_DIR)
+                         and not os.path.islink(os.path.join(top, d)))
+        for name in names:
+            full = os.path.join(top, name)
+            if is_ignored(name) or os.path.islink(full) or not os.path.isfile(full):
+                continue
+            rel = f"{rel_top}/{name}" if rel_top else name
+            # large files are binaries or data: only their names matter to the rules
+            files[rel] = b"" if os.path.getsize(full) > MAX_CONTRACT_FILE_BYTES else Path(full).read_bytes()
+    return files
+
+
+def validate_package_dir(path: str | os.PathLike, kernel_id: str | None = None, rules: bool = False) -> Report:
+    """Validate a package directory; ``kernel_id`` defaults to what :func:`resolve_kernel_id` finds.
+
+    ``rules``: also run the static rules over the source area (:func:`rule_problems`).
+    """
+    an = analyze_package_dir(path, kernel_id)
+    if rules and os.path.isdir(path):
+        an.problems.extend(rule_problems(_source_area(path), an.desc))
+    return an.report(str(path))
 
 
 # ---------------------------------------------------------------- tarballs
@@ -526,13 +572,15 @@ def _implied_paths(names: Iterable[str]) -> set[str]:
     return out
 
 
-def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: str | None = None) -> Report:
+def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: str | None = None,
+                     rules: bool = False) -> Report:
     """Validate a submission tarball (a path or a binary file object) without unpacking it.
 
     ``name`` is the file name as submitted (it must end in ``.tar.gz``); ``kernel_id``,
     when given (the daemon knows it from the upload), must equal the archive's
     top-level package directory. A ``.kernel_package/bench_result.yaml`` inside is a
-    ``BENCH_RESULT_IN_TARBALL`` error (the daemon answers VALIDATION_ERROR).
+    ``BENCH_RESULT_IN_TARBALL`` error (the daemon answers VALIDATION_ERROR). ``rules``:
+    also run the static rules over the source area (:func:`rule_problems`).
     """
     problems: list[Problem] = []
     if not name.endswith(".tar.gz"):
@@ -570,5 +618,11 @@ def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: st
     an.problems = [p for p in an.problems
                    if not (p.code == "FILE_MISSING" and (f"{prefix}{p.file}" in reported or p.file in reported))]
     an.problems[:0] = problems
+    if rules:  # a second read: the source area is captured whole, with the member limit
+        if hasattr(source, "seek"):
+            source.seek(0)
+        area = scan_tarball(source, limits, capture=lambda n: n.startswith(prefix) and not
+                            n.startswith(f"{prefix}{KERNEL_PACKAGE_DIR}/"), capture_bytes=limits.member_bytes)
+        an.problems.extend(rule_problems({n[len(prefix):]: data for n, data in area.captured.items()}, an.desc))
     extra["kernel_id"] = root
     return an.report(name, extra)

@@ -205,7 +205,7 @@ def test_concurrent_renewals_are_all_durable_and_share_fsyncs(live, anon, r1, mo
     monkeypatch.undo()
     resp = r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": claim["lease_id"]})
     assert resp.status_code == 200
-    cancelled = anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={})
+    cancelled = _cancel_as_alice(live, uuid)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
 
 
@@ -272,11 +272,19 @@ def test_failure_report_rejects_with_reason(live, anon, r1):
     assert body["status"] == "rejected" and body["reasons"][0]["code"] == "BUILD_TIMEOUT"
 
 
+def _cancel_as_alice(live, uuid):
+    with live.client("submitter:alice") as alice:
+        return alice.post(f"/api/submissions/{uuid}/cancel", json={})
+
+
 def test_cancel(live, anon):
     uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/cancel_me", CPU_AXPY)
     _error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "bob"}, json={}),
            403, "FORBIDDEN")
-    resp = anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={})
+    # alice holds a submitter token here: her id alone, in a header, no longer cancels
+    _error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={}),
+           403, "FORBIDDEN")
+    resp = _cancel_as_alice(live, uuid)
     assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
 
 

@@ -98,7 +98,8 @@ def test_logs_are_404_before_a_run_and_for_an_unknown_submission(live):
         assert resp.status_code == 404, resp.text
         assert "logs_url" not in c.get(f"/api/submissions/{uuid}/status").json()
         assert c.get("/api/submissions/00000000-0000-4000-8000-000000000000/logs").status_code == 404
-        c.post(f"/api/submissions/{uuid}/cancel", json={}, headers={"X-Submitter-Id": "alice"})
+    with live.client("submitter:alice") as c:  # alice holds a token: only it cancels her submissions
+        c.post(f"/api/submissions/{uuid}/cancel", json={})
 
 
 def test_a_report_with_malformed_tails_is_refused(live):

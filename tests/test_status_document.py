@@ -129,5 +129,5 @@ def test_post_answers_queued_even_when_a_runner_claimed_the_job_first(live, monk
         assert resp.json()["status"] == "queued"
         assert c.get(resp.json()["status_url"]).json()["status"] == "running"
     monkeypatch.undo()
-    with live.client() as c:
-        c.post(f"/api/submissions/{resp.json()['uuid']}/cancel", json={}, headers={"X-Submitter-Id": "alice"})
+    with live.client("submitter:alice") as c:  # alice holds a token: only it cancels her submissions
+        c.post(f"/api/submissions/{resp.json()['uuid']}/cancel", json={})

@@ -262,14 +262,9 @@ async def cancel_submission(request: Request) -> Response:
     state = request.app.state
     uuid = request.path_params["uuid"]
     await limits.read_json_object(request, state.settings.max_json_bytes)
-    principal, header = authz.header_submitter(request)
     view = views.submission_doc(await run_in_threadpool(state.zoo.submission, uuid))
-    who = principal.id if principal is not None else header
-    is_admin = principal is not None and principal.kind == "admin"
-    if not is_admin and (who is None or who != view.get("submitter_id")):
-        raise ZooError("FORBIDDEN", "only the submitter (or an admin token) can cancel this submission",
-                       {"uuid": uuid})
-    await state.zoo.cancel_async(uuid, who or "admin")
+    who = authz.cancel_by(request, str(view.get("submitter_id")))
+    await state.zoo.cancel_async(uuid, who)
     view = await run_in_threadpool(state.zoo.submission, uuid)
     return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
 
@@ -425,7 +420,8 @@ OPS: list[Op] = [
     Op("POST", "/api/submissions/{uuid}/cancel", cancel_submission, "cancelSubmission",
        "Cancel a submission (its submitter or an admin)", "submissions", auth="submitter",
        request="api_empty",
-       responses={200: "api_submission_status", 403: "api_error", 404: "api_error", 409: "api_error"}),
+       responses={200: "api_submission_status", 400: "api_error", 401: "api_error", 403: "api_error",
+                  404: "api_error", 409: "api_error", 503: "api_error"}),
     Op("GET", "/api/reviews", list_reviews, "listReviews",
        "Submissions held by a static rule, with the evidence (admin token)", "reviews", auth="submitter",
        responses={200: "api_review_list", 401: "api_error", 403: "api_error"}),

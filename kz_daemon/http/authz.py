@@ -95,3 +95,26 @@ def final_submitter(principal: Principal | None, header: str | None, field: str 
                        "say who submits: the X-Submitter-Id header and/or the form field submitter_id",
                        {"field": "submitter_id"})
     return chosen
+
+
+def cancel_by(request: Request, submitter_id: str) -> str:
+    """Who cancels a submission of ``submitter_id``: the id written into ``job.cancelled``.
+
+    An admin token may cancel any submission, a submitter token its own. Without a
+    token (only where the policy lets submissions in without one) the caller must
+    send the same ``X-Submitter-Id`` as the submission, and only for an id that no
+    submitter token is bound to: once an id has a token, a header alone can name it
+    but never act for it. 401 when the policy needs a token, 403 otherwise.
+    """
+    principal, header = header_submitter(request)
+    if principal is not None:
+        if principal.kind == "admin" or principal.id == submitter_id:
+            return principal.id
+        raise ZooError("FORBIDDEN", "only the submitter's token (or an admin token) can cancel this submission")
+    if request.app.state.tokens.has("submitter", submitter_id):
+        raise ZooError("FORBIDDEN", f"submitter {submitter_id!r} has a token: cancel with "
+                       "'Authorization: Bearer <submitter token>'", {"submitter_id": submitter_id})
+    if header is None or header != submitter_id:
+        raise ZooError("FORBIDDEN", "only the submitter (the same X-Submitter-Id as the submission) or an "
+                       "admin token can cancel this submission")
+    return header

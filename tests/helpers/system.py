@@ -178,6 +178,7 @@ class RunnerProcess:
                  extra: tuple[str, ...] = ()) -> None:
         self.zoo, self.runner_id = zoo, runner_id
         self.work_root = Path(work_root)
+        self.work_root.parent.mkdir(parents=True, exist_ok=True)
         self.log = self.work_root.parent / f"runner-{runner_id}-{int(time.monotonic() * 1000)}.log"
         env = {k: v for k, v in os.environ.items() if k not in ("KZ_SERVER", "KZ_CRASH_AT")}
         env.update(KZ_RUNNER_TOKEN=zoo.tokens[runner_id], PYTHONPATH=str(ROOT))
@@ -422,8 +423,8 @@ def _export_head(git: GitStore, dest: Path) -> None:
             target.chmod(0o755)
 
 
-def rebuilt_index(state_dir: Path, head: str) -> dict:
-    """``kz index`` over HEAD's files exported from the repo (a full rebuild, no cache)."""
+def rebuilt_index(state_dir: Path, head: str | None) -> dict:
+    """``kz index`` over HEAD's files exported from the repo (a full rebuild, no cache; None: no commit yet)."""
     with tempfile.TemporaryDirectory(prefix="kz-rebuild-") as tmp:
         git = GitStore.open(Path(state_dir) / "repo")
         try:
@@ -431,8 +432,10 @@ def rebuilt_index(state_dir: Path, head: str) -> dict:
         finally:
             git.close()
         out = Path(tmp) / "index.json"
+        (Path(tmp) / "repo").mkdir(exist_ok=True)
         done = subprocess.run([sys.executable, "-m", "kz_daemon.cli", "index", "--repo", str(Path(tmp) / "repo"),
-                               "--out", str(out), "--head", head, "--no-cache", "--workers", "1"],
+                               "--out", str(out), *(["--head", head] if head else []), "--no-cache",
+                               "--workers", "1"],
                               cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert done.returncode == 0, done.stderr
         return json.loads(out.read_text())

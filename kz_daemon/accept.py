@@ -242,20 +242,29 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
     are what the caller already holds (a report); without them the saga reads them from
     the pending store.
     """
+    stalls = getattr(zoo, "saga_stalls", None)  # the reaper retries every second: log with backoff
     try:
         run_saga(zoo, sub_uuid, run, metas)
+        if stalls is not None:
+            stalls.finished(sub_uuid)
         return "finished"
     except Exception as exc:
         with zoo.git_lock:
             current = zoo.store.state.submissions[sub_uuid]
             if current.status != Status.ACCEPTING:
+                if stalls is not None:
+                    stalls.finished(sub_uuid)
                 return "finished"
             in_git = zoo.git.find_commits("Kz-Submission", sub_uuid, since=current.base_head)
             if not in_git and current.sha_src is None:
                 zoo.store.emit(ev.AcceptRolledBack(
                     uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
                 return "rolled_back"
-        zoo.log(f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later")
+        message = f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later"
+        if stalls is not None:
+            stalls.failed(sub_uuid, message)
+        else:
+            zoo.log(message)
         return "pending"
 
 

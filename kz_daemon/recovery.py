@@ -19,8 +19,10 @@ other daemon writes this state directory):
 """
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from kz_daemon import accept, queue
 from kz_daemon.ports import Daemon
@@ -78,3 +80,45 @@ def _rejudge(zoo: Daemon, sub: Any) -> None:
         else:
             zoo.store.emit(ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
                                                  message=message, details=details))
+
+
+class StallLog:
+    """Tells the operator about a saga that keeps failing without a line per retry.
+
+    The reaper retries a stalled saga every second; its first failure is logged at
+    once, then at most one line per ``every_s`` with the number of failures since the
+    last line, and one line when it finishes after having failed.
+    """
+
+    def __init__(self, log: Callable[[str], None], every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = log
+        self.every_s = every_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stalls: dict[str, list[float | int]] = {}  # uuid -> [last line at, failures since]
+
+    def failed(self, sub_uuid: str, message: str) -> bool:
+        """Note one failure of the saga of ``sub_uuid``; True when a line was logged for it."""
+        now = self._clock()
+        with self._lock:
+            entry = self._stalls.get(sub_uuid)
+            if entry is None:
+                self._stalls[sub_uuid] = [now, 0]
+                line = message
+            elif now - entry[0] >= self.every_s:
+                count = int(entry[1]) + 1
+                self._stalls[sub_uuid] = [now, 0]
+                line = f"{message} (failed {count} times in the last {now - entry[0]:.0f} s)"
+            else:
+                entry[1] = int(entry[1]) + 1
+                return False
+        self._log(line)
+        return True
+
+    def finished(self, sub_uuid: str) -> None:
+        """The saga of ``sub_uuid`` ended: forget its failures (one line if it had any)."""
+        with self._lock:
+            entry = self._stalls.pop(sub_uuid, None)
+        if entry is not None:
+            self._log(f"accept saga of {sub_uuid} finished after it had stalled")

@@ -75,6 +75,7 @@ class Zoo:
         self._runners_lock = threading.Lock()  # innermost: never held while taking another lock
         self._counters = {"claims": 0, "intake_scans": 0}
         self._last_accept = 0.0
+        self.saga_stalls = recovery.StallLog(self.log)  # a stalled saga's retries, logged with backoff
         self.started = False
 
     # -- life cycle ------------------------------------------------------------------

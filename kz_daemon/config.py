@@ -102,6 +102,10 @@ retention:                # what a finished submission leaves on disk (`kz gc`; 
   pending_days: 7         # pending/<uuid>/ of a terminal submission: the package and runner tarball go
   run_logs_days: 30       # runs/<uuid>/ logs and env; a run that was not accepted goes whole (0: keep forever)
   sweep_interval_s: 3600  # how often the daemon sweeps (and once at start); the event log and git are never pruned
+  rejected_keep: 1000                 # spool/rejected/<uuid>/: the newest 1000 rejected tarballs stay ...
+  rejected_max_bytes: 1073741824      # ... at most 1 GiB of them, none older than rejected_days (0: no bound)
+  rejected_days: 30
+  rejected_reason_days: 365           # reason.json outlives its tarball; then the folder goes (0: keep forever)
 """
 
 
@@ -213,6 +217,11 @@ class Retention:
     pending_days: float = 7.0
     run_logs_days: float = 30.0
     sweep_interval_s: float = 3600.0
+    #: spool/rejected/: tarballs kept (newest first) by count, bytes and age; their reason.json longer
+    rejected_keep: int = 1000
+    rejected_max_bytes: int = 1024 * MIB
+    rejected_days: float = 30.0
+    rejected_reason_days: float = 365.0
 
 
 @dataclass(frozen=True)
@@ -444,7 +453,8 @@ def _check_ranges(config: Config, source: str) -> None:
     for key in ("margin", "agreement", "exclusive_s"):
         if getattr(config.confirmation, key) < 0:
             raise _invalid(f"{source}: confirmation.{key} must be >= 0", path=source, key=f"confirmation.{key}")
-    for key in ("pending_days", "run_logs_days"):
+    for key in ("pending_days", "run_logs_days", "rejected_keep", "rejected_max_bytes", "rejected_days",
+                "rejected_reason_days"):
         if getattr(config.retention, key) < 0:
             raise _invalid(f"{source}: retention.{key} must be >= 0 (0: keep forever)", path=source,
                            key=f"retention.{key}")

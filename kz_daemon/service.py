@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Callable
 from kz_daemon import harness_lock, review
 from kz_daemon import accept, confirm, queue, recovery, revoke, spool
 from kz_daemon import gc as retention
+from kz_daemon import retention as rejected_uploads
 from kz_daemon import logs as logs_store
 from kz_daemon.clock import iso_now
 from kz_daemon.config import Config
@@ -161,7 +162,10 @@ class Zoo:
         """Prune finished submissions' files by ``config.retention`` (``kz_daemon.gc``); what went."""
         with self.store.lock:
             done = retention.finished(self.store.state.submissions.values())
-        return retention.sweep(self.config, done, self.clock(), dry_run=dry_run)
+            logged = set(self.store.state.submissions)
+        swept = retention.sweep(self.config, done, self.clock(), dry_run=dry_run)
+        swept.removed.extend(rejected_uploads.sweep(self.config, logged.__contains__, self.clock(), dry_run))
+        return swept
 
     def _gc_loop(self) -> None:
         # once at start, then every sweep_interval_s; a failed sweep is retried at the next one

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from kz_daemon import gc
+    from kz_daemon import gc, retention
     from kz_daemon.config import Config
     from kz_daemon.errors import ZooError
     from kz_events.replay import load_state
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # what this sees as finished is finished for the running daemon too
     state = load_state(config.paths.events)
     result = gc.sweep(config, gc.finished(state.submissions.values()), time.time(), dry_run=args.dry_run)
+    result.removed.extend(retention.sweep(config, state.submissions.__contains__, time.time(), args.dry_run))
     verb = "would remove" if args.dry_run else "removed"
     for r in result.removed:
         print(f"{verb} {r.path} ({r.what}, {_human(r.bytes)})")

@@ -12,6 +12,7 @@ same values as the built-in defaults.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,9 @@ http:                     # the HTTP shim (kz up, kz daemon)
   max_result_bytes: 50331648    # body cap of a result report (benchmark JSON + base64 logs)
   submit_rate_per_s: 0.5        # per-submitter token bucket: sustained submissions per second ...
   submit_burst: 20              # ... and burst; over it the API answers 429 with Retry-After
+  submit_rate_per_address_per_s: 2.0  # per client address, whatever submitter ids it sends (never
+  submit_burst_per_address: 60        # below the per-submitter figures)
+  trusted_proxies: []           # addresses/CIDRs whose X-Forwarded-For names the client (default: none)
   status_max_wait_s: 60         # upper bound of the status long poll's ?wait=
   claim_max_wait_s: 60          # upper bound of a runner claim's wait
   intake_wait_s: 30             # how long POST /api/submissions waits for intake to finish
@@ -193,6 +197,9 @@ class HttpSettings:
     max_result_bytes: int = 48 * 1024 * 1024
     submit_rate_per_s: float = 0.5
     submit_burst: int = 20
+    submit_rate_per_address_per_s: float = 2.0
+    submit_burst_per_address: int = 60
+    trusted_proxies: tuple = ()
     status_max_wait_s: float = 60.0
     claim_max_wait_s: float = 60.0
     intake_wait_s: float = 30.0
@@ -389,6 +396,9 @@ def _coerce(value: Any, default: Any, source: str, key: str) -> Any:
         ok = isinstance(value, bool)
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, tuple):  # a YAML list of non-empty strings
+        ok = isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+        value = tuple(value) if ok else value
     elif isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
@@ -436,6 +446,8 @@ def _check_ranges(config: Config, source: str) -> None:
         "http.max_result_bytes": config.http.max_result_bytes,
         "http.submit_rate_per_s": config.http.submit_rate_per_s,
         "http.submit_burst": config.http.submit_burst,
+        "http.submit_rate_per_address_per_s": config.http.submit_rate_per_address_per_s,
+        "http.submit_burst_per_address": config.http.submit_burst_per_address,
         "http.status_max_wait_s": config.http.status_max_wait_s,
         "http.claim_max_wait_s": config.http.claim_max_wait_s,
         "http.intake_wait_s": config.http.intake_wait_s,
@@ -461,6 +473,12 @@ def _check_ranges(config: Config, source: str) -> None:
     if config.retention.sweep_interval_s <= 0:
         raise _invalid(f"{source}: retention.sweep_interval_s must be > 0", path=source,
                        key="retention.sweep_interval_s")
+    for entry in config.http.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise _invalid(f"{source}: http.trusted_proxies: {entry!r} is not an address or CIDR range",
+                           path=source, key="http.trusted_proxies") from None
     if not 0 < config.http.port < 65536:
         raise _invalid(f"{source}: http.port must be 1..65535", path=source, key="http.port")
     if "/" in config.repo.branch or not config.repo.branch.strip():

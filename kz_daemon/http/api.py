@@ -108,8 +108,7 @@ async def create_submission(request: Request) -> Response:
     cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
     try:
         principal, early_id = authz.header_submitter(request)
-        client = request.client.host if request.client else "unknown"
-        state.rate_limiter.check(early_id or (principal.id if principal else f"ip:{client}"))
+        state.submit_limits.check(request, early_id or (principal.id if principal else None))
         await run_in_threadpool(health.check_headroom, state.zoo)
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):

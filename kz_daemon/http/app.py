@@ -27,7 +27,7 @@ from kz_daemon.auth import TokenStore
 from kz_daemon.http import api, openapi, pages, runner_api
 from kz_daemon.http.apispec import Op, routes
 from kz_daemon.http.errors import EXCEPTION_HANDLERS
-from kz_daemon.http.limits import TokenBucket
+from kz_daemon.http.limits import SubmitLimits, TokenBucket
 from kz_daemon.http.metrics import HttpCounters
 from kz_daemon.http.settings import ShimSettings
 from kz_daemon.http.views import Catalog
@@ -120,6 +120,11 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
     app.state.notifier = notifier
     app.state.catalog = Catalog()
     app.state.rate_limiter = TokenBucket(settings.submit_rate_per_s, settings.submit_burst)
+    app.state.submit_limits = SubmitLimits(
+        app.state.rate_limiter,
+        TokenBucket(max(settings.submit_rate_per_address_per_s, settings.submit_rate_per_s),
+                    max(settings.submit_burst_per_address, settings.submit_burst)),
+        tuple(settings.trusted_proxies))
     app.state.draining = threading.Event()
     app.state.poll_limiter = anyio.CapacityLimiter(512)
     app.state.http_counters = counters
@@ -154,6 +159,8 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
             app.state.draining.set()
             self.should_exit = True
 
+    # proxy_headers off: uvicorn would take X-Forwarded-For from any local peer as the client;
+    # which proxies are trusted is kz.yaml's http.trusted_proxies (kz_daemon.http.limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=graceful_s, access_log=False)
+                            timeout_graceful_shutdown=graceful_s, access_log=False, proxy_headers=False)
     return _Server(config)

@@ -1,6 +1,8 @@
-"""Request body caps (enforced while the body streams in) and the per-submitter rate limit."""
+"""Request body caps (enforced while the body streams in) and the submission rate limits
+(per submitter id and per client address, behind trusted proxies only)."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 from collections import OrderedDict
@@ -112,3 +114,58 @@ class TokenBucket:
                 f"too many submissions from {key!r}; retry in {wait:.1f} s",
                 {"retry_after_s": round(wait, 3), "submitter_id": key},
             )
+
+
+def parse_networks(entries: tuple[str, ...] | list[str]) -> tuple[ipaddress._BaseNetwork, ...]:
+    """Addresses and CIDR ranges (``10.0.0.0/8``, ``::1``) as networks; ValueError names a bad one."""
+    return tuple(ipaddress.ip_network(entry.strip(), strict=False) for entry in entries)
+
+
+def _trusted(host: str, networks: tuple[ipaddress._BaseNetwork, ...]) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(address in net for net in networks)
+
+
+def client_address(request: Request, trusted: tuple[ipaddress._BaseNetwork, ...] = ()) -> str:
+    """The address a request came from, for per-address limits.
+
+    The peer of the TCP connection, unless that peer is a trusted proxy: then
+    ``X-Forwarded-For`` is read from its right end, skipping trusted proxies, and the
+    first address no trusted proxy vouches for is the client. With no trusted proxies
+    (the default) the header is ignored: any client could write it.
+    """
+    peer = request.client.host if request.client else "unknown"
+    if not trusted or not _trusted(peer, trusted):
+        return peer
+    hops = [h.strip() for part in request.headers.getlist("x-forwarded-for") for h in part.split(",")]
+    for hop in reversed([h for h in hops if h]):
+        if not _trusted(hop, trusted):
+            return hop
+    return peer
+
+
+class SubmitLimits:
+    """The two token buckets of POST /api/submissions: per submitter id and per client address.
+
+    The submitter id is whatever the client sends (``X-Submitter-Id`` under the open
+    policy), so one client could spread its uploads over many ids; the per-address
+    bucket bounds what one address sends, whichever ids it uses.
+    """
+
+    def __init__(self, per_submitter: TokenBucket, per_address: TokenBucket,
+                 trusted_proxies: tuple[str, ...] = ()) -> None:
+        self.per_submitter = per_submitter
+        self.per_address = per_address
+        self.trusted = parse_networks(trusted_proxies)
+
+    def check(self, request: Request, submitter_key: str | None) -> None:
+        """Raise RATE_LIMITED when the address or the submitter has no token left."""
+        address = client_address(request, self.trusted)
+        wait = self.per_address.take(f"ip:{address}")
+        if wait is not None:
+            raise ZooError("RATE_LIMITED", f"too many submissions from this address; retry in {wait:.1f} s",
+                           {"retry_after_s": round(wait, 3), "scope": "address"})
+        self.per_submitter.check(submitter_key or f"ip:{address}")

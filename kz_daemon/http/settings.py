@@ -25,6 +25,11 @@ class ShimSettings:
     #: Per-submitter token bucket: sustained submissions per second and burst size.
     submit_rate_per_s: float = 0.5
     submit_burst: int = 20
+    #: Per client address (never below the per-submitter figures), and the proxies whose
+    #: X-Forwarded-For names the client (addresses or CIDR ranges; none by default).
+    submit_rate_per_address_per_s: float = 2.0
+    submit_burst_per_address: int = 60
+    trusted_proxies: tuple = ()
     #: Submissions need a submitter (or admin) token.
     submissions_require_token: bool = False
     #: Upper bounds of the long polls' ``wait`` (seconds).

@@ -12,7 +12,7 @@ and restarted. Every ``--sample-every`` seconds it samples the daemon's RSS
 state directory and each folder in it). At the end the load stops, every acknowledged
 submission must become terminal, and the invariants of the chaos suite are checked.
 
-Writes ``benchmarks/results/soak_report.md`` and ``soak.json`` (``--out DIR``): the
+Writes ``benchmarks/results/soak_report.md`` and ``soak.json`` (``--out DIR``, ``--name``): the
 samples, start/end/max and slope of each series, whether it stayed flat, and the run's
 real duration. RSS and fds are judged per daemon lifetime (a kill starts a new
 process); disk use is expected to grow with the accepted history, so it is reported per
@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause", type=float, default=1.0, help="seconds each client waits between uploads")
     parser.add_argument("--kernels", type=int, default=12)
     parser.add_argument("--protocol-runners", type=int, default=3)
-    parser.add_argument("--out", default=str(HERE / "results"), help="folder for soak_report.md and soak.json")
+    parser.add_argument("--out", default=str(HERE / "results"), help="folder for the report and the samples")
+    parser.add_argument("--name", default="soak", help="files are NAME_report.md and NAME.json (default soak)")
     args = parser.parse_args(argv)
 
     base = Path(tempfile.mkdtemp(prefix="kz-soak-"))
@@ -267,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "soak_report.md").write_text(report(doc))
+    (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / f"{args.name}_report.md").write_text(report(doc))
     print(report(doc))
     return 0 if not verdict.problems and not rest and not findings else 1
 
@@ -321,7 +322,7 @@ def report(doc: dict) -> str:
         f"Disk: {doc['disk_bytes_per_acknowledged']} bytes per acknowledged submission; by folder at the end: "
         + ", ".join(f"{k} {_mib(v)}" for k, v in doc["disk_by_folder_end"].items()) + ".",
         "",
-        f"Samples: {len(doc['samples'])} (every sample is in `soak.json`).",
+        f"Samples: {len(doc['samples'])} (every sample is in the JSON file beside this report).",
         "",
     ]
     return "\n".join(lines)

@@ -83,6 +83,7 @@ class Paced:
         self.zoo, self.kernels, self.pause = zoo, kernels, pause
         self.acks: list[Ack] = []
         self.refused: dict[str, int] = {}
+        self.refused_examples: list[dict] = []
         self.retries = 0
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -111,8 +112,12 @@ class Paced:
                         if resp.status_code // 100 == 2:
                             self.acks.append(Ack(resp.json()["uuid"], kernel_id, started))
                         else:
-                            code = resp.json().get("error", {}).get("code", str(resp.status_code))
+                            error = resp.json().get("error", {})
+                            code = error.get("code", str(resp.status_code))
                             self.refused[code] = self.refused.get(code, 0) + 1
+                            if len(self.refused_examples) < 10:
+                                self.refused_examples.append({"at": round(time.time(), 1), "status": resp.status_code,
+                                                              "error": error})
                     break
                 self.stop_event.wait(self.pause)
 
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit(),
         "real_duration_s": round(wall_end - wall_start, 1), "load_duration_s": round(load_end - wall_start, 1),
         "disk": disk_note, "daemon_kills": kills, "acknowledged": acked, "not_terminal": len(rest),
-        "statuses": verdict.statuses, "refused": clients.refused, "upload_retries": clients.retries,
+        "statuses": verdict.statuses, "refused": clients.refused, "refused_examples": clients.refused_examples, "upload_retries": clients.retries,
         "reader_requests": readers.requests, "reader_5xx": len(readers.errors),
         "invariant_problems": verdict.problems, "findings": findings, "daemon_exit_status": rc,
         "summaries": summaries,

@@ -448,6 +448,21 @@ def run_audit(state_dir: Path) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+def index_diff(served: dict, rebuilt: dict) -> str:
+    """Where two index documents differ: top-level keys, kernels in one only, kernels' differing fields."""
+    out = [f"{k}: {served.get(k)!r} != {rebuilt.get(k)!r}" for k in sorted(set(served) | set(rebuilt))
+           if k not in ("kernels", "generated_at") and served.get(k) != rebuilt.get(k)]
+    a = {e.get("kernel_id"): e for e in served.get("kernels", [])}
+    b = {e.get("kernel_id"): e for e in rebuilt.get("kernels", [])}
+    out += [f"only served: {sorted(set(a) - set(b))[:5]}"] if set(a) - set(b) else []
+    out += [f"only rebuilt: {sorted(set(b) - set(a))[:5]}"] if set(b) - set(a) else []
+    for kid in sorted(set(a) & set(b)):
+        fields = sorted(k for k in set(a[kid]) | set(b[kid]) if a[kid].get(k) != b[kid].get(k))
+        if fields:
+            out.append(f"{kid}: " + "; ".join(f"{f}: {a[kid].get(f)!r:.300} != {b[kid].get(f)!r:.300}" for f in fields))
+    return " | ".join(out[:8])
+
+
 def _comparable(doc: dict) -> dict:
     return {k: v for k, v in doc.items() if k != "generated_at"}
 
@@ -510,8 +525,7 @@ def check_invariants(zoo: ZooProcess, acks: list[Ack], *, require_terminal: bool
     if served is not None and served.get("head") == head:
         rebuilt = rebuilt_index(zoo.state_dir, head)
         if _comparable(served) != _comparable(rebuilt):
-            diff = sorted(set(served.get("kernels", {})) ^ set(rebuilt.get("kernels", {})))
-            verdict.problems.append(f"served index differs from a full rebuild (kernel ids in one only: {diff[:5]})")
+            verdict.problems.append("served index differs from a full rebuild: " + index_diff(served, rebuilt))
     # 4. kz audit is clean
     rc, out = run_audit(zoo.state_dir)
     verdict.require(rc == 0, f"kz audit exit {rc}: {out[-3000:]}")

@@ -33,8 +33,17 @@ VOLATILE = ("seq",)
 POLL_SLICE_S = 1.0
 
 
+def _single(request: Request, name: str) -> str | None:
+    """A query parameter given at most once (a repeated one is 400: the spec has one value)."""
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise ZooError("BAD_REQUEST", f"query parameter {name} is given {len(values)} times; give it once",
+                       {"parameter": name})
+    return values[0] if values else None
+
+
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
+    raw = _single(request, name)
     if raw is None or raw == "":
         return default
     try:
@@ -49,7 +58,7 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
 
 
 def _float_param(request: Request, name: str, default: float, high: float) -> float:
-    raw = request.query_params.get(name)
+    raw = _single(request, name)
     if raw is None or raw == "":
         return default
     try:

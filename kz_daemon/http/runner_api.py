@@ -69,9 +69,16 @@ async def claim(request: Request) -> Response:
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
         raise ZooError("BAD_REQUEST", "field wait must be a number of seconds >= 0", {"field": "wait"})
     wait = min(float(wait), state.settings.claim_max_wait_s)
+    gpu = doc.get("gpu")
+    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, (str, int))
+                            or (isinstance(gpu, int) and gpu < 0)):
+        raise ZooError("BAD_REQUEST", "field gpu must be a GPU index: a string or an integer >= 0",
+                       {"field": "gpu"})
+    _str_field(doc, "host", required=False)
     note = getattr(state.zoo, "note_runner", None)
     if note is not None:
-        await run_in_threadpool(note, runner_id, {k: doc.get(k) for k in ("arch", "host", "gpu")})
+        await run_in_threadpool(note, runner_id, {"arch": arch, "host": doc.get("host"),
+                                                  "gpu": None if gpu is None else str(gpu)})
     zoo = state.zoo
     got = await run_in_threadpool(zoo.claim, runner_id, arch, 0)
     if got is None and wait > 0:

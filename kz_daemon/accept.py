@@ -37,6 +37,7 @@ import yaml
 from kz_daemon import confirm, physics, scorecard
 from kz_daemon.errors import ZooError
 from kz_daemon.harness_lock import SHORT_SHA, blob_sha
+from kz_daemon import anchor
 from kz_daemon.gitstore import EXEC_MODE, FILE_MODE, format_message
 from kz_daemon.pending import StoredRun, result_bytes
 from kz_daemon.ports import Daemon
@@ -306,7 +307,8 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
             if old_card is not None:
                 changes[f"{kid}/{KP}/{BENCH_RESULT}"] = old_card
             reason = str((result().get("overall") or {}).get("accept_reason") or "")
-            message = format_message(f"accept {kid} (submission {sub_uuid[:8]})", _trailers(sub, "source"),
+            message = format_message(f"accept {kid} (submission {sub_uuid[:8]})",
+                                     _trailers(sub, "source", **anchor.head_of(zoo)),
                                      body=reason)
             zoo.git.before_ref_update = lambda: crash_point("before_source_ref")
             try:
@@ -325,7 +327,7 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
         if sha_br is None:
             data = new_scorecard(zoo, sub, sha_src, result(), case_metas())
             message = format_message(f"bench_result update (source {sha_src[:7]})",
-                                     _trailers(sub, "scorecard", **{"Kz-Source": sha_src}))
+                                     _trailers(sub, "scorecard", **{"Kz-Source": sha_src}, **anchor.head_of(zoo)))
             zoo.git.before_ref_update = lambda: crash_point("before_scorecard_ref")
             try:
                 sha_br = zoo.git.commit_changes({f"{kid}/{KP}/{BENCH_RESULT}": data}, message, author, sha_src)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kz_daemon import indexer
+from kz_daemon import anchor, indexer
 from kz_daemon.config import Config
 from kz_daemon.gitstore import WORKTREE_MARK, GitStore
 from kz_daemon.revoke import REVOKE_STEP, revocation
@@ -49,7 +49,8 @@ class Finding:
 
     code: str            # ACCEPT_COMMITS, COMMIT_WITHOUT_EVENTS, DUPLICATE_COMMIT, HEAD_MISMATCH,
                          # PENDING_IN_SCORECARD, INDEX_STALE, INDEX_BEHIND, INDEX_MISSING,
-                         # SAGA_IN_PROGRESS
+                         # SAGA_IN_PROGRESS; kz_daemon.anchor: ANCHOR_MISMATCH, ANCHOR_MISSING,
+                         # ANCHOR_MALFORMED, TRAILER_MISMATCH
     message: str
     severity: str = "error"     # "warning": recovery at the next start fixes it
     uuid: str | None = None
@@ -102,6 +103,7 @@ def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None
     git = GitStore.open(config.paths.repo, config.repo.branch)
     try:
         findings += _audit_commits(state, git)
+        findings += [Finding(**f) for f in anchor.audit(config.paths.events, state, git.log())]
         findings += _audit_index(config, state, git, running)
     finally:
         git.close()

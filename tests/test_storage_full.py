@@ -66,8 +66,8 @@ def test_full_disk_is_503_storage_full_and_recovers_without_restart(small_disk):
             assert int(upload.headers["Retry-After"]) > 0
             assert not any((server.state_dir / "spool" / "tmp").iterdir()), "a partial upload was left"
 
-            cancel = http.post(f"/api/submissions/{queued}/cancel", json={},
-                               headers={"X-Submitter-Id": "alice"})  # the event append fails
+            with server.client("submitter:alice") as alice:  # the event append fails
+                cancel = alice.post(f"/api/submissions/{queued}/cancel", json={})
             assert cancel.status_code == 503, cancel.text
             assert cancel.json()["error"]["code"] == "STORAGE_FULL"
             assert "Retry-After" in cancel.headers
@@ -80,8 +80,8 @@ def test_full_disk_is_503_storage_full_and_recovers_without_restart(small_disk):
             os.unlink(filler)
             again = server.submit(http, CPU_AXPY, data)
             assert again.status_code == 202, again.text
-            cancel = http.post(f"/api/submissions/{queued}/cancel", json={},
-                               headers={"X-Submitter-Id": "alice"})
+            with server.client("submitter:alice") as alice:
+                cancel = alice.post(f"/api/submissions/{queued}/cancel", json={})
             assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled"
             assert http.get("/readyz").status_code == 200
     finally:

@@ -54,13 +54,21 @@ def test_a_killed_child_comes_back_and_stop_ends_it(tmp_path):
 
 @pytest.mark.slow
 def children(pid: int) -> list[int]:
-    """Children of every thread of ``pid`` (a restart is spawned by the supervising thread)."""
+    """Runner children of every thread of ``pid`` (a restart is spawned by the supervising
+    thread; start-up index workers are children too, and are left out)."""
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            out.extend(int(p) for p in (task / "children").read_text().split())
+            kids = [int(p) for p in (task / "children").read_text().split()]
         except FileNotFoundError:
             continue
+        for kid in kids:
+            try:
+                argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"runner" in argv:
+                out.append(kid)
     return out
 
 

@@ -25,12 +25,12 @@ def test_secrets_from_the_environment_and_the_token_are_redacted(tmp_path):
                "SHORT_TOKEN": "1"}
     red = Redactor(["kzr-the-token-xyz"], job_dir, environ)
     text = (f"token kzr-the-token-xyz key k-1234567890 pw hunter2hunter2 path /usr/bin one 1\n"
-            f"file {job_dir}/work/inputs/x.npy\n").encode()
+            f"file {job_dir}/build/inputs/x.npy\n").encode()
     out = tail(text, red)
     assert "kzr-the-token-xyz" not in out and "k-1234567890" not in out and "hunter2hunter2" not in out
     assert out.count("[redacted]") == 3
     assert "/usr/bin" in out and "one 1" in out  # not secret-looking, or too short to be a secret
-    assert "file <workdir>/work/inputs/x.npy" in out
+    assert "file <workdir>/build/inputs/x.npy" in out
     assert "k-1234567890" not in repr(red)
 
 

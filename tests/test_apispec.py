@@ -74,6 +74,12 @@ def test_auth_becomes_security_requirements():
             assert security == [{"runnerToken": []}], op.operation_id
         elif op.auth == "submitter":
             assert security == [{}, {"submitterToken": []}], op.operation_id
+        elif op.auth == "admin":
+            assert security == [{"adminToken": []}], op.operation_id
+    # revoking needs an admin token; the spec must not present it as open
+    assert by_id["revokeSubmission"]["security"] == [{"adminToken": []}]
+    assert doc["components"]["securitySchemes"]["adminToken"] == {
+        "type": "http", "scheme": "bearer", "description": "an admin token"}
 
 
 def _documented() -> set[tuple[str, str]]:

@@ -35,7 +35,7 @@ class Op:
     operation_id: str
     summary: str
     tag: str
-    auth: str | None = None  # "runner", "submitter" or None
+    auth: str | None = None  # "runner", "submitter", "admin" or None
     params: tuple[Param, ...] = ()
     request: str | None = None  # schema name, or "multipart"
     responses: dict[int, str | None] = field(default_factory=dict)  # status -> schema name

@@ -82,6 +82,8 @@ def build(ops: Iterable[Op], version: str) -> dict[str, Any]:
             operation["security"] = [{"runnerToken": []}]
         elif op.auth == "submitter":
             operation["security"] = [{}, {"submitterToken": []}]
+        elif op.auth == "admin":  # required, unlike the submitter's (which policy may waive)
+            operation["security"] = [{"adminToken": []}]
         for status, schema_name in sorted(op.responses.items()):
             response: dict[str, Any] = {"description": _REASONS.get(status, "answer")}
             if status != 204:
@@ -108,6 +110,7 @@ def build(ops: Iterable[Op], version: str) -> dict[str, Any]:
                 "runnerToken": {"type": "http", "scheme": "bearer", "description": "a runner token"},
                 "submitterToken": {"type": "http", "scheme": "bearer",
                                    "description": "a submitter or admin token (required by policy)"},
+                "adminToken": {"type": "http", "scheme": "bearer", "description": "an admin token"},
             },
         },
     }

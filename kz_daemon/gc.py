@@ -165,8 +165,13 @@ def plan(config: Config, subs: Iterable[Finished], now: float) -> list[Removal]:
     return out
 
 
-def _remove(removal: Removal) -> bool:
-    """Remove one file or folder atomically; False when it was gone already (another sweep)."""
+def remove(removal: Removal, *, ignore_errors: bool = False) -> bool:
+    """Remove one file or folder atomically; False when it was gone already (another sweep).
+
+    A folder is first renamed to a trash name so a half-deleted one is never mistaken for a
+    live entry; ``ignore_errors`` also tolerates failures inside it (the next sweep finds the
+    trash folder again), otherwise only a concurrent sweep's deletions are tolerated.
+    """
     path = removal.path
     try:
         if path.is_dir() and not path.is_symlink():
@@ -174,7 +179,10 @@ def _remove(removal: Removal) -> bool:
                 path.with_name(f"{TRASH_PREFIX}{os.getpid()}-{path.name}")
             if trash != path:
                 os.rename(path, trash)
-            shutil.rmtree(trash, onerror=_gone_is_fine)
+            if ignore_errors:
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                shutil.rmtree(trash, onerror=_gone_is_fine)
         else:
             path.unlink()
     except FileNotFoundError:
@@ -192,6 +200,6 @@ def sweep(config: Config, subs: Iterable[Finished], now: float, dry_run: bool = 
     """Remove (``dry_run``: only list) what retention lets go of at ``now``; what was removed."""
     result = Sweep(dry_run=dry_run)
     for removal in plan(config, subs, now):
-        if dry_run or _remove(removal):
+        if dry_run or remove(removal):
             result.removed.append(removal)
     return result

@@ -20,12 +20,11 @@ reader skip names that are not uuids), so a reader sees it whole or not at all.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from kz_daemon.config import Config
-from kz_daemon.gc import DAY_S, TRASH_PREFIX, Removal
+from kz_daemon.gc import DAY_S, TRASH_PREFIX, Removal, remove
 from kz_daemon.pending import PACKAGE_FILE
 from kz_daemon.spool import is_uuid
 
@@ -89,23 +88,6 @@ def plan(config: Config, logged: Callable[[str], bool], now: float) -> list[Remo
     return out
 
 
-def _remove(removal: Removal) -> bool:
-    """Remove one tarball or folder; False when it was gone already."""
-    path = removal.path
-    try:
-        if path.is_dir() and not path.is_symlink():
-            trash = path if path.name.startswith(TRASH_PREFIX) else \
-                path.with_name(f"{TRASH_PREFIX}{os.getpid()}-{path.name}")
-            if trash != path:
-                os.rename(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
-
-
 def sweep(config: Config, logged: Callable[[str], bool], now: float, dry_run: bool = False) -> list[Removal]:
     """Remove (``dry_run``: only list) what the rejected-upload bounds let go of; what was removed."""
-    return [r for r in plan(config, logged, now) if dry_run or _remove(r)]
+    return [r for r in plan(config, logged, now) if dry_run or remove(r, ignore_errors=True)]

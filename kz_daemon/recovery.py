@@ -12,7 +12,8 @@ other daemon writes this state directory):
    the commit trailers to see what already reached git (commit 1 without commit 2
    → commit 2 is made; both commits without events → the events are emitted;
    nothing in git → the saga runs from the start); a saga that cannot finish
-   (its stored package is gone) is rolled back when nothing reached git;
+   (its stored package is gone) is rolled back when nothing reached git, and left
+   ``accepting`` for a retry (``sagas_pending``) when part of it did;
 6. leases that expired while the daemon was down are expired (requeued or failed);
 7. index.json is brought to HEAD: updated for the packages that changed since its
    head, rebuilt when it is missing or unreadable.
@@ -39,6 +40,7 @@ class RecoveryReport:
     results_rejudged: list = field(default_factory=list)
     sagas_finished: list = field(default_factory=list)
     sagas_rolled_back: list = field(default_factory=list)
+    sagas_pending: list = field(default_factory=list)   # part in git, still accepting: retried later
     leases_expired: int = 0
     index: str = "current"   # what happened to index.json: current | updated | rebuilt
 
@@ -59,7 +61,9 @@ def recover(zoo: Daemon) -> RecoveryReport:
         if sub.status != Status.ACCEPTING:
             continue
         outcome = accept.finish_saga(zoo, sub.uuid)
-        (report.sagas_rolled_back if outcome == "rolled_back" else report.sagas_finished).append(sub.uuid)
+        outcomes = {"finished": report.sagas_finished, "rolled_back": report.sagas_rolled_back,
+                    "pending": report.sagas_pending}
+        outcomes[outcome].append(sub.uuid)
     report.leases_expired = queue.reap(zoo)
 
     with zoo.git_lock:

@@ -252,15 +252,13 @@ def test_saga_that_cannot_finish_after_its_source_commit_stays_accepting(config,
         assert "accept.rolled_back" not in events_after(config, seq)
 
 
-@pytest.mark.xfail(strict=True, reason="recovery.recover files finish_saga's 'pending' outcome under "
-                   "sagas_finished (anything but 'rolled_back' counts as finished), so the report says "
-                   "a saga finished that is still accepting")
 def test_saga_left_pending_is_not_reported_as_finished(config, monkeypatch):
     sub_uuid, _base = accept_halted_at(config, monkeypatch, "after_source_event")
     (config.paths.runs / sub_uuid / "result.json").unlink()
     with recovering(config) as (zoo, report, _seq):
         assert zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTING
         assert sub_uuid not in report.sagas_finished
+        assert report.sagas_pending == [sub_uuid] and report.sagas_rolled_back == []
 
 
 def report_without_verdict(config, result: dict) -> tuple[str, str]:

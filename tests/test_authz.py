@@ -9,28 +9,11 @@ from starlette.requests import Request
 from kz_daemon.auth import Principal, TokenStore
 from kz_daemon.errors import ZooError
 from kz_daemon.http import authz
-from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
+from tests.helpers.http_server import CPU_AXPY, package_tarball
+from tests.helpers.live_api import anon, api_error, live_server  # noqa: F401 (anon is a fixture)
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    server = LiveServer.start(tmp_path_factory.mktemp("authz"), settings={"submit_burst": 1000})
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def anon(live):
-    with live.client() as c:
-        yield c
-
-
-def _error(resp, status: int, code: str) -> dict:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
-    assert body["error"]["code"] == code, body
-    return body["error"]
+live = live_server("authz")
 
 
 @pytest.fixture()
@@ -90,23 +73,23 @@ def test_final_submitter_reconciles_token_header_and_field():
 
 
 def test_runner_auth(anon, live):
-    _error(anon.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+    api_error(anon.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
     with live.client("nope") as bad:
-        _error(bad.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+        api_error(bad.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
     with live.client(headers={"Authorization": "Basic abc"}) as basic:
-        _error(basic.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
+        api_error(basic.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 401, "UNAUTHORIZED")
     with live.client("submitter:alice") as alice:
-        _error(alice.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 403, "FORBIDDEN")
-    _error(anon.get("/api/runner/package/x"), 401, "UNAUTHORIZED")
-    _error(anon.post("/api/runner/lease/x/renew", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
-    _error(anon.post("/api/submissions/x/result", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
+        api_error(alice.post("/api/runner/claim", json={"arch": "cpu", "wait": 0}), 403, "FORBIDDEN")
+    api_error(anon.get("/api/runner/package/x"), 401, "UNAUTHORIZED")
+    api_error(anon.post("/api/runner/lease/x/renew", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
+    api_error(anon.post("/api/submissions/x/result", json={"lease_id": "y"}), 401, "UNAUTHORIZED")
 
 
 def test_submitter_token_must_match_header(live):
     data = package_tarball(CPU_AXPY)
     with live.client("submitter:alice") as alice:
-        _error(live.submit(alice, CPU_AXPY, data, submitter="bob"), 403, "FORBIDDEN")
+        api_error(live.submit(alice, CPU_AXPY, data, submitter="bob"), 403, "FORBIDDEN")
     with live.client("bogus-token") as bogus:
-        _error(live.submit(bogus, CPU_AXPY, data), 401, "UNAUTHORIZED")
+        api_error(live.submit(bogus, CPU_AXPY, data), 401, "UNAUTHORIZED")
     with live.client("runner:r1") as runner:
-        _error(live.submit(runner, CPU_AXPY, data), 403, "FORBIDDEN")
+        api_error(live.submit(runner, CPU_AXPY, data), 403, "FORBIDDEN")

@@ -12,79 +12,12 @@ import tarfile
 import threading
 import time
 
-import pytest
-
 from tests.helpers.events import hold_log_appends
-from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, LiveServer, package_tarball
+from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, package_tarball
+from tests.helpers.live_api import (  # noqa: F401 (anon, r1, r2 are fixtures)
+    AXPY_CASES, anon, api_error, claim_job, live_server, queue_submission, r1, r2, result_doc)
 
-AXPY_CASES = ("n4k", "n64k", "n1m")
-
-
-def result_doc(kernel_id: str, latency: float = 10.0, *, accept: bool = True, correctness: str = "passed",
-               case_accept: bool | None = None, cases=AXPY_CASES) -> dict:
-    """A benchmark_output document for the Axpy example."""
-    return {
-        "schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-11-30T00:00:00Z",
-        "runner_id": "r1", "arch": "cpu",
-        "overall": {"accept": accept, "accept_reason": "test", "build_ok": True},
-        "cases": [{"test_case_id": c, "correctness": correctness,
-                   "accept": accept if case_accept is None else case_accept,
-                   "accept_reason": "test", "error": None,
-                   "metrics": [{"name": "latency_us", "value": latency + i},
-                               {"name": "gbps", "value": 1.0 + i}]}
-                  for i, c in enumerate(cases)],
-    }
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    server = LiveServer.start(tmp_path_factory.mktemp("api"), settings={"submit_burst": 1000})
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def anon(live):
-    with live.client() as c:
-        yield c
-
-
-@pytest.fixture()
-def r1(live):
-    with live.client("runner:r1") as c:
-        yield c
-
-
-@pytest.fixture()
-def r2(live):
-    with live.client("runner:r2") as c:
-        yield c
-
-
-def _error(resp, status: int, code: str) -> dict:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
-    assert body["error"]["code"] == code, body
-    assert body["error"]["message"]
-    return body["error"]
-
-
-def _queue(live, anon, kernel_id=CPU_AXPY, source=CPU_AXPY) -> str:
-    resp = live.submit(anon, kernel_id, package_tarball(kernel_id, source))
-    assert resp.status_code == 202, resp.text
-    body = resp.json()
-    assert body["status"] in ("queued", "running")  # a waiting runner may claim it before the 202
-    assert body["status_url"] == f"/api/submissions/{body['uuid']}/status"
-    return body["uuid"]
-
-
-def _claim(client, uuid: str, wait: float = 5) -> dict:
-    resp = client.post("/api/runner/claim", json={"arch": "cpu", "wait": wait, "host": "test"})
-    assert resp.status_code == 200, resp.text
-    claim = resp.json()
-    assert claim["uuid"] == uuid
-    return claim
+live = live_server("api")
 
 
 # -- read side ---------------------------------------------------------------------------------
@@ -110,8 +43,8 @@ def test_list_kernels_filters_and_pagination(anon):
     assert anon.get("/api/kernels", params={"status": "normal", "quant": "fp32"}).json()["total"] == 2
     page2 = anon.get("/api/kernels", params={"per_page": 1, "page": 2}).json()
     assert page2["pages"] == 2 and len(page2["kernels"]) == 1 and page2["kernels"][0]["kernel_id"] == CPU_SOFTMAX
-    _error(anon.get("/api/kernels", params={"per_page": 0}), 400, "BAD_REQUEST")
-    _error(anon.get("/api/kernels", params={"page": "x"}), 400, "BAD_REQUEST")
+    api_error(anon.get("/api/kernels", params={"per_page": 0}), 400, "BAD_REQUEST")
+    api_error(anon.get("/api/kernels", params={"page": "x"}), 400, "BAD_REQUEST")
 
 
 def test_get_kernel_with_slashes(anon):
@@ -119,14 +52,14 @@ def test_get_kernel_with_slashes(anon):
     assert body["kernel_id"] == CPU_AXPY
     assert body["desc"]["category"]["op_class"] == "Elementwise"
     assert body["bench_result"]["kernel_id"] == CPU_AXPY
-    err = _error(anon.get("/api/kernels/cpu/nope/x"), 404, "NOT_FOUND")
+    err = api_error(anon.get("/api/kernels/cpu/nope/x"), 404, "NOT_FOUND")
     assert err["details"]["kernel_id"] == "cpu/nope/x"
 
 
 def test_unknown_path_and_method_use_the_error_body(anon):
-    _error(anon.get("/api/nothing-here"), 404, "NOT_FOUND")
-    _error(anon.delete("/api/kernels"), 405, "METHOD_NOT_ALLOWED")
-    _error(anon.get("/api/submissions/00000000-0000-0000-0000-000000000000/status"), 404, "NOT_FOUND")
+    api_error(anon.get("/api/nothing-here"), 404, "NOT_FOUND")
+    api_error(anon.delete("/api/kernels"), 405, "METHOD_NOT_ALLOWED")
+    api_error(anon.get("/api/submissions/00000000-0000-0000-0000-000000000000/status"), 404, "NOT_FOUND")
 
 
 def test_metrics_prometheus_text(anon):
@@ -144,33 +77,33 @@ def test_metrics_prometheus_text(anon):
 def test_submission_errors(live, anon):
     data = package_tarball(CPU_AXPY)
     # not multipart
-    _error(anon.post("/api/submissions", json={"kernel_id": CPU_AXPY}), 400, "BAD_REQUEST")
+    api_error(anon.post("/api/submissions", json={"kernel_id": CPU_AXPY}), 400, "BAD_REQUEST")
     # package missing
     resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
                      data={"kernel_id": CPU_AXPY, "submitter_id": "alice"},
                      files={"other": ("x.txt", b"x", "text/plain")})
-    assert _error(resp, 400, "VALIDATION_ERROR")["details"]["field"] == "package"
+    assert api_error(resp, 400, "VALIDATION_ERROR")["details"]["field"] == "package"
     # kernel_id missing / malformed
     resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
                      files={"package": ("p.tar.gz", data, "application/gzip")})
-    _error(resp, 400, "VALIDATION_ERROR")
-    _error(live.submit(anon, "cpu/../etc", data), 400, "VALIDATION_ERROR")
+    api_error(resp, 400, "VALIDATION_ERROR")
+    api_error(live.submit(anon, "cpu/../etc", data), 400, "VALIDATION_ERROR")
     # no submitter at all
     resp = anon.post("/api/submissions", data={"kernel_id": CPU_AXPY},
                      files={"package": ("p.tar.gz", data, "application/gzip")})
-    _error(resp, 400, "VALIDATION_ERROR")
+    api_error(resp, 400, "VALIDATION_ERROR")
     # header and field disagree
     resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
                      data={"kernel_id": CPU_AXPY, "submitter_id": "mallory"},
                      files={"package": ("p.tar.gz", data, "application/gzip")})
-    _error(resp, 403, "FORBIDDEN")
+    api_error(resp, 403, "FORBIDDEN")
     # bad submitter id
-    _error(live.submit(anon, CPU_AXPY, data, submitter="a b"), 400, "VALIDATION_ERROR")
+    api_error(live.submit(anon, CPU_AXPY, data, submitter="a b"), 400, "VALIDATION_ERROR")
 
 
 def test_intake_rejects_a_tarball_with_the_scorecard(live, anon):
     data = package_tarball(CPU_AXPY, include_bench_result=True)
-    err = _error(live.submit(anon, CPU_AXPY, data), 400, "VALIDATION_ERROR")
+    err = api_error(live.submit(anon, CPU_AXPY, data), 400, "VALIDATION_ERROR")
     assert err["details"]["status"] == "rejected"
     uuid = err["details"]["uuid"]
     codes = json.dumps(err["details"]["reasons"])
@@ -185,8 +118,8 @@ def test_intake_rejects_a_tarball_with_the_scorecard(live, anon):
 def test_concurrent_renewals_are_all_durable_and_share_fsyncs(live, anon, r1, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/renew_many")
-    claim = _claim(r1, uuid)
+    uuid = queue_submission(live, anon, "cpu/Elementwise/Axpy/fp32/renew_many")
+    claim = claim_job(r1, uuid)
     store = live.zoo.store
     requests = 24
     # hold the first commit until every renewal waits for its fsync
@@ -210,8 +143,8 @@ def test_concurrent_renewals_are_all_durable_and_share_fsyncs(live, anon, r1, mo
 
 
 def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
-    uuid = _queue(live, anon)
-    claim = _claim(r1, uuid)
+    uuid = queue_submission(live, anon)
+    claim = claim_job(r1, uuid)
     assert claim["package_url"] == f"/api/runner/package/{uuid}"
     assert claim["lease_expires_at"].endswith("Z") and claim["timeouts"]["build_s"] > 0
     # only the lease holder gets the package
@@ -224,14 +157,14 @@ def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
     renewed = r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]})
     assert renewed.status_code == 200 and renewed.json()["lease_expires_at"].endswith("Z")
     assert r2.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}).status_code in (403, 409)
-    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": "not-mine"}), 409, "LEASE_LOST")
-    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={}), 400, "BAD_REQUEST")
+    api_error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": "not-mine"}), 409, "LEASE_LOST")
+    api_error(r1.post(f"/api/runner/lease/{uuid}/renew", json={}), 400, "BAD_REQUEST")
     # result: another runner is refused, bad base64 is a 400
     doc = {"lease_id": claim["lease_id"], "result": result_doc(CPU_AXPY, 5.0),
            "logs_b64": base64.b64encode(b"build ok\n").decode(), "env": {"runner": "test"}, "failure": None}
     assert r2.post(f"/api/submissions/{uuid}/result", json=doc).status_code in (403, 409)
-    _error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, logs_b64="!!!")), 400, "BAD_REQUEST")
-    _error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, result=None, failure=None)),
+    api_error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, logs_b64="!!!")), 400, "BAD_REQUEST")
+    api_error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, result=None, failure=None)),
            400, "BAD_REQUEST")
     resp = r1.post(f"/api/submissions/{uuid}/result", json=doc)
     assert resp.status_code == 200, resp.text
@@ -247,7 +180,7 @@ def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
     if again.status_code == 200:
         assert again.json()["status"] == "accepted" and again.json()["commit_sha"] == view["commit_sha"]
     # a report under another lease is refused
-    _error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, lease_id="not-the-lease")), 409, "LEASE_LOST")
+    api_error(r1.post(f"/api/submissions/{uuid}/result", json=dict(doc, lease_id="not-the-lease")), 409, "LEASE_LOST")
     # the kernel's scorecard now carries SHA_src
     kernel = anon.get(f"/api/kernels/{CPU_AXPY}").json()
     best = kernel["bench_result"]["cases"][0]["metrics_best"]["latency_us"]
@@ -262,8 +195,8 @@ def test_full_cycle_accepts_and_reports_sha_src(live, anon, r1, r2):
 
 
 def test_failure_report_rejects_with_reason(live, anon, r1):
-    uuid = _queue(live, anon)
-    claim = _claim(r1, uuid)
+    uuid = queue_submission(live, anon)
+    claim = claim_job(r1, uuid)
     resp = r1.post(f"/api/submissions/{uuid}/result",
                    json={"lease_id": claim["lease_id"], "result": None, "logs_b64": "",
                          "env": {}, "failure": {"code": "BUILD_TIMEOUT", "message": "took too long"}})
@@ -278,11 +211,11 @@ def _cancel_as_alice(live, uuid):
 
 
 def test_cancel(live, anon):
-    uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/cancel_me", CPU_AXPY)
-    _error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "bob"}, json={}),
+    uuid = queue_submission(live, anon, "cpu/Elementwise/Axpy/fp32/cancel_me", CPU_AXPY)
+    api_error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "bob"}, json={}),
            403, "FORBIDDEN")
     # alice holds a submitter token here: her id alone, in a header, no longer cancels
-    _error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={}),
+    api_error(anon.post(f"/api/submissions/{uuid}/cancel", headers={"X-Submitter-Id": "alice"}, json={}),
            403, "FORBIDDEN")
     resp = _cancel_as_alice(live, uuid)
     assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
@@ -298,7 +231,7 @@ def test_queue_view_lists_runners(anon, r1):
 # -- long polls ----------------------------------------------------------------------------------
 
 def test_status_long_poll_returns_at_timeout_unchanged_and_early_on_change(live, anon, r1):
-    uuid = _queue(live, anon, "cpu/Elementwise/Axpy/fp32/poll", CPU_AXPY)
+    uuid = queue_submission(live, anon, "cpu/Elementwise/Axpy/fp32/poll", CPU_AXPY)
     # nothing happens: the poll comes back with the same status
     assert anon.get(f"/api/submissions/{uuid}/status", params={"wait": 0.5}).json()["status"] == "queued"
     events: list[str] = []
@@ -313,12 +246,12 @@ def test_status_long_poll_returns_at_timeout_unchanged_and_early_on_change(live,
     time.sleep(0.3)
     assert events == []  # still waiting: nothing changed yet
     events.append("claimed")
-    _claim(r1, uuid)
+    claim_job(r1, uuid)
     thread.join(30)
     assert events == ["claimed", "poll returned"]
     assert got["status"] == "running"
-    _error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": "x"}), 400, "BAD_REQUEST")
-    _error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": 10_000}), 400, "BAD_REQUEST")
+    api_error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": "x"}), 400, "BAD_REQUEST")
+    api_error(anon.get(f"/api/submissions/{uuid}/status", params={"wait": 10_000}), 400, "BAD_REQUEST")
 
 
 def test_unexpected_errors_are_a_generic_500():

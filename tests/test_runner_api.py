@@ -4,83 +4,19 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
+from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX
+from tests.helpers.live_api import (  # noqa: F401 (anon, r1, r2 are fixtures)
+    anon, api_error, claim_job, live_server, queue_submission, r1, r2, result_doc)
 
-from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, LiveServer, package_tarball
-
-AXPY_CASES = ("n4k", "n64k", "n1m")
-
-
-def result_doc(kernel_id: str, latency: float = 10.0, *, accept: bool = True, correctness: str = "passed",
-               case_accept: bool | None = None, cases=AXPY_CASES) -> dict:
-    """A benchmark_output document for the Axpy example."""
-    return {
-        "schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-11-30T00:00:00Z",
-        "runner_id": "r1", "arch": "cpu",
-        "overall": {"accept": accept, "accept_reason": "test", "build_ok": True},
-        "cases": [{"test_case_id": c, "correctness": correctness,
-                   "accept": accept if case_accept is None else case_accept,
-                   "accept_reason": "test", "error": None,
-                   "metrics": [{"name": "latency_us", "value": latency + i},
-                               {"name": "gbps", "value": 1.0 + i}]}
-                  for i, c in enumerate(cases)],
-    }
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    server = LiveServer.start(tmp_path_factory.mktemp("runner_api"), settings={"submit_burst": 1000})
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def anon(live):
-    with live.client() as c:
-        yield c
-
-
-@pytest.fixture()
-def r1(live):
-    with live.client("runner:r1") as c:
-        yield c
-
-
-@pytest.fixture()
-def r2(live):
-    with live.client("runner:r2") as c:
-        yield c
-
-
-def _error(resp, status: int, code: str) -> dict:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
-    assert body["error"]["code"] == code, body
-    assert body["error"]["message"]
-    return body["error"]
-
-
-def _queue(live, anon, kernel_id=CPU_AXPY, source=CPU_AXPY) -> str:
-    resp = live.submit(anon, kernel_id, package_tarball(kernel_id, source))
-    assert resp.status_code == 202, resp.text
-    return resp.json()["uuid"]
-
-
-def _claim(client, uuid: str, wait: float = 5) -> dict:
-    resp = client.post("/api/runner/claim", json={"arch": "cpu", "wait": wait, "host": "test"})
-    assert resp.status_code == 200, resp.text
-    claim = resp.json()
-    assert claim["uuid"] == uuid
-    return claim
+live = live_server("runner_api")
 
 
 def test_claim_bad_bodies(r1):
-    _error(r1.post("/api/runner/claim", content=b"{not json", headers={"content-type": "application/json"}),
+    api_error(r1.post("/api/runner/claim", content=b"{not json", headers={"content-type": "application/json"}),
            400, "BAD_REQUEST")
-    _error(r1.post("/api/runner/claim", json={"wait": 0}), 400, "BAD_REQUEST")
-    _error(r1.post("/api/runner/claim", json={"arch": "cpu", "wait": -1}), 400, "BAD_REQUEST")
-    _error(r1.post("/api/runner/claim", json=[1, 2]), 400, "BAD_REQUEST")
+    api_error(r1.post("/api/runner/claim", json={"wait": 0}), 400, "BAD_REQUEST")
+    api_error(r1.post("/api/runner/claim", json={"arch": "cpu", "wait": -1}), 400, "BAD_REQUEST")
+    api_error(r1.post("/api/runner/claim", json=[1, 2]), 400, "BAD_REQUEST")
 
 
 def test_claim_returns_204_when_nothing_matches(r1):
@@ -89,20 +25,20 @@ def test_claim_returns_204_when_nothing_matches(r1):
 
 
 def test_release_requeues_and_result_invalid_is_422(live, anon, r1, r2):
-    uuid = _queue(live, anon)
-    claim = _claim(r1, uuid)
-    _error(r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": "wrong"}), 409, "LEASE_LOST")
+    uuid = queue_submission(live, anon)
+    claim = claim_job(r1, uuid)
+    api_error(r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": "wrong"}), 409, "LEASE_LOST")
     resp = r1.post(f"/api/runner/lease/{uuid}/release", json={"lease_id": claim["lease_id"], "reason": "test"})
     assert resp.status_code == 200 and resp.json()["released"] is True
     assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "queued"
-    claim2 = _claim(r2, uuid)
+    claim2 = claim_job(r2, uuid)
     assert claim2["lease_id"] != claim["lease_id"]
     # the old lease is dead
-    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}), 409, "LEASE_LOST")
+    api_error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}), 409, "LEASE_LOST")
     bad = result_doc(CPU_AXPY, accept=False, correctness="failed", case_accept=True)
     resp = r2.post(f"/api/submissions/{uuid}/result",
                    json={"lease_id": claim2["lease_id"], "result": bad, "logs_b64": "", "env": {}, "failure": None})
-    _error(resp, 422, "RESULT_INVALID")
+    api_error(resp, 422, "RESULT_INVALID")
     assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "rejected"
 
 
@@ -124,7 +60,7 @@ def test_claim_long_poll_returns_when_a_job_arrives(live, anon, r2):
     time.sleep(0.3)
     assert events == []
     events.append("submitted")
-    uuid = _queue(live, anon, CPU_SOFTMAX, CPU_SOFTMAX)
+    uuid = queue_submission(live, anon, CPU_SOFTMAX, CPU_SOFTMAX)
     thread.join(30)
     assert events == ["submitted", "claim returned"]
     assert got["status"] == 200 and got["body"]["uuid"] == uuid
@@ -132,14 +68,14 @@ def test_claim_long_poll_returns_when_a_job_arrives(live, anon, r2):
 
 def test_a_non_holder_cannot_fetch_renew_release_or_report(live, anon, r1, r2):
     """Another runner presenting the holder's lease_id is refused on every lease route."""
-    uuid = _queue(live, anon)
-    claim = _claim(r1, uuid)
+    uuid = queue_submission(live, anon)
+    claim = claim_job(r1, uuid)
     lease = {"lease_id": claim["lease_id"]}
-    _error(r2.get(claim["package_url"]), 409, "LEASE_LOST")
-    _error(r2.post(f"/api/runner/lease/{uuid}/renew", json=lease), 409, "LEASE_LOST")
-    _error(r2.post(f"/api/runner/lease/{uuid}/release", json=lease), 409, "LEASE_LOST")
+    api_error(r2.get(claim["package_url"]), 409, "LEASE_LOST")
+    api_error(r2.post(f"/api/runner/lease/{uuid}/renew", json=lease), 409, "LEASE_LOST")
+    api_error(r2.post(f"/api/runner/lease/{uuid}/release", json=lease), 409, "LEASE_LOST")
     report = dict(lease, result=result_doc(CPU_AXPY), logs_b64="", env={}, failure=None)
-    _error(r2.post(f"/api/submissions/{uuid}/result", json=report), 409, "LEASE_LOST")
+    api_error(r2.post(f"/api/submissions/{uuid}/result", json=report), 409, "LEASE_LOST")
     # the holder's lease survived all of it
     assert r1.post(f"/api/runner/lease/{uuid}/renew", json=lease).status_code == 200
     assert anon.get(f"/api/submissions/{uuid}/status").json()["status"] == "running"
@@ -148,14 +84,14 @@ def test_a_non_holder_cannot_fetch_renew_release_or_report(live, anon, r1, r2):
 
 
 def test_renew_after_the_job_ended_is_lease_lost(live, anon, r1):
-    uuid = _queue(live, anon)
-    claim = _claim(r1, uuid)
+    uuid = queue_submission(live, anon)
+    claim = claim_job(r1, uuid)
     failure = {"lease_id": claim["lease_id"], "result": None, "logs_b64": "", "env": {},
                "failure": {"code": "BUILD_TIMEOUT", "message": "ran past 1 s"}}
     assert r1.post(f"/api/submissions/{uuid}/result", json=failure).json()["status"] == "rejected"
-    _error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}), 409, "LEASE_LOST")
-    _error(r1.get(claim["package_url"]), 409, "LEASE_LOST")
+    api_error(r1.post(f"/api/runner/lease/{uuid}/renew", json={"lease_id": claim["lease_id"]}), 409, "LEASE_LOST")
+    api_error(r1.get(claim["package_url"]), 409, "LEASE_LOST")
 
 
 def test_unknown_submission_on_the_lease_routes(r1):
-    _error(r1.post("/api/runner/lease/no-such-uuid/renew", json={"lease_id": "x"}), 404, "NOT_FOUND")
+    api_error(r1.post("/api/runner/lease/no-such-uuid/renew", json={"lease_id": "x"}), 404, "NOT_FOUND")

@@ -102,6 +102,26 @@ def judge(sub: Any, result: Any, failure: dict | None, metas: list[dict]):
     return False, code, verdict.reason, details, verdict.invalid
 
 
+def verdict_of(zoo: Daemon, sub: Any, result: Any, failure: dict | None, metas: list[dict],
+               facts: dict | None = None):
+    """``judge`` and then the physics floor: the one verdict of a live report and of a start-up re-judge.
+
+    A result that accepts but has a figure no device of the arch can reach becomes
+    IMPLAUSIBLE_RESULT (``kz_daemon.physics``). ``facts`` is the submission record when
+    the caller already read it (read from the pending store otherwise).
+    """
+    verdict = judge(sub, result, failure, metas)
+    if not verdict[0]:
+        return verdict
+    if facts is None:
+        facts = zoo.pending.read_submission(sub.uuid)
+    refused = physics.check_result(result, metas, facts.get("io_signature"), sub.arch or "", zoo.config.physics)
+    if refused is None:
+        return verdict
+    message, details = refused
+    return False, "IMPLAUSIBLE_RESULT", message, details, False
+
+
 def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
                   logs: bytes, env: dict, failure: dict | None) -> SubmissionView:
     """Take a runner's report: hard checks, then the accept saga or a rejection; returns the view.
@@ -119,11 +139,7 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
         run = confirm.store_run(zoo.pending, sub, result, logs, env, failure)
         facts = zoo.pending.read_submission(sub_uuid)  # read once per report
         metas = facts.get("metas") or []
-        accepted, code, message, details, invalid = judge(sub, result, failure, metas)
-        refused = (physics.check_result(result, metas, facts.get("io_signature"), sub.arch or "",
-                                        zoo.config.physics) if accepted else None)
-        if refused is not None:  # the physics floor: no device of the arch can do it
-            accepted, code, (message, details) = False, "IMPLAUSIBLE_RESULT", refused
+        accepted, code, message, details, invalid = verdict_of(zoo, sub, result, failure, metas, facts)
         overall = result.get("overall", {}) if isinstance(result, dict) else {}
         overall = overall if isinstance(overall, dict) else {}
         reported = ev.ResultReported(

@@ -2,8 +2,9 @@
 
 A reported result that accepts is compared with the kernel's scorecard at HEAD. When a
 case's primary metric beats that case's recorded best (a non-seed ``metrics_best``
-record, in the metric's declared direction) by more than ``confirmation.margin``
-(relative: new/best beyond 1 + margin for ``higher_better``, best/new for
+record, in the metric's declared direction) by more than the margin of the
+submission's lane (``confirmation.margin`` for GPU arches, ``confirmation.cpu_margin``
+for ``cpu``; relative: new/best beyond 1 + margin for ``higher_better``, best/new for
 ``lower_better``), nothing is committed yet: ``job.confirmation_requested`` puts the
 job back in the queue as a new attempt of the same submission, and the runner of the
 first result may not claim it for ``confirmation.exclusive_s`` seconds (then any
@@ -203,7 +204,7 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
                    summarize: Any) -> list:
     """The events that follow ``result.reported``: accept.started, a confirmation request or a rejection.
 
-    ``verdict`` is ``accept.judge``'s (accepted, code, message, details, invalid) for this
+    ``verdict`` is ``accept.verdict_of``'s (accepted, code, message, details, invalid) for this
     run; ``cases`` its case summaries; ``confirming`` whether it is the confirmation run.
     Call with ``zoo.lock`` held.
     """
@@ -226,7 +227,8 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
     else:
         with zoo.git_lock:
             card = scorecard.load(zoo.git.read_file(f"{sub.kernel_id}/{KP}/{BENCH_RESULT}"))
-        reason = beyond_margin(card, metas, cases, settings.margin)
+        arch = sub.arch or sub.kernel_id.split("/", 1)[0]  # the kernel id starts with the arch
+        reason = beyond_margin(card, metas, cases, settings.margin_for(arch))
         if reason is not None:
             return [ev.JobConfirmationRequested(
                 uuid=sub.uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=run.sha256,
@@ -268,7 +270,8 @@ def excluded(state: Any, runner_id: str, now: float) -> list[str]:
 def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
     """Give every result logged without its verdict (a torn append) the verdict a live report gives.
 
-    Runs before ``recovery.recover`` (which would otherwise accept such a result without
+    ``judge(zoo, sub, result, failure, metas)`` is ``accept.verdict_of`` (the hard checks
+    and the physics floor; passed in: accept imports this module). Runs before ``recovery.recover`` (which would otherwise accept such a result without
     asking for its confirmation run); returns the uuids decided.
     """
     decided = []
@@ -281,7 +284,7 @@ def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
         metas = zoo.pending.metas(sub.uuid)
         run = _load_confirm_run(zoo.pending, sub.uuid) if confirming else zoo.pending.load_run(sub.uuid)
         run = StoredRun(run.result, sub.result["result_sha256"], run.failure)
-        verdict = judge(sub, run.result, run.failure, metas if not run.failure else [])
+        verdict = judge(zoo, sub, run.result, run.failure, metas if not run.failure else [])
         cases = summarize(run.result, metas) if isinstance(run.result, dict) else []
         with zoo.lock:
             events = verdict_events(zoo, sub, run, cases, metas, verdict, sub.runner_id, sub.lease_id,

@@ -7,7 +7,7 @@ other daemon writes this state directory):
 2. stale git lock files a killed writer left are removed;
 3. intake outcomes written but not logged get their events (``Intake.recover``);
 4. a result that was logged without its verdict (a torn append) is judged again
-   from ``runs/<uuid>/``;
+   from ``runs/<uuid>/``, physics floor included (``accept.verdict_of``);
 5. every saga in progress is finished (:func:`kz_daemon.accept.finish_saga`): the saga looks at
    the commit trailers to see what already reached git (commit 1 without commit 2
    → commit 2 is made; both commits without events → the events are emitted;
@@ -75,7 +75,7 @@ def _rejudge(zoo: Daemon, sub: Any) -> None:
     """Emit the verdict of a result that was logged without one."""
     run = zoo.pending.load_run(sub.uuid)
     metas = zoo.pending.metas(sub.uuid) if not run.failure and run.result is not None else []
-    accepted, code, message, details, _invalid = accept.judge(sub, run.result, run.failure, metas)
+    accepted, code, message, details, _invalid = accept.verdict_of(zoo, sub, run.result, run.failure, metas)
     with zoo.lock:
         if accepted and sub.result and sub.result.get("overall_accept"):
             with zoo.git_lock:

@@ -83,7 +83,7 @@ class Zoo:
     def start(self) -> None:
         """Recover (log, git locks, sagas, intake outcomes, expired leases), then start the threads."""
         # a result logged without its verdict gets the live one (maybe a confirmation run) first
-        confirm.recover(self, accept.judge, accept.case_summary)
+        confirm.recover(self, accept.verdict_of, accept.case_summary)
         recovery.recover(self)
         revoke.recover(self)  # revocations a crash left half-way
         self.store.emit(ev.DaemonStarted(version=__version__, pid=os.getpid()))

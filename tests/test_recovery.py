@@ -299,6 +299,28 @@ def test_failing_result_without_its_verdict_is_judged_again_and_rejected(config)
         assert zoo.git.head() == base
 
 
+def assert_implausible(sub) -> None:
+    assert sub.status == Status.REJECTED, sub.reasons
+    assert sub.reasons[-1]["code"] == "IMPLAUSIBLE_RESULT", sub.reasons
+    assert "below the physics floor" in sub.reasons[-1]["message"]
+
+
+def test_result_below_the_physics_floor_judged_again_is_rejected_as_implausible(config):
+    # 10 ps for the Axpy cases: no device moves their bytes that fast (kz_daemon/physics.py)
+    sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, 0.00001))
+    with recovering(config) as (zoo, report, _seq):
+        assert report.results_rejudged == [sub_uuid] and report.sagas_finished == []
+        assert_implausible(zoo.store.state.submissions[sub_uuid])
+        assert zoo.git.head() == base
+
+
+def test_start_up_judges_a_result_below_the_physics_floor_as_implausible(config):
+    sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, 0.00001))
+    with running(config) as zoo:  # Zoo.start: confirm.recover decides it before recovery.recover
+        assert_implausible(zoo.store.state.submissions[sub_uuid])
+        assert zoo.git.head() == base
+
+
 def claimed_then_down(config, clock, attempts: int) -> str:
     """Queue an Axpy job and claim it ``attempts`` times (releasing all but the last); the daemon stops."""
     with running(config, clock) as zoo:
@@ -426,7 +448,7 @@ def test_result_far_ahead_logged_without_its_verdict_asks_for_a_confirmation_run
     # Zoo.start judges such a result (confirm.recover) before recovery.recover would accept it
     state = tmp_path / "kz"
     state.mkdir()
-    (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 3600\nconfirmation:\n  margin: 0.5\n")
+    (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 3600\nconfirmation:\n  cpu_margin: 0.5\n")
     config = init_state_dir(state, seed_from=EXAMPLES)
     with running(config) as zoo:
         accept_axpy(zoo, AXPY_ID, "recorded", latency=10.0)

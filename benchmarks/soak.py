@@ -45,7 +45,7 @@ from kz_events.replay import replay_dir  # noqa: E402
 from kz_events.status import TERMINAL  # noqa: E402
 from tests.helpers.system import (Ack, ProtocolRunner, RunnerProcess, Tmpfs, ZooProcess,  # noqa: E402
                                   check_invariants, kernel_ids, submit, tiny_tarball)
-from tests.helpers.workload import Readers, wait_terminal_in_log  # noqa: E402
+from tests.helpers.workload import LoopThreads, Readers, wait_terminal_in_log  # noqa: E402
 
 FOLDERS = ("events", "repo", "spool", "pending", "runs")
 
@@ -76,18 +76,18 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return sum((t - mx) * (v - my) for t, v in points) / sxx * 3600.0
 
 
-class Paced:
+class Paced(LoopThreads):
     """``clients`` threads, each uploading one tiny package every ``pause`` seconds until stopped."""
 
+    join_s = 180.0  # an upload may be mid-retry against a daemon being restarted
+
     def __init__(self, zoo: ZooProcess, kernels: list[str], clients: int, pause: float) -> None:
+        super().__init__(clients)
         self.zoo, self.kernels, self.pause = zoo, kernels, pause
         self.acks: list[Ack] = []
         self.refused: dict[str, int] = {}
         self.refused_examples: list[dict] = []
         self.retries = 0
-        self.lock = threading.Lock()
-        self.stop_event = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(clients)]
 
     def _loop(self, i: int) -> None:
         rng = random.Random(i)
@@ -120,18 +120,6 @@ class Paced:
                                                               "error": error})
                     break
                 self.stop_event.wait(self.pause)
-
-    def start(self) -> "Paced":
-        """Start the threads."""
-        for t in self.threads:
-            t.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop and join the threads."""
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(180)
 
 
 def commit() -> str | None:

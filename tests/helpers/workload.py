@@ -18,6 +18,7 @@ import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -68,17 +69,45 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-class Readers:
+class LoopThreads:
+    """``n`` daemon threads each running ``self._loop(i)`` until ``stop()`` sets ``stop_event``.
+
+    A subclass writes ``_loop`` (which must return soon after ``stop_event`` is set) and may
+    raise ``join_s``, how long ``stop`` waits for each thread.
+    """
+
+    join_s = 90.0
+
+    def __init__(self, n: int) -> None:
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(n)]
+
+    def _loop(self, i: int) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Start the threads."""
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop and join the threads."""
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(self.join_s)
+
+
+class Readers(LoopThreads):
     """Threads that read the API and the pages while the load runs; they count 5xx answers."""
 
     def __init__(self, zoo: ZooProcess, kernels: list[str], acks: list[Ack], n: int = 4, pause: float = 0.3) -> None:
+        super().__init__(n)
         self.zoo, self.kernels, self.acks = zoo, kernels, acks
-        self.stop_event = threading.Event()
         self.requests = 0
         self.errors: list[str] = []
-        self.lock = threading.Lock()
         self.pause = pause
-        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(n)]
 
     def _get(self, client: httpx.Client, path: str, **params) -> None:
         try:
@@ -105,18 +134,6 @@ class Readers:
                 else:
                     self._get(client, f"/kernels/{rng.choice(self.kernels)}")
                 self.stop_event.wait(self.pause)
-
-    def start(self) -> "Readers":
-        """Start the threads."""
-        for t in self.threads:
-            t.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop and join the threads."""
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(90)
 
 
 class Submitters:

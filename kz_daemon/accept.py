@@ -166,18 +166,25 @@ def repeated_report(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str,
     """The view when this report was already taken for this lease (None: not a repeat).
 
     A repeat is a report from the runner and lease whose ``result.reported`` moved the
-    submission on (accepting, then accepted or failed; or rejected). Its result must
-    hash to the recorded ``result_sha256``, else ZooError CONFLICT: one lease, one result.
-    Reports of any other lease or runner fall through to ``check_lease`` (LEASE_LOST).
+    submission on (accepting, then accepted or failed; or rejected), or the first run's
+    report once a confirmation run was asked for (whatever the status since: queued,
+    the confirmation run's lease, or its outcome). Its result must hash to the recorded
+    ``result_sha256``, else ZooError CONFLICT: one lease, one result. Reports of any
+    other lease or runner fall through to ``check_lease`` (LEASE_LOST).
     """
     with zoo.store.lock:
         state = zoo.store.state
         sub = state.submissions.get(sub_uuid)
-        if sub is None or sub.result is None or sub_uuid in state.queue.in_flight \
-                or sub.status not in REPORTED_STATUSES \
+        if sub is None or sub.result is None:
+            return None
+        first = sub.result.get("confirmation")  # the first run's runner, lease and result hash
+        if first is not None and (first["runner_id"], first["lease_id"]) == (runner_id, lease_id):
+            recorded = first["result_sha256"]
+        elif sub_uuid in state.queue.in_flight or sub.status not in REPORTED_STATUSES \
                 or sub.runner_id != runner_id or sub.lease_id != lease_id:
             return None
-        recorded = sub.result["result_sha256"]
+        else:
+            recorded = sub.result["result_sha256"]
         view = view_of(sub, state.seq)
     if hashlib.sha256(result_bytes(result)).hexdigest() != recorded:
         raise ZooError("CONFLICT", f"a different result was already reported for submission {sub_uuid} "

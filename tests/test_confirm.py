@@ -15,6 +15,7 @@ from kz_daemon import confirm
 from kz_daemon.accept import case_summary
 from kz_daemon.audit import audit_state_dir
 from kz_daemon.config import Config
+from kz_daemon.errors import ZooError
 from kz_daemon.http.views import submission_doc
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
@@ -107,12 +108,86 @@ def test_reducer_allows_one_confirmation_run_and_refuses_a_report_without_a_leas
 
 
 # -- a real daemon and real CPU runs ---------------------------------------------------------
-def _zoo(tmp_path, margin=0.1, agreement=0.1, exclusive_s=60):
+def _zoo(tmp_path, margin=0.1, agreement=0.1, exclusive_s=60, text=None):
+    """A state dir whose kz.yaml sets the CPU lane's margin (off by default), or holds ``text``."""
     state = tmp_path / "kz"
     init_state_dir(state, seed_from=EXAMPLES)
-    (state / "kz.yaml").write_text(
-        f"confirmation: {{margin: {margin}, agreement: {agreement}, exclusive_s: {exclusive_s}}}\n")
+    (state / "kz.yaml").write_text(text if text is not None else
+        f"confirmation: {{cpu_margin: {margin}, agreement: {agreement}, exclusive_s: {exclusive_s}}}\n")
     return Config.load(state)
+
+
+def test_the_margin_is_per_lane_with_the_cpu_lane_off_by_default(tmp_path):
+    settings = _zoo(tmp_path, text="").confirmation
+    assert (settings.margin, settings.cpu_margin, settings.agreement) == (0.1, 0.0, 0.1)
+    assert settings.margin_for("sm_90") == settings.margin_for("gfx942") == 0.1
+    assert settings.margin_for("cpu") == 0.0
+    (tmp_path / "kz" / "kz.yaml").write_text("confirmation: {cpu_margin: -1}\n")
+    with pytest.raises(ZooError, match="confirmation.cpu_margin"):
+        Config.load(tmp_path / "kz")
+
+
+GPU_ID = "sm_90/Elementwise/Axpy/fp32/lane_test"
+
+
+@pytest.mark.parametrize("kernel_id, text, confirms", [
+    (GPU_ID, "", True),                                  # the GPU lane confirms by default
+    (AXPY_ID, "", False),                                # the CPU lane does not ...
+    (AXPY_ID, "confirmation: {margin: 0.5}\n", False),   # ... nor does the GPU lane's margin apply to it
+    (AXPY_ID, "confirmation: {cpu_margin: 0.5}\n", True),  # ... unless cpu_margin is set
+    (GPU_ID, "confirmation: {margin: 0, cpu_margin: 0.5}\n", False),
+])
+def test_a_result_far_ahead_is_confirmed_by_its_lanes_margin(tmp_path, kernel_id, text, confirms):
+    arch = kernel_id.split("/", 1)[0]
+    zoo = Zoo(_zoo(tmp_path, text=text))
+    zoo.start()
+    try:
+        first = drop_and_decide(zoo, "a.tar.gz", axpy_tarball(kernel_id)).uuid
+        claim = zoo.claim("r1", arch, 5)  # a fake runner claiming as the package's arch
+        assert zoo.report_result(first, "r1", claim.lease_id, axpy_result(kernel_id, 100.0)).status == "accepted"
+        head = zoo.git.head()
+        uuid = drop_and_decide(zoo, "b.tar.gz", axpy_tarball(
+            kernel_id, mutate=lambda f: f.__setitem__("src/NOTES.md", b"faster"))).uuid
+        claim = zoo.claim("r1", arch, 5)
+        assert claim.uuid == uuid
+        view = zoo.report_result(uuid, "r1", claim.lease_id, axpy_result(kernel_id, 10.0))  # 10x the best
+        if confirms:
+            assert view.status == "queued" and "confirmation" in view.result, view.reasons
+            assert zoo.git.head() == head
+        else:
+            assert view.status == "accepted", view.reasons
+    finally:
+        zoo.stop()
+
+
+def test_the_first_report_sent_again_during_the_confirmation_run_answers_the_current_view(tmp_path):
+    # a runner whose answer was lost retries its report: same lease, same bytes (idempotent by lease)
+    zoo = Zoo(_zoo(tmp_path, text=""))
+    zoo.start()
+    try:
+        first = drop_and_decide(zoo, "a.tar.gz", axpy_tarball(GPU_ID)).uuid
+        claim = zoo.claim("r1", "sm_90", 5)
+        assert zoo.report_result(first, "r1", claim.lease_id, axpy_result(GPU_ID, 100.0)).status == "accepted"
+        uuid = drop_and_decide(zoo, "b.tar.gz", axpy_tarball(
+            GPU_ID, mutate=lambda f: f.__setitem__("src/NOTES.md", b"faster"))).uuid
+        claim = zoo.claim("r1", "sm_90", 5)
+        fast = axpy_result(GPU_ID, 10.0)
+        assert zoo.report_result(uuid, "r1", claim.lease_id, fast).status == "queued"
+        seq = zoo.store.state.seq
+
+        again = zoo.report_result(uuid, "r1", claim.lease_id, copy.deepcopy(fast))
+        assert again.status == "queued" and "confirmation" in again.result
+        with pytest.raises(ZooError) as err:  # one lease, one result
+            zoo.report_result(uuid, "r1", claim.lease_id, axpy_result(GPU_ID, 11.0))
+        assert err.value.code == "CONFLICT"
+        claim2 = zoo.claim("r2", "sm_90", 5)
+        assert claim2.uuid == uuid
+        assert zoo.report_result(uuid, "r1", claim.lease_id, copy.deepcopy(fast)).status == "running"
+        assert zoo.store.state.seq == seq + 1  # only the confirmation run's claim was logged
+        assert zoo.report_result(uuid, "r2", claim2.lease_id, axpy_result(GPU_ID, 10.2)).status == "accepted"
+        assert zoo.report_result(uuid, "r1", claim.lease_id, copy.deepcopy(fast)).status == "accepted"
+    finally:
+        zoo.stop()
 
 
 def _scaled(result: dict, factor: float) -> dict:

@@ -1,11 +1,13 @@
 """Revocation: an admin takes an accepted record back; the best is restored by a new commit, history kept."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -133,11 +135,25 @@ def _kz(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=120, env=env or dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
-def test_revoking_a_record_that_is_not_the_best_makes_a_commit_that_changes_no_file(tmp_path):
-    config = _state(tmp_path)
+@contextlib.contextmanager
+def _running(config: Config) -> Iterator[Zoo]:
+    """A started ``Zoo`` on ``config``, stopped on the way out."""
     zoo = Zoo(config)
     zoo.start()
     try:
+        yield zoo
+    finally:
+        zoo.stop()
+
+
+def _audit_errors(config: Config) -> list:
+    """The error findings of ``kz audit`` on the state directory."""
+    return [f for f in audit_state_dir(config.state_dir) if f.severity == "error"]
+
+
+def test_revoking_a_record_that_is_not_the_best_makes_a_commit_that_changes_no_file(tmp_path):
+    config = _state(tmp_path)
+    with _running(config) as zoo:
         fast = accept_axpy(zoo, AXPY_ID, "fast", 5.0)
         slow = accept_axpy(zoo, AXPY_ID, "slow", 9.0)
         head = zoo.git.head()
@@ -149,55 +165,39 @@ def test_revoking_a_record_that_is_not_the_best_makes_a_commit_that_changes_no_f
         assert _best(_card(zoo))[0]["commit_sha"] == fast.commit_sha
         entry = next(r for r in zoo.store.state.submissions[slow.uuid].reasons if r["stage"] == "revoke")
         assert entry["best_changed"] is False
-    finally:
-        zoo.stop()
-    assert [f for f in audit_state_dir(config.state_dir) if f.severity == "error"] == []
+    assert _audit_errors(config) == []
 
 
 def test_kz_revoke_on_a_stopped_daemon_restores_the_seed_when_no_record_remains(tmp_path):
     config = _state(tmp_path)
-    zoo = Zoo(config)
-    zoo.start()
-    try:
+    with _running(config) as zoo:
         only = accept_axpy(zoo, AXPY_ID, "only", 5.0)
         bad = drop_and_decide(zoo, "bad.tar.gz", axpy_tarball())
         claim = zoo.claim("r", "cpu", 5)
         zoo.report_result(bad.uuid, "r", claim.lease_id, axpy_result(AXPY_ID, accept=False))
-    finally:
-        zoo.stop()
     refused = _kz("revoke", bad.uuid, "--reason", "x", "--state-dir", str(config.state_dir))
     assert refused.returncode == 1 and "CONFLICT" in refused.stderr
     done = _kz("revoke", only.uuid, "--reason", "benchmark bug", "--state-dir", str(config.state_dir))
     assert done.returncode == 0, done.stderr
     assert '"status": "revoked"' in done.stdout
-    zoo = Zoo(config)
-    zoo.start()
-    try:
+    with _running(config) as zoo:
         assert {r["commit_sha"] for r in _best(_card(zoo))} == {"0000000"}
         assert zoo.git.commit_info(zoo.git.head()).trailers["Revoked-By"] == "operator"
-    finally:
-        zoo.stop()
-    assert [f for f in audit_state_dir(config.state_dir) if f.severity == "error"] == []
+    assert _audit_errors(config) == []
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_sigkill_inside_the_revocation_recovers_without_a_second_commit(point, tmp_path):
     config = _state(tmp_path)
-    zoo = Zoo(config)
-    zoo.start()
-    try:
+    with _running(config) as zoo:
         accept_axpy(zoo, AXPY_ID, "slow", 9.0)
         best = accept_axpy(zoo, AXPY_ID, "best", 5.0)
         head = zoo.git.head()
-    finally:
-        zoo.stop()
     env = dict(os.environ, KZ_CRASH_AT=point, PYTHONPATH=str(ROOT))
     child = _kz("revoke", best.uuid, "--reason", "crash", "--state-dir", str(config.state_dir), env=env)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
 
-    zoo = Zoo(config)  # restart: recovery finishes the revocation
-    zoo.start()
-    try:
+    with _running(config) as zoo:  # restart: recovery finishes the revocation
         sub = zoo.store.state.submissions[best.uuid]
         entry = next(r for r in sub.reasons if r["stage"] == "revoke")
         commits = list(zoo.git.log(stop=head))
@@ -206,22 +206,16 @@ def test_sigkill_inside_the_revocation_recovers_without_a_second_commit(point, t
         assert _best(_card(zoo))[0]["value"] == 9.0
         assert zoo.revoke(best.uuid, "root", "again").status == "revoked"  # idempotent
         assert len(list(zoo.git.log(stop=head))) == 1
-    finally:
-        zoo.stop()
-    assert [f for f in audit_state_dir(config.state_dir) if f.severity == "error"] == []
+    assert _audit_errors(config) == []
 
 
 def test_audit_flags_a_revocation_commit_the_log_does_not_know(tmp_path):
     config = _state(tmp_path)
-    zoo = Zoo(config)
-    zoo.start()
-    try:
+    with _running(config) as zoo:
         best = accept_axpy(zoo, AXPY_ID, "best", 5.0)
         with zoo.git_lock:
             zoo.git.commit_changes({}, format_message("revoke by hand", {
                 "Kz-Submission": best.uuid, "Kz-Step": "revoke", "Revokes": best.uuid}),
                 zoo.config.repo.author, zoo.git.head())
-    finally:
-        zoo.stop()
-    codes = {f.code for f in audit_state_dir(config.state_dir) if f.severity == "error"}
+    codes = {f.code for f in _audit_errors(config)}
     assert "COMMIT_WITHOUT_EVENTS" in codes

@@ -53,6 +53,7 @@ limits:                   # checked on every upload before anything touches the 
   max_ratio: 200                    # unpacked total / compressed size
   min_free_bytes: 536870912         # 512 MiB: uploads are refused (503 STORAGE_FULL) when the state
   min_free_percent: 5.0             # directory's disk has less free than the smaller of these two; 0 = off
+  idempotency_ttl_s: 86400          # 24 h: how long an upload's Idempotency-Key names its submission
 
 queue:
   lease_seconds: 300      # a claim's lease; runners renew it while they work
@@ -148,6 +149,8 @@ class Limits:
     #: disk headroom: uploads are refused below the smaller of these (either 0 turns the guard off)
     min_free_bytes: int = 512 * MIB
     min_free_percent: float = 5.0
+    #: how long a submitter's Idempotency-Key keeps naming the submission it created
+    idempotency_ttl_s: float = 86400.0
 
     @property
     def contract_limits(self) -> TarballLimits:
@@ -462,6 +465,7 @@ def _check_ranges(config: Config, source: str) -> None:
         "http.status_max_wait_s": config.http.status_max_wait_s,
         "http.claim_max_wait_s": config.http.claim_max_wait_s,
         "http.intake_wait_s": config.http.intake_wait_s,
+        "limits.idempotency_ttl_s": config.limits.idempotency_ttl_s,
     }
     for key, value in positive.items():
         if value <= 0:

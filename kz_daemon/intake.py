@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kz_daemon import harness_lock, spool
+from kz_daemon import harness_lock, idempotency, spool
 from kz_daemon.rules import screen
 from kz_daemon.config import Config, Limits
 from kz_daemon.gitstore import GitStore
@@ -326,7 +326,7 @@ class Intake:
             uuid=sub_uuid, kernel_id=outcome.kernel_id, submitter_id=str(meta.get("submitter_id") or "unknown"),
             source="http" if meta.get("source") == "http" else "spool",
             filename=str(meta.get("filename", "")), size=int(meta.get("size", 0)),
-            sha256=str(meta.get("sha256", "0" * 64)))
+            sha256=str(meta.get("sha256", "0" * 64)), idempotency_key=_key_of(meta))
         if outcome.ok:
             validated = ev.SubmissionValidated(uuid=sub_uuid, kernel_id=outcome.kernel_id, arch=outcome.arch,
                                                new_kernel=outcome.new_kernel, warnings=list(outcome.warnings),
@@ -367,3 +367,9 @@ class Intake:
                 count += 1
         spool.remove_orphan_work_meta(self.dirs)
         return count
+
+
+def _key_of(meta: dict) -> str | None:
+    """The sidecar's Idempotency-Key when it is a valid one (a hand-written sidecar may hold anything)."""
+    key = meta.get("idempotency_key")
+    return key if isinstance(key, str) and idempotency.key_error(key) is None else None

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from kz_daemon import harness_lock, review
+from kz_daemon import harness_lock, idempotency, review
 from kz_daemon import accept, confirm, queue, recovery, revoke, spool
 from kz_daemon import gc as retention
 from kz_daemon import retention as rejected_uploads
@@ -64,6 +64,7 @@ class Zoo:
         self.git = GitStore.open_or_init(config.paths.repo, config.repo.branch, config.repo.fsync, clock)
         self.pending = PendingStore(config.paths.pending, config.paths.runs)
         self.intake = Intake(config, self.store, self.git, self.git_lock, lambda: iso_now(clock))
+        self.keys = idempotency.Keys()  # Idempotency-Keys reserved between the decision and intake
         self.indexer = Indexer(self)
         self.mirror = Mirror(self)
         self.stopping = False
@@ -217,6 +218,22 @@ class Zoo:
         sub_uuid = spool.drop(self.spool, fileobj, meta, self.config.limits.max_compressed_bytes)
         self._wake_intake.set()
         return sub_uuid
+
+    def reserve_upload(self, submitter: str, key: str, sha256: str) -> idempotency.Decision:
+        """Decide an upload carrying an Idempotency-Key (``kz_daemon.idempotency``), before its drop.
+
+        Returns the uuid to drop it as (``fresh``) or the submission the key already names
+        (a replay); ZooError CONFLICT when the key named a different package.
+        """
+        with self.lock, self.store.lock:  # zoo.lock: one decision per key at a time
+            state = self.store.state
+            durable = state.idempotency.get(submitter, {}).get(key)
+            return self.keys.decide(durable, state.submissions, submitter, key, sha256, self.clock(),
+                                    self.config.limits.idempotency_ttl_s)
+
+    def release_upload(self, submitter: str, key: str, sub_uuid: str) -> None:
+        """Forget the reservation of an upload whose drop failed."""
+        self.keys.release(submitter, key, sub_uuid)
 
     def wait_intake(self, sub_uuid: str, timeout: float) -> SubmissionView:
         """Wait until the submission is past intake (queued or later, or rejected); its view."""

@@ -42,7 +42,7 @@ CHUNK = 1 << 20
 SETTLE_QUIET_S = 2.0
 #: ... and any inbox file once unmodified this long, even while held open for writing.
 SETTLE_MAX_S = 600.0
-SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at", "filename")
+SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at", "filename", "idempotency_key")
 
 
 @dataclass(frozen=True)

@@ -142,9 +142,12 @@ class SubmissionReceived(Event):
     """A package arrived in the inbox (HTTP upload or a file dropped in the spool).
 
     First event of every submission; status becomes ``received``.
+
+    Version 2 added ``idempotency_key`` (version 1 lines read as ``null``).
     """
 
     TYPE = "submission.received"
+    VERSION = 2
     uuid: str = doc(_UUID)
     kernel_id: str = doc(_KID)
     submitter_id: str = doc("Who submitted it (X-Submitter-Id, sidecar, or 'spool').")
@@ -152,6 +155,10 @@ class SubmissionReceived(Event):
     filename: str = doc("Name of the tarball in the inbox.")
     size: int = doc("Size of the tarball in bytes.", minimum=0)
     sha256: str = doc("sha256 hex of the tarball as received.", pattern="^[0-9a-f]{64}$")
+    # a default, so that callers written before version 2 still build the event
+    idempotency_key: Optional[str] = field(default=None, metadata={"doc": (
+        "The upload's Idempotency-Key header (scoped to submitter_id), or null when it had none."),
+        "schema": {}})
 
 
 @register

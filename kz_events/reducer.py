@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: bump whenever the fold changes meaning or the State layout; older snapshots are ignored.
-REDUCER_VERSION = 1
+REDUCER_VERSION = 2  # 2: State.idempotency
 
 
 class ReducerError(ValueError):
@@ -200,6 +200,17 @@ def _received(state: State, seq: int, ts: str, p: dict) -> None:
         _RECEIVED, [[seq, _RECEIVED, ts]])
     counts = state.status_counts
     counts[_RECEIVED] = counts.get(_RECEIVED, 0) + 1
+    key = p["idempotency_key"]
+    if key is not None:
+        # a later upload reusing a key (after the daemon's time-to-live) takes it over
+        state.idempotency.setdefault(p["submitter_id"], {})[key] = [uuid, p["sha256"], ts]
+
+
+@upcaster("submission.received", 1)
+def _received_v1(payload: dict) -> dict:
+    """Version 1 predates idempotency keys: no upload carried one."""
+    payload["idempotency_key"] = None
+    return payload
 
 
 def _validated(state: State, seq: int, ts: str, p: dict) -> None:
@@ -548,6 +559,9 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
         "daemon": state.daemon,
         "mirrors": copy.deepcopy(state.mirrors),
         "repairs": list(state.repairs),
+        "idempotency": {(p["submitter_id"], p["idempotency_key"]):
+                        list(state.idempotency.get(p["submitter_id"], {}).get(p["idempotency_key"]) or ())
+                        for p in payloads if p.get("idempotency_key") is not None and "submitter_id" in p},
     }
 
 
@@ -568,6 +582,14 @@ def restore(state: State, memo: dict[str, Any]) -> None:
     state.daemon = memo["daemon"]
     state.mirrors = memo["mirrors"]
     state.repairs = memo["repairs"]
+    for (submitter, key), entry in memo["idempotency"].items():
+        keys = state.idempotency.setdefault(submitter, {})
+        if entry:
+            keys[key] = entry
+        else:
+            keys.pop(key, None)
+            if not keys:
+                del state.idempotency[submitter]
 
 
 # --- the fair pick ------------------------------------------------------------------------

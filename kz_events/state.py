@@ -115,6 +115,8 @@ class State:
     daemon: dict = field(default_factory=dict)         # {version, pid, starts, seq}
     mirrors: dict = field(default_factory=dict)        # remote -> {sha, ok, error, seq}
     repairs: list = field(default_factory=list)        # [{seq, dropped_bytes, quarantine_file}]
+    #: submitter_id -> {Idempotency-Key -> [uuid, sha256, received ts]} (keys are per submitter)
+    idempotency: dict = field(default_factory=dict)
 
     def copy(self) -> "State":
         """A deep copy (tests and tools; the store never copies the whole state)."""
@@ -136,6 +138,7 @@ class State:
             "daemon": self.daemon,
             "mirrors": self.mirrors,
             "repairs": self.repairs,
+            "idempotency": self.idempotency,
         }
 
     @classmethod
@@ -158,6 +161,7 @@ class State:
             index_version=version, index_head=head, index_kernels=count,
             status_counts=dict(doc["status_counts"]), daemon=dict(doc["daemon"]),
             mirrors=dict(doc["mirrors"]), repairs=list(doc["repairs"]),
+            idempotency={s: dict(keys) for s, keys in doc["idempotency"].items()},
         )
 
     def summary(self) -> dict[str, Any]:

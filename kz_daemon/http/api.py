@@ -6,6 +6,7 @@ slices so a draining server answers them promptly.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid as uuidlib
@@ -17,7 +18,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from kz_daemon import health
+from kz_daemon import health, idempotency
 from kz_daemon.errors import ZooError
 from kz_daemon.http import authz, limits, views
 from kz_daemon.http.apispec import Op, Param
@@ -111,7 +112,11 @@ def _status_url(request: Request, uuid: str) -> str:
 
 
 async def create_submission(request: Request) -> Response:
-    """POST /api/submissions: stream the multipart upload into the spool, answer after intake."""
+    """POST /api/submissions: stream the multipart upload into the spool, answer after intake.
+
+    With an ``Idempotency-Key`` header a retry answers as the first upload did (same uuid,
+    no second submission); the key with a different package is 409 CONFLICT.
+    """
     state = request.app.state
     settings = state.settings
     cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
@@ -124,6 +129,9 @@ async def create_submission(request: Request) -> Response:
             raise ZooError("BAD_REQUEST",
                            "send multipart/form-data with fields kernel_id, submitter_id and the file package "
                            "(curl -F)", {"content_type": ctype})
+        key = request.headers.get(idempotency.HEADER)
+        if key is not None:
+            idempotency.check_key(key)
     except ZooError:
         await _discard_body(request, cap)
         raise
@@ -161,12 +169,26 @@ async def create_submission(request: Request) -> Response:
             "source": "http",
             "filename": package.filename or "package.tar.gz",
         }
-        if principal is not None and principal.kind in ("submitter", "admin"):
-            # a token-bound upload: intake may treat its submitter as a maintainer (locked harness)
-            meta["uuid"] = str(uuidlib.uuid4())
-            await run_in_threadpool(state.zoo.note_verified, meta["uuid"], principal.kind, principal.id)
-        await package.seek(0)
-        uuid = await run_in_threadpool(state.zoo.drop_upload, package.file, meta)
+        replay = False
+        if key is not None:
+            # decided before the drop: a retry (or a racing twin) gets the first upload's uuid
+            digest = await run_in_threadpool(_sha256_of, package.file)
+            decision = await run_in_threadpool(state.zoo.reserve_upload, submitter, key, digest)
+            meta["uuid"], meta["idempotency_key"], replay = decision.uuid, key, not decision.fresh
+        if replay:
+            uuid = meta["uuid"]
+        else:
+            if principal is not None and principal.kind in ("submitter", "admin"):
+                # a token-bound upload: intake may treat its submitter as a maintainer (locked harness)
+                meta.setdefault("uuid", str(uuidlib.uuid4()))
+                await run_in_threadpool(state.zoo.note_verified, meta["uuid"], principal.kind, principal.id)
+            await package.seek(0)
+            try:
+                uuid = await run_in_threadpool(state.zoo.drop_upload, package.file, meta)
+            except BaseException:
+                if key is not None:
+                    state.zoo.release_upload(submitter, key, meta["uuid"])
+                raise
     finally:
         await form.close()
     view = await run_in_threadpool(state.zoo.wait_intake, uuid, settings.intake_wait_s)
@@ -183,11 +205,22 @@ async def create_submission(request: Request) -> Response:
         raise ZooError("VALIDATION_ERROR", f"the package was rejected at intake: {message or 'see details'}",
                        {"uuid": uuid, "status": Status.REJECTED, "reasons": reasons, "problems": problems,
                         "status_url": _status_url(request, uuid)})
+    if replay:
+        kernel_id = doc.get("kernel_id") or kernel_id  # the first upload's, which the retry repeats
     body = {"uuid": uuid, "status": intake_status(doc), "kernel_id": kernel_id,
             "submitter_id": submitter, "status_url": _status_url(request, uuid)}
     if doc.get("queue_warning"):
         body["queue_warning"] = doc["queue_warning"]
     return JSONResponse(body, status_code=202, headers={"Location": body["status_url"]})
+
+
+def _sha256_of(fileobj) -> str:
+    """sha256 hex of an uploaded file, read from its start (the drop seeks back before streaming it)."""
+    fileobj.seek(0)
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: fileobj.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def intake_status(doc: dict[str, Any]) -> str:
@@ -416,7 +449,7 @@ OPS: list[Op] = [
        "Submit a package (multipart: kernel_id, submitter_id, package)", "submissions",
        auth="submitter", request="multipart",
        responses={202: "api_submission_created", 400: "api_error", 401: "api_error", 403: "api_error",
-                  413: "api_error", 429: "api_error", 503: "api_error"}),
+                  409: "api_error", 413: "api_error", 429: "api_error", 503: "api_error"}),
     Op("GET", "/api/submissions/{uuid}/status", submission_status, "getSubmissionStatus",
        "Submission status (long poll with ?wait=S)", "submissions",
        params=(Param("wait", {"type": "number", "minimum": 0, "maximum": 60},

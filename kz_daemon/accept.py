@@ -11,7 +11,9 @@ submission uuid; each step first looks at what already happened (the fold of the
 log, then the commit trailers in git) and does only what is missing:
 
 1. commit 1 (source): the kernel folder is replaced wholesale by the submission's
-   files, keeping ``.kernel_package/bench_result.yaml`` as it was; trailers
+   files, keeping ``.kernel_package/bench_result.yaml`` as it was, and, unless the
+   submission is a maintainer's harness change, HEAD's locked harness files (desc.yaml,
+   build_test_env.py, benchmark.py: the ones the runner ran); trailers
    ``Kz-Submission/Kz-Submitter/Kz-Runner/Kz-Step: source`` → ``accept.source_committed``
 2. commit 2 (scorecard): only bench_result.yaml, rewritten by ``scorecard`` and
    stamped with SHA_src; subject ``bench_result update (source <SHA_src[:7]>)``
@@ -46,7 +48,7 @@ from kz_daemon.readmodel import SubmissionView, view_of
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_runner.contract.checks import check_result
-from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, KP
+from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.tarball import scan_tarball
 
 CRASH_POINTS = (
@@ -211,6 +213,24 @@ def submission_files(zoo: Daemon, sub_uuid: str, kernel_id: str) -> dict[str, tu
     return files
 
 
+def locked_harness(zoo: Daemon, kernel_id: str, head: str | None) -> dict[str, tuple[bytes, int]]:
+    """{name: (bytes, git mode)} of the kernel's harness files at ``head`` (empty for a new kernel).
+
+    Commit 1 of a submission that is not a maintainer's harness change keeps these, so a
+    harness change that landed while the job waited is not undone. A pure function of
+    ``head`` (commit 1's parent): a retried saga computes the same tree.
+    """
+    if head is None:
+        return {}
+    folder = f"{kernel_id}/{KP}"
+    out = {}
+    for path, mode, _blob in zoo.git.walk_files(folder, head):
+        name = path[len(folder) + 1:]
+        if name in HARNESS_FILES:
+            out[name] = (zoo.git.read_file(path, head), mode)
+    return out
+
+
 def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
     """The desc.yaml reference_sources absent from ``files`` (None when desc.yaml is unreadable)."""
     raw = files.get(f"{KP}/{DESC}")
@@ -314,7 +334,11 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
         sha_src = sub.sha_src or steps.get("source")
         if sha_src is None:
             crash_point("before_source_commit")
+            head = zoo.git.head()
             files = submission_files(zoo, sub_uuid, kid)
+            if not sub.harness_change:  # the locked harness: HEAD's, as the runner ran it
+                files.update({f"{KP}/{name}": content
+                              for name, content in locked_harness(zoo, kid, head).items()})
             missing = missing_reference_sources(files)
             if missing:
                 zoo.store.emit(ev.SubmissionRejected(
@@ -322,7 +346,6 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
                     message=f"desc.yaml reference_sources not in the package: {', '.join(missing)}",
                     details={"missing": missing}))
                 return
-            head = zoo.git.head()
             changes: dict[str, Any] = {kid: None}
             for rel, content in files.items():
                 changes[f"{kid}/{rel}"] = content

@@ -5,9 +5,10 @@ import io
 import tarfile
 
 import pytest
+import yaml
 
-from kz_daemon.harness_lock import is_maintainer
-from tests.helpers.daemon import wait_for
+from kz_daemon.harness_lock import SHORT_SHA, blob_sha, is_maintainer
+from tests.helpers.daemon import axpy_result, wait_for
 from tests.helpers.http_server import CPU_AXPY, EXAMPLES, LiveServer, package_tarball
 
 BENCH = ".kernel_package/benchmark.py"
@@ -92,6 +93,31 @@ def test_the_runner_runs_heads_harness_even_when_it_changed_after_intake(server)
         got = tf.extractfile(f"{CPU_AXPY}/{BENCH}").read()
     assert got == new_bench
     zoo.release(sub_uuid, "r1", claim.lease_id)
+
+
+def test_accepting_an_ordinary_submission_keeps_the_harness_a_maintainer_landed_meanwhile(server):
+    zoo = server.zoo
+    kp = f"{CPU_AXPY}/.kernel_package"
+    current = {f".kernel_package/{n}": zoo.git.read_file(f"{kp}/{n}")  # HEAD's harness (earlier tests move it)
+               for n in ("desc.yaml", "build_test_env.py", "benchmark.py")}
+    r = submit(server, None, "erin", lambda files: files.update(current))
+    assert r.status_code == 202, r.text
+    sub_uuid = r.json()["uuid"]
+    with zoo.git_lock:
+        desc = zoo.git.read_file(f"{kp}/desc.yaml")
+        newer = zoo.git.read_file(f"{CPU_AXPY}/{BENCH}") + b"\n# the maintainers' harness, landed while erin waited\n"
+        zoo.git.commit_changes({f"{CPU_AXPY}/{BENCH}": newer}, "maintainers: harness",
+                               "kernel_zoo <kz@localhost>", zoo.git.head())
+    claim = wait_for(lambda: _claim_until(zoo, sub_uuid))
+    view = zoo.report_result(sub_uuid, "r1", claim.lease_id, axpy_result(CPU_AXPY), b"", {}, None)
+    assert view.status == "accepted", view.reasons
+    sha_src = zoo.store.state.submissions[sub_uuid].sha_src
+    assert zoo.git.read_file(f"{CPU_AXPY}/{BENCH}", sha_src) == newer  # commit 1 did not put the old one back
+    assert zoo.git.read_file(f"{CPU_AXPY}/{BENCH}") == newer
+    assert zoo.git.read_file(f"{kp}/desc.yaml", sha_src) == desc
+    card = yaml.safe_load(zoo.git.read_file(f"{kp}/bench_result.yaml"))
+    harnesses = {rec["harness"] for case in card["cases"] for rec in case["metrics_current"].values()}
+    assert harnesses == {blob_sha(newer)[:SHORT_SHA]}
 
 
 def _claim_until(zoo, sub_uuid):

@@ -261,6 +261,27 @@ def test_saga_left_pending_is_not_reported_as_finished(config, monkeypatch):
         assert report.sagas_pending == [sub_uuid] and report.sagas_rolled_back == []
 
 
+@pytest.mark.parametrize("point", ["before_source_ref", "after_source_commit"])
+def test_saga_retried_after_a_harness_change_keeps_heads_harness(point, config, monkeypatch):
+    # an ordinary submission accepted after a maintainer's harness commit: the retried commit 1
+    # (recomputed, or found by its trailer) keeps HEAD's benchmark.py, and is made once
+    bench = f"{AXPY_ID}/.kernel_package/benchmark.py"
+    with running(config) as zoo, monkeypatch.context() as m:
+        sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
+        newer = zoo.git.read_file(bench) + b"\n# the maintainers' newer harness\n"
+        with zoo.git_lock:
+            base = zoo.git.commit_changes({bench: newer}, "maintainers: harness", "kernel_zoo <kz@localhost>",
+                                          zoo.git.head())
+        claim = zoo.claim("r", "cpu", 5)
+        halting_at(m, accept, "crash_point", point)
+        with pytest.raises(Halt):
+            zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
+    with recovering(config) as (zoo, report, _seq):
+        assert report.sagas_finished == [sub_uuid]
+        assert_accepted_once(zoo, sub_uuid, base)
+        assert zoo.git.read_file(bench) == newer
+
+
 def report_without_verdict(config, result: dict) -> tuple[str, str]:
     """Queue and claim an Axpy job, then log its result.reported alone (a torn append). (uuid, base)."""
     with running(config) as zoo:

@@ -9,7 +9,8 @@ restart keeps them; entries older than ``limits.idempotency_ttl_s`` are ignored.
 Between the decision and intake's ``submission.received`` the key lives only here, as a
 reservation made under ``zoo.lock`` before the upload is dropped into the spool: a
 concurrent upload with the same key finds it and gets the same uuid instead of a second
-submission.
+submission. The sidecar carries the key and the package's sha256, so a daemon restarted
+before intake recorded the upload reserves the key again (``Keys.seed``).
 """
 from __future__ import annotations
 
@@ -96,6 +97,17 @@ class Keys:
             sub_uuid = str(uuidlib.uuid4())
             self._reserved[(submitter, key)] = (sub_uuid, sha256, now)
             return Decision(sub_uuid, True)
+
+    def seed(self, sidecars: list[dict], now: float) -> int:
+        """Reserve the keys of uploads dropped before a restart that intake has not recorded yet."""
+        with self._lock:
+            count = 0
+            for meta in sidecars:
+                key, submitter = meta["idempotency_key"], meta.get("submitter_id")
+                if isinstance(submitter, str) and key_error(key) is None:
+                    self._reserved.setdefault((submitter, key), (meta["uuid"], meta["idempotency_sha256"], now))
+                    count += 1
+            return count
 
     def release(self, submitter: str, key: str, sub_uuid: str) -> None:
         """Forget a reservation whose upload never reached the inbox (a retry may try again)."""

@@ -65,6 +65,8 @@ class Zoo:
         self.pending = PendingStore(config.paths.pending, config.paths.runs)
         self.intake = Intake(config, self.store, self.git, self.git_lock, lambda: iso_now(clock))
         self.keys = idempotency.Keys()  # Idempotency-Keys reserved between the decision and intake
+        # uploads dropped before a restart keep their keys until intake records them
+        self.keys.seed(spool.keyed_sidecars(self.spool), clock())
         self.indexer = Indexer(self)
         self.mirror = Mirror(self)
         self.stopping = False

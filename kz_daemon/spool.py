@@ -42,7 +42,8 @@ CHUNK = 1 << 20
 SETTLE_QUIET_S = 2.0
 #: ... and any inbox file once unmodified this long, even while held open for writing.
 SETTLE_MAX_S = 600.0
-SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at", "filename", "idempotency_key")
+SIDECAR_KEYS = ("uuid", "submitter_id", "kernel_id", "source", "received_at", "filename", "idempotency_key",
+                "idempotency_sha256")
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,18 @@ def remove_orphan_work_meta(dirs: SpoolDirs) -> int:
                 (dirs.work / name).unlink(missing_ok=True)
                 count += 1
     return count
+
+
+def keyed_sidecars(dirs: SpoolDirs) -> list[dict[str, Any]]:
+    """The sidecars in the inbox and work/ that carry an Idempotency-Key: uploads intake has not recorded."""
+    out = []
+    for folder in (dirs.inbox, dirs.work):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(SIDECAR_SUFFIX) and not name.startswith("."):
+                meta, _error = read_sidecar(folder / name)
+                if meta.get("idempotency_key") and meta.get("uuid") and meta.get("idempotency_sha256"):
+                    out.append(meta)
+    return out
 
 
 class InboxWatcher:

@@ -5,6 +5,7 @@ folded by the reducer, so a restart keeps it.
 """
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import threading
@@ -244,3 +245,28 @@ def test_a_reservation_holds_the_key_until_intake_records_it_and_release_frees_i
     keys.release("bob", "k", first.uuid)
     retry = keys.decide(None, {}, "bob", "k", "a" * 64, 12.0, ttl_s=3600)
     assert retry.fresh and retry.uuid != first.uuid
+
+
+def test_an_upload_dropped_before_a_restart_keeps_its_key_until_intake_records_it(tmp_path):
+    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.service import Zoo
+    from tests.helpers.http_server import seed_dir
+
+    config = init_state_dir(tmp_path / "state", seed_from=seed_dir(tmp_path, [CPU_AXPY]))
+    zoo = Zoo(config)  # a first life: the upload reaches the inbox, then the daemon stops
+    try:
+        decision = zoo.reserve_upload("mia", "crash-1", "c" * 64)
+        zoo.drop_upload(io.BytesIO(AXPY_PKG), {"submitter_id": "mia", "kernel_id": CPU_AXPY,
+                                               "uuid": decision.uuid, "idempotency_key": "crash-1",
+                                               "idempotency_sha256": "c" * 64})
+    finally:
+        zoo.stop(5)
+    zoo = Zoo(config)  # the next life, before its intake thread ran
+    try:
+        again = zoo.reserve_upload("mia", "crash-1", "c" * 64)
+        assert (again.uuid, again.fresh) == (decision.uuid, False)
+        with pytest.raises(ZooError) as exc:
+            zoo.reserve_upload("mia", "crash-1", "d" * 64)
+        assert exc.value.details["uuid"] == decision.uuid
+    finally:
+        zoo.stop(5)

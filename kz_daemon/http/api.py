@@ -175,6 +175,7 @@ async def create_submission(request: Request) -> Response:
             digest = await run_in_threadpool(_sha256_of, package.file)
             decision = await run_in_threadpool(state.zoo.reserve_upload, submitter, key, digest)
             meta["uuid"], meta["idempotency_key"], replay = decision.uuid, key, not decision.fresh
+            meta["idempotency_sha256"] = digest  # a restart before intake reserves the key again from it
         if replay:
             uuid = meta["uuid"]
         else:

@@ -78,6 +78,10 @@ def test_auth_becomes_security_requirements():
             assert security == [{"adminToken": []}], op.operation_id
     # revoking needs an admin token; the spec must not present it as open
     assert by_id["revokeSubmission"]["security"] == [{"adminToken": []}]
+    for review in ("listReviews", "approveReview", "rejectReview"):  # admin-only handlers
+        assert by_id[review]["security"] == [{"adminToken": []}], review
+    upload = by_id["createSubmission"]
+    assert "Idempotency-Key" in [p["name"] for p in upload["parameters"] if p["in"] == "header"]
     assert doc["components"]["securitySchemes"]["adminToken"] == {
         "type": "http", "scheme": "bearer", "description": "an admin token"}
 

@@ -109,6 +109,8 @@ def test_idempotency_key_can_be_given(fake, tarball, capsys):
     assert [u["idempotency-key"] for u in fake.uploads] == ["ci-run-42"]
     code, _out, err = _submit(capsys, str(tarball), "--server", fake.url, "--idempotency-key", "two words")
     assert code == 2 and "idempotency key" in err and len(fake.uploads) == 1
+    code, _out, err = _submit(capsys, str(tarball), "--server", fake.url, "--idempotency-key", "k" * 129)
+    assert code == 2 and "1-128" in err and len(fake.uploads) == 1  # the server's limit, said locally
 
 
 # --- what a failure prints ------------------------------------------------------------------

@@ -65,6 +65,11 @@ def build(ops: Iterable[Op], version: str) -> dict[str, Any]:
             parameters.append({"name": "X-Submitter-Id", "in": "header", "required": False,
                                "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@+-]{1,64}$"},
                                "description": "who submits; must agree with the form field and the token"})
+        if op.request == "multipart":  # the upload: a retry with the same key returns the first submission
+            parameters.append({"name": "Idempotency-Key", "in": "header", "required": False,
+                               "schema": {"type": "string", "pattern": "^[ -~]{1,128}$"},
+                               "description": "makes a retried upload return the original submission "
+                                              "(per submitter, remembered for limits.idempotency_ttl_s)"})
         if parameters:
             operation["parameters"] = parameters
         if op.request == "multipart":

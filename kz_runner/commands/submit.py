@@ -18,7 +18,7 @@ NAME = "submit"
 HELP = "submit a package (directory or .tar.gz) to a kernel_zoo server and follow its status"
 DEFAULT_SERVER = "http://127.0.0.1:8470"
 # what an HTTP header value may hold: printable ASCII, no spaces
-IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")  # the server takes at most 128 (kz_daemon/idempotency.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                             "pass --submitter", "USAGE")
     key = args.idempotency_key or sub.new_idempotency_key()
     if not IDEMPOTENCY_KEY_RE.match(key):
-        return _error(args, f"{key!r} is not a usable idempotency key (1-255 printable ASCII characters, "
+        return _error(args, f"{key!r} is not a usable idempotency key (1-128 printable ASCII characters, "
                             "no spaces)", "USAGE")
     try:
         prepared = sub.prepare(args.path, args.kernel_id)

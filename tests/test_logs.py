@@ -16,6 +16,7 @@ import pytest
 
 from kz_daemon.errors import ZooError
 from kz_daemon.logs import MAX_TAIL_CHARS, TAILS_FILE, clean_tails, load_tails, store_tails
+from tests.helpers.browser import browser
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 from tests.test_runner_loop import finish, start_runner
 
@@ -87,6 +88,11 @@ def test_a_failing_build_shows_its_traceback_everywhere(live, tmp_path):
         assert MARKER in logs["build"] and logs["failure"]["code"] == "BUILD_FAILED" and logs["pruned"] is False
         page = c.get(f"/submissions/{uuid}").text
         assert MARKER in page
+    with browser(javascript=False) as ctx:  # what a person sees: the traceback's last lines, rendered
+        tab = ctx.new_page()
+        tab.goto(f"{live.url}/submissions/{uuid}")
+        shown = tab.locator("body").inner_text()
+        assert MARKER in shown and "Traceback" in shown and "BUILD_FAILED" in shown
     stored = json.loads((live.state_dir / "runs" / uuid / TAILS_FILE).read_text())
     assert MARKER in stored["build"]
 

@@ -101,6 +101,27 @@ def test_submission_errors(live, anon):
     api_error(live.submit(anon, CPU_AXPY, data, submitter="a b"), 400, "VALIDATION_ERROR")
 
 
+def test_a_bad_form_kernel_id_answers_with_the_code_intake_gives_it(live, anon):
+    parent = CPU_AXPY.rsplit("/", 1)[0]
+    cases = [
+        (f"{CPU_AXPY} x", {"KERNEL_ID_INVALID"}),
+        (CPU_AXPY + "\n", {"KERNEL_ID_INVALID"}),
+        (f"{parent}/{'k' * 101}", {"KERNEL_ID_INVALID"}),
+        (f"{parent}/{'k' * 256}", {"KERNEL_ID_INVALID"}),
+        ("/".join(["k" * 90] * 3), {"KERNEL_ID_INVALID"}),
+        (f"{parent}/.git.", {"GIT_PATH_REFUSED"}),
+        (f"{parent}/.GIT/x y", {"GIT_PATH_REFUSED", "KERNEL_ID_INVALID"}),
+    ]
+    data = package_tarball(CPU_AXPY)
+    for kernel_id, codes in cases:
+        err = api_error(live.submit(anon, kernel_id, data), 400, "VALIDATION_ERROR")
+        problems = err["details"]["problems"]
+        assert {p["code"] for p in problems} == codes, (kernel_id, problems)
+        assert all(p["field"] == "kernel_id" and p["message"] and p["hint"] for p in problems), problems
+        assert err["details"]["field"] == "kernel_id" and "uuid" not in err["details"]  # refused before intake
+        assert "is invalid" in err["message"] and problems[0]["hint"] in err["message"], err["message"]
+
+
 def test_intake_rejects_a_tarball_with_the_scorecard(live, anon):
     data = package_tarball(CPU_AXPY, include_bench_result=True)
     err = api_error(live.submit(anon, CPU_AXPY, data), 400, "VALIDATION_ERROR")

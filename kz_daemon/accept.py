@@ -29,6 +29,7 @@ crash tests' fault injection); see ``CRASH_POINTS``.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -47,6 +48,7 @@ from kz_daemon.queue import check_lease
 from kz_daemon.readmodel import SubmissionView, view_of
 from kz_events import events as ev
 from kz_events.status import Status
+from kz_events.store import StorageError
 from kz_runner.contract.checks import check_result
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.tarball import scan_tarball
@@ -56,6 +58,8 @@ CRASH_POINTS = (
     "after_source_event", "before_scorecard_ref", "after_scorecard_commit", "after_scorecard_event",
     "after_index", "after_completed",
 )
+#: errnos of a full disk or quota: the saga waits for space rather than failing
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: statuses a submission can have because of the result reported under its last lease
 REPORTED_STATUSES = (Status.ACCEPTING, Status.ACCEPTED, Status.REJECTED, Status.FAILED)
 
@@ -281,8 +285,9 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
                 metas: list[dict] | None = None) -> str:
     """Drive an ``accepting`` saga to its end: 'finished', 'rolled_back' (nothing of it in git), or 'pending'.
 
-    'pending' means part of it reached git but the rest failed: it stays ``accepting``
-    and is retried (by the lease reaper, and at the next start-up). ``run`` and ``metas``
+    'pending' means part of it reached git but the rest failed, or a full disk
+    (:func:`storage_trouble`) stopped it: it stays ``accepting`` and is retried (by the
+    lease reaper, and at the next start-up), stale git locks removed first. ``run`` and ``metas``
     are what the caller already holds (a report); without them the saga reads them from
     the pending store.
     """
@@ -293,14 +298,17 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
             stalls.finished(sub_uuid)
         return "finished"
     except Exception as exc:
+        transient = storage_trouble(exc)
         with zoo.git_lock:
             current = zoo.store.state.submissions[sub_uuid]
             if current.status != Status.ACCEPTING:
                 if stalls is not None:
                     stalls.finished(sub_uuid)
                 return "finished"
+            if transient:  # a failed dulwich write may leave its .lock; it would refuse the retry
+                zoo.git.clear_stale_locks()
             in_git = zoo.git.find_commits("Kz-Submission", sub_uuid, since=current.base_head)
-            if not in_git and current.sha_src is None:
+            if not transient and not in_git and current.sha_src is None:
                 zoo.store.emit(ev.AcceptRolledBack(
                     uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
                 return "rolled_back"
@@ -310,6 +318,25 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
         else:
             zoo.log(message)
         return "pending"
+
+
+def storage_trouble(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a storage failure that freeing space cures.
+
+    A full disk or quota (ENOSPC, EDQUOT) under the repo's git writes, or the event
+    store's ``StorageError``: the saga stays ``accepting`` and is retried; only a
+    permanent error (the package gone, a conflict) rolls it back.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StorageError):
+            return True
+        if isinstance(current, OSError) and current.errno in FULL_ERRNOS:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: list[dict] | None = None) -> None:

@@ -9,11 +9,16 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 
 import pytest
 
+from kz_daemon.runtime import init_state_dir
+from kz_daemon.service import Zoo
 from kz_events import events as ev
+from kz_events.status import Status
 from kz_events.store import StorageError
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, drop_queued_axpy
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 
 
@@ -105,3 +110,123 @@ def test_headroom_guard_refuses_uploads_before_the_disk_is_full(tmp_path):
     finally:
         server.stop()
 
+
+
+def fill_disk(path):
+    """Write ``path`` until its file system refuses with ENOSPC."""
+    with open(path, "wb") as out:
+        try:
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def poll(check, timeout=60.0):
+    """``check()``'s first truthy value within ``timeout`` seconds (None when it never came)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    return None
+
+
+def test_upload_acknowledged_while_the_log_is_full_appears_once_it_has_space(small_disk):
+    # only the event log lives on the small disk: the spool takes the upload, the append fails
+    server = LiveServer.start(small_disk.parent, kernels=[CPU_AXPY], settings={"intake_wait_s": 1.0},
+                              config_yaml=f"paths:\n  events: {small_disk / 'events'}\n"
+                                          "limits:\n  min_free_bytes: 0\n  min_free_percent: 0\n")
+    try:
+        filler = small_disk / "filler"
+        fill(filler, server.zoo.store)
+        with server.client() as http:
+            upload = server.submit(http, CPU_AXPY, package_tarball(CPU_AXPY))
+            assert upload.status_code == 202, upload.text
+            assert upload.json()["status"] == "received"
+            sub_uuid = upload.json()["uuid"]
+            assert sub_uuid not in server.zoo.store.state.submissions
+            status = http.get(f"/api/submissions/{sub_uuid}/status")
+            assert status.status_code == 200, status.text  # the spool has it: not a 404
+            assert status.json()["status"] == "received"
+
+            os.unlink(filler)  # no restart: the running daemon's rescans record it
+            queued = poll(lambda: (http.get(f"/api/submissions/{sub_uuid}/status").json()["status"]
+                                   == "queued"))
+            assert queued, http.get(f"/api/submissions/{sub_uuid}/status").text
+        sub = server.zoo.store.state.submissions[sub_uuid]
+        assert sub.status == Status.QUEUED and sub.kernel_id == CPU_AXPY
+        work = server.state_dir / "spool" / "work"
+        assert poll(lambda: not any(work.iterdir()), 10), list(work.iterdir())
+    finally:
+        server.stop()
+
+
+def repo_on_small_disk(tmp_path, small_disk, reaper_s: float):
+    """A state dir whose repo lives on the small disk; the reaper retries stalled sagas every ``reaper_s``."""
+    state = tmp_path / "kz"
+    state.mkdir()
+    (state / "kz.yaml").write_text(f"paths:\n  repo: {small_disk / 'repo'}\n"
+                                   f"queue:\n  reaper_interval_s: {reaper_s}\n")
+    return init_state_dir(state, seed_from=EXAMPLES)
+
+
+def test_accept_on_a_full_repo_disk_waits_and_completes_once_it_has_space(tmp_path, small_disk):
+    config = repo_on_small_disk(tmp_path, small_disk, 0.2)
+    zoo = Zoo(config)
+    zoo.start()
+    try:
+        base = zoo.git.head()
+        sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
+        claim = zoo.claim("r", "cpu", 5)
+        filler = small_disk / "filler"
+        fill_disk(filler)
+        view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
+        assert view.status == Status.ACCEPTING, view.reasons  # not failed: it waits for space
+        time.sleep(0.5)  # the reaper retries (and fails) meanwhile
+        assert zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTING
+
+        os.unlink(filler)
+        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \
+            zoo.store.state.submissions[sub_uuid].status
+        commits = list(zoo.git.log(stop=base))
+        assert [c.trailers.get("Kz-Step") for c in commits] == ["scorecard", "source"]
+        assert zoo.git.head() == zoo.store.state.submissions[sub_uuid].sha_br
+        assert not [p for p in (small_disk / "repo" / ".git").rglob("*.lock")]
+    finally:
+        zoo.stop()
+
+
+def test_a_lock_left_by_a_failed_git_write_is_removed_before_the_retry(tmp_path, monkeypatch):
+    state = tmp_path / "kz"
+    state.mkdir()
+    (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 0.2\n")
+    config = init_state_dir(state, seed_from=EXAMPLES)
+    zoo = Zoo(config)
+    zoo.start()
+    try:
+        base = zoo.git.head()
+        sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
+        claim = zoo.claim("r", "cpu", 5)
+        real_commit = zoo.git.commit_changes
+        lock = zoo.git.git_dir / "refs" / "heads" / "main.lock"
+        calls = []
+
+        def full_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:  # the write dies of ENOSPC and its lock file stays behind
+                lock.write_bytes(b"")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_commit(*args, **kwargs)
+
+        monkeypatch.setattr(zoo.git, "commit_changes", full_once)
+        view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
+        assert view.status in (Status.ACCEPTING, Status.ACCEPTED), view.reasons
+        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \
+            zoo.store.state.submissions[sub_uuid].status
+        assert len(list(zoo.git.log(stop=base))) == 2
+        assert not lock.exists()
+    finally:
+        zoo.stop()

@@ -12,8 +12,12 @@ For each file that got its uuid (``spool.claim``), :class:`Intake` decides once:
    ``submission.rejected`` (the files of one scan in batches: one durable append each).
 
 A crash between 2 and 3 leaves an outcome folder whose uuid the log lacks:
-:meth:`Intake.recover` emits its events from the JSON at start-up. Nothing is
-ever decided twice and no file is lost.
+:meth:`Intake.recover` emits its events from the JSON at start-up. A failed append
+while the daemon runs (the log's disk full: ``StorageError``) leaves the same
+folders; the next scans emit them the same way (:meth:`Intake.record_outcomes`),
+retrying with backoff until the log takes writes again, and the status endpoint
+answers ``received`` for them meanwhile (:meth:`Intake.knows`). Nothing is ever
+decided twice and no file is lost.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from kz_daemon.spool import Claimed, SpoolDirs
 from kz_events import durable
 from kz_events import events as ev
 from kz_events.reducer import ReducerError
-from kz_events.store import Store, StoreBroken, StoreClosed
+from kz_events.store import StorageError, Store, StoreBroken, StoreClosed
 from kz_runner.bench.manifest import sha256_file
 from kz_runner.contract.layout import BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.pysource import read_metas
@@ -48,6 +52,8 @@ from kz_runner.contract.yamlio import load_yaml
 
 EMIT_BATCH = 16  # files whose events are appended together
 REASON_FILE = "reason.json"
+RETRY_MIN_S = 0.5   # first wait after a scan failed on storage ...
+RETRY_MAX_S = 10.0  # ... doubled per failure up to this
 
 
 @dataclass
@@ -189,16 +195,37 @@ class Intake:
         self._skipped: set[tuple[str, str]] = set()  # inbox entries already logged as spool.skipped
         self._skip_lock = threading.Lock()
         self.unsettled = 0  # inbox files the last scan left for a writer to finish
+        self._owed = False  # outcome folders whose events an append failed to write
+        self._owed_lock = threading.Lock()
+        self._backoff = 0.0
+        self._retry_at = 0.0  # time.monotonic() before which a scan after a storage failure waits
 
     # -- the scan --------------------------------------------------------------
     def scan_once(self) -> int:
         """Claim and decide every file in work/ and the inbox; returns how many were decided.
 
         Decisions are written file by file; their events are appended in batches of
-        up to EMIT_BATCH files (one durable append instead of one per file).
+        up to EMIT_BATCH files (one durable append instead of one per file). After a
+        scan failed on storage (a full disk) the next one waits out a backoff (0 is
+        returned meanwhile), then first emits the outcomes whose append failed.
         """
+        if time.monotonic() < self._retry_at:
+            return 0
+        try:
+            count = self._scan()
+        except OSError:  # StorageError included: the disk is full or failing
+            self._backoff = min(RETRY_MAX_S, max(RETRY_MIN_S, self._backoff * 2))
+            self._retry_at = time.monotonic() + self._backoff
+            raise
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        return count
+
+    def _scan(self) -> int:
         count = 0
         try:
+            if self._owed:
+                count += self.record_outcomes(live=True)
             for claimed in spool.claimed_files(self.dirs):
                 self.process_guarded(claimed)
                 count += 1
@@ -242,10 +269,16 @@ class Intake:
             return
         try:
             self.store.emit(*[e for events, _c in batch for e in events])
+        except StorageError:  # not written: their outcome folders are emitted by a later scan
+            self._owed = True
+            raise
         except ReducerError:  # one bad apple: append them one by one (the rest still go in)
             for events, _claimed in batch:
                 try:
                     self.store.emit(*events)
+                except StorageError:
+                    self._owed = True
+                    raise
                 except ReducerError as exc:
                     print(f"kz daemon: intake events refused: {exc}", file=sys.stderr)
         for _events, claimed in batch:
@@ -347,24 +380,56 @@ class Intake:
         if claimed.tarball.exists() and claimed.uuid in self.store.state.submissions:
             claimed.tarball.unlink()
 
+    def knows(self, sub_uuid: str) -> bool:
+        """Whether the spool holds ``sub_uuid`` (in the inbox, claimed, or decided) though the log may not yet.
+
+        A few stats, no listing: the status endpoint asks it for a uuid the log lacks.
+        """
+        if not spool.is_uuid(sub_uuid):
+            return False
+        candidates = (self.dirs.inbox / f"{sub_uuid}{spool.SIDECAR_SUFFIX}",
+                      self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}",
+                      self.dirs.work / f"{sub_uuid}{spool.SIDECAR_SUFFIX}",
+                      self.pending_dir / sub_uuid / SUBMISSION_FILE,
+                      self.dirs.rejected / sub_uuid / REASON_FILE)
+        return any(path.exists() for path in candidates)
+
+    def record_outcomes(self, live: bool = False) -> int:
+        """Emit the events of outcome folders the log lacks; returns how many.
+
+        At start-up they come from a crash between the outcome write and the append;
+        while running (``live``), from an append that failed (a full disk), and then
+        each one's leftover ``work/`` sidecar goes once its events are written.
+        """
+        with self._owed_lock:  # the intake thread and a direct scan must not emit one twice
+            self._owed = True  # until the whole pass went through
+            known = self.store.state.submissions
+            count = 0
+            for base, name in ((self.pending_dir, SUBMISSION_FILE), (self.dirs.rejected, REASON_FILE)):
+                if not base.exists():
+                    continue
+                for sub_uuid in sorted(os.listdir(base)):
+                    if sub_uuid in known or not spool.is_uuid(sub_uuid):
+                        continue
+                    doc_path = base / sub_uuid / name
+                    if not doc_path.exists() or (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
+                        continue  # no decision yet, or the work/ scan redoes it
+                    doc = json.loads(doc_path.read_text())
+                    try:
+                        self._emit(sub_uuid, doc["received"], Outcome(**doc["outcome"]))
+                    except ReducerError as exc:
+                        print(f"kz daemon: intake events of {sub_uuid} refused: {exc}", file=sys.stderr)
+                        continue
+                    count += 1
+                    if live:
+                        self._cleanup(Claimed(sub_uuid, self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}", {}))
+            self._owed = False
+        return count
+
     # -- start-up --------------------------------------------------------------
     def recover(self) -> int:
         """Emit the events of outcome folders the log lacks (a crash after the write); returns how many."""
-        known = self.store.state.submissions
-        count = 0
-        for base, name in ((self.pending_dir, SUBMISSION_FILE), (self.dirs.rejected, REASON_FILE)):
-            if not base.exists():
-                continue
-            for sub_uuid in sorted(os.listdir(base)):
-                if sub_uuid in known or not spool.is_uuid(sub_uuid):
-                    continue
-                doc_path = base / sub_uuid / name
-                if not doc_path.exists() or (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
-                    continue  # no decision yet, or the work/ scan redoes it
-                doc = json.loads(doc_path.read_text())
-                outcome = Outcome(**doc["outcome"])
-                self._emit(sub_uuid, doc["received"], outcome)
-                count += 1
+        count = self.record_outcomes()
         spool.remove_orphan_work_meta(self.dirs)
         return count
 

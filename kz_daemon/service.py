@@ -260,6 +260,9 @@ class Zoo:
             state = self.store.state
             sub = state.submissions.get(sub_uuid)
             view = view_of(sub, state.seq) if sub is not None else None
+            seq = state.seq
+        if view is None and self.intake.knows(sub_uuid):  # in the spool, its events not written yet
+            return not_yet_seen(sub_uuid, seq)
         if view is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
         return view

@@ -232,7 +232,7 @@ def status_wake(daemon: Daemon, clients: int) -> list[float]:
 
     from tests.helpers.http_server import package_tarball
 
-    kid = "cpu/Op0/Sub0/fp32/k00000"
+    kid = "cpu/Wake/Sub0/fp32/k00000"  # a kernel of its own: the seeded ones' harness files are locked
     with httpx.Client(base_url=daemon.url, timeout=60) as client:
         uuid = submit(client, kid, package_tarball(kid, AXPY))
     answered: list[float] = []
@@ -304,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"submit-to-claim ms: {[round(x, 1) for x in stc]}")
             wake = status_wake(daemon, 50)
             with httpx.Client(base_url=daemon.url, timeout=60) as client:
-                uuid = submit(client, "cpu/Op1/Sub1/fp32/k00001", __import__(
+                uuid = submit(client, "cpu/Status/Sub1/fp32/k00001", __import__(
                     "tests.helpers.http_server", fromlist=["package_tarball"]).package_tarball(
-                        "cpu/Op1/Sub1/fp32/k00001", AXPY))
+                        "cpu/Status/Sub1/fp32/k00001", AXPY))
             status = load(f"{daemon.url}/api/submissions/{uuid}/status", 50, args.duration)
             log(f"GET status (50 connections): {status}")
         finally:

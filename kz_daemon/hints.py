@@ -64,7 +64,9 @@ DAEMON_HINTS: dict[str, str] = {
     "INTAKE_FAILED": "The server could not read the upload: submit again; tell the operator when it repeats.",
     "SIDECAR_INVALID": "The upload's metadata could not be read: submit with `kz submit` or the curl "
                        "line of the API reference.",
-    "PACKAGE_REJECTED": "Run `kz dry-run` on the package and fix what it reports.",
+    "PACKAGE_REJECTED": "The package's own benchmark said accept=false: read each case's accept_reason and "
+                        "the benchmark log, and reproduce with `kz dry-run --server URL` (judged against "
+                        "this server's scorecard).",
     "REVIEW_REJECTED": "An operator rejected the change after review: read the message and submit again "
                        "once it is addressed.",
     # queue and accept

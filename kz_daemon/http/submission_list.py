@@ -12,34 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kz_events.status import STATUSES
-from kz_runner.contract.checks import HINTS as RESULT_HINTS
-from kz_runner.contract.codes import CODES
 
 PAGE_SIZE = 50
-
-#: Advice for the daemon's own rejection codes (the contract's codes carry their own hints).
-DAEMON_HINTS = {
-    "PACKAGE_FROZEN": "The package is frozen: it is listed but takes no new submissions. Submit under a new kernel_id.",
-    "NEW_PACKAGE_NOT_ALLOWED": "This zoo accepts no new kernel_ids: submit to an existing one, or ask an admin.",
-    "NESTED_PACKAGE": "A package may not sit inside another package's folder: choose a kernel_id outside it.",
-    "SIDECAR_INVALID": "The spool's NAME.meta.json must be a JSON object with the documented keys.",
-    "PACKAGE_REJECTED": "The package's own benchmark said accept=false: see the cases and the logs for why.",
-    "ATTEMPTS_EXHAUSTED": "Runners gave up on it repeatedly: check the logs for a timeout or crash, then resubmit.",
-    "BUILD_TIMEOUT": "build_test_env.py ran past the runner's build timeout: make it faster or cache less.",
-    "BENCHMARK_TIMEOUT": "benchmark.py ran past the runner's timeout: fewer repetitions or smaller cases.",
-    "BENCHMARK_CRASHED": "benchmark.py exited abnormally: the logs carry its stderr.",
-    "UNPACK_FAILED": "The runner could not unpack the package: run kz validate on the tarball.",
-    "REFERENCE_SOURCE_MISSING": "List only files the package contains in desc.yaml reference_sources.",
-}
-
-
-def fix_hint(code: Any) -> str:
-    """What to do about a rejection ``code`` (empty when the code has no advice)."""
-    code = str(code or "")
-    if code in CODES:
-        return CODES[code].hint
-    return RESULT_HINTS.get(code) or DAEMON_HINTS.get(code, "")
-
 
 @dataclass(frozen=True)
 class Filters:

@@ -75,12 +75,17 @@ class ContentsCache:
         self._stored: dict[str, dict] = {}
         self._used: set[str] = set()
         self._derived: dict[str, Any] = {}
+        # kernel_id -> key of its newest analysis: a package replaced by a newer one is
+        # dropped, else a long-running daemon keeps every version ever accepted (~30 KiB each)
+        self._latest: dict[str, str] = {}
         self.hits = 0
         self.misses = 0
 
     def analyze(self, kernel_id: str | None, files: dict[str, bytes | None]) -> Analysis:
         """``analyze_contents(kernel_id, files)``, from the cache when the same bytes were seen."""
         key = contents_key(kernel_id, files)
+        if kernel_id is not None:
+            self._supersede(kernel_id, key)
         self._used.add(key)
         found = self._memory.get(key)
         if found is None and key in self._stored:
@@ -95,6 +100,14 @@ class ContentsCache:
         # a copy the caller may change (dataclasses.replace does the same, slower)
         return Analysis(found.kernel_id, list(found.problems), found.desc, found.desc_valid, found.bench,
                         found.metas, key)
+
+    def _supersede(self, kernel_id: str, key: str) -> None:
+        previous = self._latest.get(kernel_id)
+        self._latest[kernel_id] = key
+        if previous is not None and previous != key:
+            for held in (self._memory, self._derived, self._stored):
+                held.pop(previous, None)
+            self._used.discard(previous)
 
     def derived(self, key: str, make: Callable[[], Any]) -> Any:
         """A value computed once per key from an analysis (in memory only; treat it as read-only)."""

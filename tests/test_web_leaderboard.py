@@ -220,3 +220,13 @@ def test_submissions_paginate_newest_first(board):
     uuids = [r["uuid"] for r in first + second]
     assert uuids[0] == board.rejected and uuids[-1] == board.runs[CPU_AXPY][0][0]
     assert submission_list.recent(board.zoo, submission_list.Filters(status="failed"))[0] == []
+
+
+def test_queue_page_shows_runners_per_arch(board):
+    with browser(javascript=False) as ctx:
+        page = ctx.new_page()
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.goto(board.url + "/queue")
+        cells = page.locator("table.arches tbody tr").first.locator("td").all_inner_texts()
+        assert cells[0] == "cpu" and int(cells[2]) >= 1  # the runners that worked this board were seen
+        _shot(page, "queue")

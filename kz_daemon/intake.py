@@ -199,6 +199,9 @@ class Intake:
         self._owed_lock = threading.Lock()
         self._backoff = 0.0
         self._retry_at = 0.0  # time.monotonic() before which a scan after a storage failure waits
+        # one scan at a time: two (the intake thread and a caller of Zoo.scan_inbox) would both
+        # claim the same work/ file, and the loser would read a tarball the winner moved on
+        self._scan_lock = threading.Lock()
 
     # -- the scan --------------------------------------------------------------
     def scan_once(self) -> int:
@@ -209,17 +212,18 @@ class Intake:
         scan failed on storage (a full disk) the next one waits out a backoff (0 is
         returned meanwhile), then first emits the outcomes whose append failed.
         """
-        if time.monotonic() < self._retry_at:
-            return 0
-        try:
-            count = self._scan()
-        except OSError:  # StorageError included: the disk is full or failing
-            self._backoff = min(RETRY_MAX_S, max(RETRY_MIN_S, self._backoff * 2))
-            self._retry_at = time.monotonic() + self._backoff
-            raise
-        self._backoff = 0.0
-        self._retry_at = 0.0
-        return count
+        with self._scan_lock:
+            if time.monotonic() < self._retry_at:
+                return 0
+            try:
+                count = self._scan()
+            except OSError:  # StorageError included: the disk is full or failing
+                self._backoff = min(RETRY_MAX_S, max(RETRY_MIN_S, self._backoff * 2))
+                self._retry_at = time.monotonic() + self._backoff
+                raise
+            self._backoff = 0.0
+            self._retry_at = 0.0
+            return count
 
     def _scan(self) -> int:
         count = 0

@@ -104,3 +104,34 @@ def test_non_regular_entries_are_skipped_once_each(zoo, tmp_path):
     assert sorted(_events_from_files(zoo)) == expected
     for name in ("adir.tar.gz", "pipe.tar.gz", "link.tar.gz", "sock.tar.gz"):
         assert os.path.lexists(inbox / name), f"{name} was moved"
+
+
+def test_concurrent_scans_never_claim_one_file_twice(zoo):
+    """The intake thread and callers of ``Zoo.scan_inbox`` take turns: no scan reads a file another moved."""
+    import threading
+
+    from tests.helpers.daemon import drop_into_inbox
+
+    for i in range(12):
+        drop_into_inbox(zoo.config.paths.spool, f"c{i}.tar.gz",
+                        axpy_tarball(mutate=lambda f, i=i: f.__setitem__("src/NOTE", f"{i}".encode())))
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def scan() -> None:
+        start.wait()
+        try:
+            for _ in range(5):
+                zoo.scan_inbox()
+        except BaseException as exc:  # noqa: BLE001 - the assertion below reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=scan) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    subs = wait_for(lambda: [s for s in zoo.store.state.submissions.values()] if len(
+        zoo.store.state.submissions) == 12 else None)
+    assert len(subs) == 12

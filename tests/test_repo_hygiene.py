@@ -2,7 +2,7 @@
 outside the repository, or the period of work it was written in.
 
 Each rule is a precise pattern, so legitimate words pass: ``requests.Session()``,
-``start_new_session``, a relative ``DIR/spool/work/``, a container's ``"HOME": "/root"``.
+``start_new_session``, a relative ``DIR/spool/work``, a container's ``"HOME": "/root"``.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_each_rule_catches_its_case(line):
 @pytest.mark.parametrize("line", [
     "session = requests.Session()",
     "subprocess.Popen(argv, start_new_session=True)",
-    "DIR/spool/work/  the daemon's claim",
+    "DIR/spool/work  the daemon's claim",
     '"HOME": "/root", "TMPDIR": "/tmp"',
     "--work-root /scratch/kz-runner",
     "a session of 3 runners",

@@ -13,9 +13,13 @@ What it measures:
 
 Every figure comes from the submissions' own status documents (``kz submit --json``).
 
-    python3 benchmarks/pipeline_proof.py --out DIR [--resubmits 20] [--gpus 0,1] [PKG[:N] ...]
+    python3 benchmarks/pipeline_proof.py --out DIR [--resubmits 20] [--gpus 0,1]
+                                         [--arch-runner ARCH[:GPU] ...] [PKG[:N] ...]
 
-``PKG:N`` resubmits that package N times instead of ``--resubmits``.
+``PKG:N`` resubmits that package N times instead of ``--resubmits``. ``--arch-runner``
+starts one more runner that claims jobs of ARCH (``cpu`` for the CPU examples; an arch
+other than the GPU's own, e.g. ``gfx928`` on an NVIDIA host, runs that example's portable
+code on this GPU and is reported as such), on GPU index GPU when given.
 
 Needs kernel_zoo installed with its CuPy extra on the GPU host (``pip install -e '.[cuda13]'``
 from a checkout, or ``[cuda12]``): the daemon, the runner and CuPy. Prints a table last; writes
@@ -172,8 +176,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "pipeline-proof")))
     parser.add_argument("--resubmits", type=int, default=20, help="resubmissions per package (PKG:N overrides)")
     parser.add_argument("--concurrent-resubmits", type=int, default=5)
-    parser.add_argument("--gpus", default="0", help="comma-separated GPU indices, one runner each")
+    parser.add_argument("--gpus", default="0", help="comma-separated GPU indices, one runner each ('' for none: "
+                                                     "then only the --arch-runner runners)")
+    parser.add_argument("--arch-runner", action="append", default=[], metavar="ARCH[:GPU]",
+                        help="one more runner claiming ARCH's jobs (repeatable), e.g. cpu or gfx928:0")
     args = parser.parse_args()
+    if not args.gpus.strip(",") and not args.arch_runner:
+        parser.error("no runner: give --gpus or --arch-runner")
     args.out.mkdir(parents=True, exist_ok=True)
     gpus = [g for g in args.gpus.split(",") if g]
     counts: dict[str, int] = {}
@@ -193,6 +202,11 @@ def main() -> int:
         path.write_text(store.issue("runner", f"h200-gpu{g}"))
         path.chmod(0o600)
         token_files.append(path)
+    extra = [spec.partition(":")[::2] for spec in args.arch_runner]  # (arch, gpu or "")
+    for arch, g in extra:
+        path = state / f"runner-{arch}.token"
+        path.write_text(store.issue("runner", f"{arch}-runner{g}"))
+        path.chmod(0o600)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -202,7 +216,8 @@ def main() -> int:
     daemon = subprocess.Popen(kz_argv("up", "--state-dir", str(state), "--port", str(port), "--no-runner"),
                               stdout=daemon_log, stderr=subprocess.STDOUT)
     runners: list[subprocess.Popen] = []
-    result: dict = {"machine": machine_facts(**gpu_facts()), "packages": counts, "gpus": gpus}
+    result: dict = {"machine": machine_facts(**gpu_facts()), "packages": counts, "gpus": gpus,
+                    "arch_runners": args.arch_runner}
 
     def save(partial_solo: dict | None = None) -> None:
         if partial_solo is not None:
@@ -219,11 +234,23 @@ def main() -> int:
                 kz_argv("runner", "--server", url, "--token-file", str(token_files[i]), "--gpu", gpus[i],
                         "--runner-id", f"h200-gpu{gpus[i]}"), stdout=log, stderr=subprocess.STDOUT))
 
-        start_runner(0)
+        def start_arch_runner(arch: str, gpu: str) -> None:
+            log = open(args.out / f"runner-{arch}.log", "w")
+            logs.append(log)
+            argv = ["runner", "--server", url, "--token-file", str(state / f"runner-{arch}.token"),
+                    "--arch", arch, "--runner-id", f"{arch}-runner{gpu}"]
+            runners.append(subprocess.Popen(kz_argv(*argv, *(["--gpu", gpu] if gpu else [])),
+                                            stdout=log, stderr=subprocess.STDOUT))
+
+        if gpus:
+            start_runner(0)
+        for arch, g in extra:
+            start_arch_runner(arch, g)
         time.sleep(3)
-        if runners[0].poll() is not None:  # e.g. `--gpu 0` where CuPy finds no GPU
-            raise RuntimeError(f"runner for GPU {gpus[0]} exited with {runners[0].returncode}; "
-                               f"see {args.out / f'runner-{gpus[0]}.log'}")
+        for proc in runners:
+            if proc.poll() is not None:  # e.g. `--gpu 0` where CuPy finds no GPU
+                raise RuntimeError(f"a runner exited with {proc.returncode} at start ({proc.args}); "
+                                   f"see the runner logs in {args.out}")
         t0 = time.monotonic()
         result["solo"] = solo_phase(url, counts, save)
         result["solo_wall_s"] = time.monotonic() - t0

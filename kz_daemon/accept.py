@@ -36,6 +36,7 @@ import signal
 from typing import Any
 
 import yaml
+from dulwich.file import FileLocked
 
 from kz_daemon import confirm, physics, scorecard
 from kz_daemon.errors import ZooError
@@ -290,16 +291,20 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
     lease reaper, and at the next start-up), stale git locks removed first. ``run`` and ``metas``
     are what the caller already holds (a report); without them the saga reads them from
     the pending store.
+
+    The attempt and the judgement of its failure happen under one hold of ``git_lock``:
+    the reaper's retry of the same saga cannot run in between and meet the lock file a
+    failed write left (it would take it for a permanent error and roll the saga back).
     """
     stalls = getattr(zoo, "saga_stalls", None)  # the reaper retries every second: log with backoff
-    try:
-        run_saga(zoo, sub_uuid, run, metas)
-        if stalls is not None:
-            stalls.finished(sub_uuid)
-        return "finished"
-    except Exception as exc:
-        transient = storage_trouble(exc)
-        with zoo.git_lock:
+    with zoo.git_lock:
+        try:
+            run_saga(zoo, sub_uuid, run, metas)
+            if stalls is not None:
+                stalls.finished(sub_uuid)
+            return "finished"
+        except Exception as exc:
+            transient = storage_trouble(exc)
             current = zoo.store.state.submissions[sub_uuid]
             if current.status != Status.ACCEPTING:
                 if stalls is not None:
@@ -312,26 +317,28 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
                 zoo.store.emit(ev.AcceptRolledBack(
                     uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
                 return "rolled_back"
-        message = f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later"
-        if stalls is not None:
-            stalls.failed(sub_uuid, message)
-        else:
-            zoo.log(message)
-        return "pending"
+            message = f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later"
+    if stalls is not None:
+        stalls.failed(sub_uuid, message)
+    else:
+        zoo.log(message)
+    return "pending"
 
 
 def storage_trouble(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is a storage failure that freeing space cures.
 
-    A full disk or quota (ENOSPC, EDQUOT) under the repo's git writes, or the event
-    store's ``StorageError``: the saga stays ``accepting`` and is retried; only a
+    A full disk or quota (ENOSPC, EDQUOT) under the repo's git writes, the event
+    store's ``StorageError``, or a git lock file such a failed write left behind
+    (dulwich's ``FileLocked``: only the daemon writes its repo, under ``git_lock``, so
+    a lock met there is stale): the saga stays ``accepting`` and is retried; only a
     permanent error (the package gone, a conflict) rolls it back.
     """
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, StorageError):
+        if isinstance(current, (StorageError, FileLocked)):
             return True
         if isinstance(current, OSError) and current.errno in FULL_ERRNOS:
             return True

@@ -51,8 +51,8 @@ limits:                   # checked on every upload before anything touches the 
   max_member_bytes: 67108864        # 64 MiB: one file, unpacked
   max_total_bytes: 268435456        # 256 MiB: all files, unpacked
   max_ratio: 200                    # unpacked total / compressed size
-  min_free_bytes: 536870912         # 512 MiB: uploads are refused (503 STORAGE_FULL) when the state
-  min_free_percent: 5.0             # directory's disk has less free than the smaller of these two; 0 = off
+  min_free_bytes: 536870912         # 512 MiB: uploads are refused (503 STORAGE_FULL) when a disk the
+  min_free_percent: 5.0             # daemon writes has less free than the smaller of these two; 0 = off
   idempotency_ttl_s: 86400          # 24 h: how long an upload's Idempotency-Key names its submission
 
 queue:

@@ -354,7 +354,13 @@ class GitStore:
             path = objects_dir / hexsha[:2] / hexsha[2:]
             if path.exists():
                 continue
-            self.store.add_object(obj)
+            try:
+                self.store.add_object(obj)
+            except OSError:
+                # dulwich leaves its lock file when the flush at close fails (a full disk):
+                # remove it, so the retry once there is space is not refused
+                Path(f"{path}.lock").unlink(missing_ok=True)
+                raise
             files.append(str(path))
             dirs.add(str(path.parent))
         if self.fsync and files:

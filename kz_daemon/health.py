@@ -26,12 +26,13 @@ FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 RETRY_AFTER_S = 30
 
 
-def headroom(path: Path, min_free_bytes: int, min_free_percent: float) -> dict[str, Any]:
+def headroom(path: Path, min_free_bytes: int, min_free_percent: float,
+             label: str = "the state directory's disk") -> dict[str, Any]:
     """Free space of the file system holding ``path`` against the configured headroom.
 
     The threshold is the smaller of ``min_free_bytes`` and ``min_free_percent`` of the
     file system's size (a small disk is not held to 512 MiB); either at 0 turns the
-    guard off.
+    guard off. ``label`` names the disk in the reason.
     """
     st = os.statvfs(path)
     free = st.f_bavail * st.f_frsize
@@ -41,8 +42,38 @@ def headroom(path: Path, min_free_bytes: int, min_free_percent: float) -> dict[s
         need = int(min(min_free_bytes, size * min_free_percent / 100.0))
     ok = free >= need
     return {"ok": ok, "free_bytes": free, "size_bytes": size, "min_free_bytes": need,
-            "reason": None if ok else f"{free} bytes free on the state directory's disk, "
-                                      f"below the headroom of {need} bytes"}
+            "reason": None if ok else f"{free} bytes free on {label}, below the headroom of {need} bytes"}
+
+
+#: the folders the daemon writes, by config.paths field, and how a reason names their disk
+_WRITTEN = (("events", "the event log's disk"), ("repo", "the kernel repo's disk"),
+            ("spool", "the spool's disk"), ("pending", "the pending store's disk"))
+
+
+def disks(config: Any) -> dict[str, Any]:
+    """Headroom of every file system the daemon writes: the state directory's, and the
+    event log's, repo's, spool's or pending store's where an operator mounted them apart.
+
+    The figures of the first disk below its headroom (else the state directory's),
+    ``ok`` for all of them, and ``filesystems``: one entry per file system, named by
+    its first folder. OSError when the state directory cannot be read.
+    """
+    limits = config.limits
+    found: list[dict[str, Any]] = []
+    devices = {os.stat(config.state_dir).st_dev}
+    found.append({"folder": "state_dir", **headroom(config.state_dir, limits.min_free_bytes,
+                                                    limits.min_free_percent)})
+    for name, label in _WRITTEN:
+        path = getattr(config.paths, name)
+        try:
+            device = os.stat(path).st_dev
+        except FileNotFoundError:  # not made yet: nothing is written there
+            continue
+        if device not in devices:
+            devices.add(device)
+            found.append({"folder": name, **headroom(path, limits.min_free_bytes, limits.min_free_percent, label)})
+    bad = [d for d in found if not d["ok"]]
+    return {**(bad or found)[0], "ok": not bad, "filesystems": found}
 
 
 def storage_full(what: str) -> ZooError:
@@ -53,9 +84,8 @@ def storage_full(what: str) -> ZooError:
 
 
 def check_headroom(zoo: Any) -> None:
-    """Raise STORAGE_FULL when the state directory's disk is below its headroom."""
-    limits = zoo.config.limits
-    disk = headroom(zoo.config.state_dir, limits.min_free_bytes, limits.min_free_percent)
+    """Raise STORAGE_FULL when a disk the daemon writes (:func:`disks`) is below its headroom."""
+    disk = disks(zoo.config)
     if not disk["ok"]:
         raise storage_full(disk["reason"])
 
@@ -87,8 +117,7 @@ def report(zoo: Any, supervisor: Any = None, draining: bool = False) -> dict[str
     config = getattr(zoo, "config", None)
     if config is not None:
         try:
-            checks["disk"] = headroom(config.state_dir, config.limits.min_free_bytes,
-                                      config.limits.min_free_percent)
+            checks["disk"] = disks(config)
         except OSError as exc:
             checks["disk"] = {"ok": False, "reason": f"cannot stat the state directory: {exc.strerror}"}
     if supervisor is not None:

@@ -120,9 +120,13 @@ class StallLog:
         self._log(line)
         return True
 
-    def finished(self, sub_uuid: str) -> None:
-        """The saga of ``sub_uuid`` ended: forget its failures (one line if it had any)."""
+    def finished(self, sub_uuid: str, line: str | None = None) -> None:
+        """The saga of ``sub_uuid`` ended: forget its failures (one line if it had any).
+
+        The key may name any retried task (the daemon's loops use it too); ``line`` is
+        then what is logged in place of the saga's words.
+        """
         with self._lock:
             entry = self._stalls.pop(sub_uuid, None)
         if entry is not None:
-            self._log(f"accept saga of {sub_uuid} finished after it had stalled")
+            self._log(line or f"accept saga of {sub_uuid} finished after it had stalled")

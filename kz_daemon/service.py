@@ -80,6 +80,7 @@ class Zoo:
         self._counters = {"claims": 0, "intake_scans": 0}
         self._last_accept = 0.0
         self.saga_stalls = recovery.StallLog(self.log)  # a stalled saga's retries, logged with backoff
+        self.loop_trouble = recovery.StallLog(self.log)  # the intake's and reaper's failed passes, likewise
         self.started = False
 
     # -- life cycle ------------------------------------------------------------------
@@ -139,8 +140,9 @@ class Zoo:
                 break
             try:
                 self.scan_inbox()
+                self.loop_trouble.finished("intake", "intake scans work again")
             except Exception as exc:  # keep the daemon alive; the next scan retries
-                self.log(f"intake scan failed: {type(exc).__name__}: {exc}")
+                self.loop_trouble.failed("intake", f"intake scan failed: {type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
     def scan_inbox(self) -> int:
@@ -158,8 +160,9 @@ class Zoo:
                         if state.status_counts.get(Status.ACCEPTING) else []
                 for sub_uuid in stuck:  # a saga that failed half-way (a live one just makes us wait)
                     accept.finish_saga(self, sub_uuid)
-            except Exception as exc:
-                self.log(f"lease reaper failed: {type(exc).__name__}: {exc}")
+                self.loop_trouble.finished("reaper", "the lease reaper works again")
+            except Exception as exc:  # e.g. a full disk: one line a minute, not one per pass
+                self.loop_trouble.failed("reaper", f"lease reaper failed: {type(exc).__name__}: {exc}")
 
     def sweep_retention(self, dry_run: bool = False) -> retention.Sweep:
         """Prune finished submissions' files by ``config.retention`` (``kz_daemon.gc``); what went."""
@@ -238,8 +241,14 @@ class Zoo:
         self.keys.release(submitter, key, sub_uuid)
 
     def wait_intake(self, sub_uuid: str, timeout: float) -> SubmissionView:
-        """Wait until the submission is past intake (queued or later, or rejected); its view."""
+        """Wait until the submission is past intake (queued or later, or rejected); its view.
+
+        Stops early when a write to the event log fails meanwhile (a full disk): the
+        upload is safe in the spool and intake takes it once a write succeeds, so the
+        client is answered now (``received``) rather than after the whole timeout.
+        """
         deadline = time.monotonic() + timeout
+        failures = self.store.health()["failures"]
         while True:
             with self.store.lock:
                 state = self.store.state
@@ -249,7 +258,7 @@ class Zoo:
             if view is not None and view.status != Status.RECEIVED:
                 return view
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self.store.health()["failures"] != failures:
                 return view or not_yet_seen(sub_uuid, seq)
             self._wake_intake.set()
             self.store.wait_for_change(seq, min(remaining, 0.5))

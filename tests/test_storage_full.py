@@ -10,8 +10,10 @@ import errno
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+from dulwich.file import FileLocked
 
 from kz_daemon.runtime import init_state_dir
 from kz_daemon.service import Zoo
@@ -228,5 +230,141 @@ def test_a_lock_left_by_a_failed_git_write_is_removed_before_the_retry(tmp_path,
             zoo.store.state.submissions[sub_uuid].status
         assert len(list(zoo.git.log(stop=base))) == 2
         assert not lock.exists()
+    finally:
+        zoo.stop()
+
+
+def test_a_git_lock_met_by_the_saga_is_stale_and_retried_not_rolled_back(tmp_path, monkeypatch):
+    # a failed write's lock file met by the next attempt (the reaper's retry racing the
+    # report's own cleanup): dulwich raises FileLocked; the saga must wait and finish
+    state = tmp_path / "kz"
+    state.mkdir()
+    (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 0.2\n")
+    zoo = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    zoo.start()
+    try:
+        base = zoo.git.head()
+        sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
+        claim = zoo.claim("r", "cpu", 5)
+        real_commit = zoo.git.commit_changes
+        lock = zoo.git.git_dir / "objects" / "ab" / ("c" * 38 + ".lock")
+        calls = []
+
+        def locked_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                lock.parent.mkdir(exist_ok=True)
+                lock.write_bytes(b"")
+                raise FileLocked(str(lock)[:-5], str(lock))
+            return real_commit(*args, **kwargs)
+
+        monkeypatch.setattr(zoo.git, "commit_changes", locked_once)
+        view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
+        assert view.status in (Status.ACCEPTING, Status.ACCEPTED), view.reasons
+        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \
+            zoo.store.state.submissions[sub_uuid].status
+        assert len(list(zoo.git.log(stop=base))) == 2
+        assert not lock.exists()
+    finally:
+        zoo.stop()
+
+
+def test_a_failed_object_write_leaves_no_lock_file(tmp_path, monkeypatch):
+    # dulwich's GitFile keeps its .lock when the flush at close fails on a full disk
+    state = tmp_path / "kz"
+    state.mkdir()
+    zoo = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    try:
+        store = zoo.git.store
+        real_add = store.add_object
+
+        def full_at_close(obj):
+            hexsha = obj.id.decode()
+            folder = Path(store.path) / hexsha[:2]
+            folder.mkdir(exist_ok=True)
+            (folder / (hexsha[2:] + ".lock")).write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(store, "add_object", full_at_close)
+        with pytest.raises(OSError):
+            zoo.git.commit_changes({"cpu/x/y/fp32/z/a.txt": b"fresh content"}, "m", "a <a@b>", zoo.git.head())
+        assert not list(Path(store.path).rglob("*.lock"))
+        monkeypatch.setattr(store, "add_object", real_add)
+        assert zoo.git.commit_changes({"cpu/x/y/fp32/z/a.txt": b"fresh content"}, "m", "a <a@b>",
+                                      zoo.git.head())
+    finally:
+        zoo.git.close()
+        zoo.store.close()
+
+
+def test_headroom_guard_watches_the_event_logs_own_disk(small_disk):
+    # the state directory has room; only the disk the operator mounted for events/ is full
+    server = LiveServer.start(small_disk.parent, kernels=[CPU_AXPY],
+                              config_yaml=f"paths:\n  events: {small_disk / 'events'}\n")
+    try:
+        fill_disk(small_disk / "filler")
+        with server.client() as http:
+            started = time.monotonic()
+            upload = server.submit(http, CPU_AXPY, package_tarball(CPU_AXPY))
+            assert upload.status_code == 503, upload.text
+            error = upload.json()["error"]
+            assert error["code"] == "STORAGE_FULL" and "the event log's disk" in error["message"], error
+            assert time.monotonic() - started < server.zoo.config.http.intake_wait_s  # refused, not waited out
+            assert not any((server.state_dir / "spool" / "inbox").iterdir()), "the refused upload was spooled"
+            disk = http.get("/readyz").json()["error"]["details"]["checks"]["disk"]
+            assert disk["ok"] is False
+            assert {d["folder"]: d["ok"] for d in disk["filesystems"]} == {"state_dir": True, "events": False}
+
+            os.unlink(small_disk / "filler")
+            again = server.submit(http, CPU_AXPY, package_tarball(CPU_AXPY))
+            assert again.status_code == 202, again.text
+    finally:
+        server.stop()
+
+
+def test_upload_is_answered_at_once_when_the_log_fails_during_its_wait(small_disk):
+    # the guard off: the upload reaches the spool, intake's append fails; the answer does not
+    # wait out intake_wait_s (a client's own timeout would fire first) but says "received" now
+    server = LiveServer.start(small_disk.parent, kernels=[CPU_AXPY], settings={"intake_wait_s": 120.0},
+                              config_yaml=f"paths:\n  events: {small_disk / 'events'}\n"
+                                          "limits:\n  min_free_bytes: 0\n  min_free_percent: 0\n")
+    try:
+        fill(small_disk / "filler", server.zoo.store)
+        with server.client() as http:
+            started = time.monotonic()
+            upload = server.submit(http, CPU_AXPY, package_tarball(CPU_AXPY))
+            waited = time.monotonic() - started
+            assert upload.status_code == 202, upload.text
+            assert upload.json()["status"] == "received"
+            assert waited < 60, f"the upload was answered after {waited:.0f} s"
+    finally:
+        server.stop()
+
+
+def test_a_daemon_loop_failing_on_a_full_log_says_so_once_not_every_pass(small_disk, capfd):
+    # the reaper runs every 0.05 s and each pass fails (an expired lease cannot be logged)
+    state = small_disk.parent / "kz"
+    state.mkdir()
+    (state / "kz.yaml").write_text(f"paths:\n  events: {small_disk / 'events'}\n"
+                                   "queue:\n  reaper_interval_s: 0.05\n  lease_seconds: 1\n")
+    zoo = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    zoo.start()
+    try:
+        sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
+        assert zoo.claim("r", "cpu", 5) is not None
+        filler = small_disk / "filler"
+        fill(filler, zoo.store)
+        for _ in range(1000):  # the log's last page too, down to the shortest event
+            try:
+                zoo.store.emit(ev.SpoolSkipped(name="f", reason="other"))
+            except StorageError:
+                break
+        time.sleep(3.0)  # the lease expires after 1 s: some 40 failing passes
+        lines = [line for line in capfd.readouterr().err.splitlines() if "lease reaper failed" in line]
+        assert len(lines) == 1, (lines, zoo.store.state.submissions[sub_uuid].status, zoo.store.health())
+        os.unlink(filler)
+        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.QUEUED), \
+            zoo.store.state.submissions[sub_uuid].status
+        assert poll(lambda: "the lease reaper works again" in capfd.readouterr().err, 10)
     finally:
         zoo.stop()

@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator
 
 from kz_daemon.cli import main
 from kz_runner.contract.kernel_id import (KERNEL_ID_PATTERN, MAX_DEPTH, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES,
-                                          check_kernel_id, kernel_id_errors)
+                                          check_kernel_id, kernel_id_errors, kernel_id_problems)
 from kz_runner.contract.pack import build_tarball
 from kz_runner.contract.tarball import scan_tarball
 from kz_runner.contract.validate import validate_package_dir, validate_tarball
@@ -128,3 +128,15 @@ def test_schema_kernel_id_pattern_is_the_one_rule(name):
     for kernel_id in SCHEMA_SAMPLES:
         assert validator.is_valid(kernel_id) == (kernel_id_errors(kernel_id) == []), repr(kernel_id)
     assert not validator.is_valid(f"{BASE}/impl\n")  # Python's `$` alone would let this through
+
+
+def test_kernel_id_problems_code_git_refused_segments_apart_from_the_rest():
+    assert kernel_id_problems("cpu/Elementwise/Axpy/fp32/ok") == []
+    codes = [p.code for p in kernel_id_problems("cpu/.GIT/x y/.git./ok")]
+    assert codes == ["KERNEL_ID_INVALID", "GIT_PATH_REFUSED", "GIT_PATH_REFUSED"]
+    invalid, *git = kernel_id_problems("cpu/.GIT/x y/.git./ok")
+    assert "x y" in invalid.message and ".GIT" not in invalid.message
+    assert [p.message.split(":")[0] for p in git] == ["git refuses segment 2", "git refuses segment 4"]
+    assert all(p.field == "kernel_id" for p in [invalid, *git])
+    # the plain sentences are the same reasons, in the same order
+    assert [r.split(":")[0] for r in kernel_id_errors("cpu/.GIT/x y")] == ["segment 2", "segment 'x y' has characters outside [A-Za-z0-9._-]"]

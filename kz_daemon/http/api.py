@@ -25,10 +25,7 @@ from kz_daemon.http.apispec import Op, Param
 from kz_daemon.http.metrics import accept_latency, render_metrics
 from kz_daemon.logs import logs_doc
 from kz_events.status import Status
-from kz_runner.contract.codes import problem
-from kz_runner.contract.gitpath import git_component_problem, is_dotgit
-from kz_runner.contract.kernel_id import kernel_id_errors
-from kz_runner.contract.problems import Problem
+from kz_runner.contract.kernel_id import kernel_id_problems
 
 MAX_PER_PAGE = 1000
 #: Keys of a status document that move without the submission changing.
@@ -157,7 +154,7 @@ async def create_submission(request: Request) -> Response:
         field_id = form.get("submitter_id")
         submitter = authz.final_submitter(principal, early_id,
                                           field_id if isinstance(field_id, str) else None)
-        problems = _kernel_id_problems(kernel_id)
+        problems = kernel_id_problems(kernel_id)
         if problems:
             shown = repr(kernel_id) if len(kernel_id) <= 120 else repr(kernel_id[:117] + "...")
             first = problems[0]
@@ -219,29 +216,6 @@ async def create_submission(request: Request) -> Response:
     if doc.get("queue_warning"):
         body["queue_warning"] = doc["queue_warning"]
     return JSONResponse(body, status_code=202, headers={"Location": body["status_url"]})
-
-
-def _kernel_id_problems(kernel_id: str) -> list[Problem]:
-    """The form's kernel_id checked with the codes intake gives the same name in a spooled tarball.
-
-    A segment git refuses (``.git.``, ``.GIT`` ...) is ``GIT_PATH_REFUSED``, as the tarball
-    check names it before the kernel_id is read; every other reason is one ``KERNEL_ID_INVALID``.
-    """
-    reasons = kernel_id_errors(kernel_id)
-    if not reasons:
-        return []
-    found, git_reasons = [], set()
-    # the same segments kernel_id_errors numbers, so its git reasons can be told apart from the rest
-    for index, segment in enumerate(kernel_id.strip("/").split("/")):
-        if is_dotgit(segment):
-            why = git_component_problem(segment)
-            git_reasons.add(f"segment {index + 1}: {why}")
-            found.append(problem("GIT_PATH_REFUSED", f"git refuses segment {index + 1}: {why}",
-                                 field="kernel_id"))
-    other = [reason for reason in reasons if reason not in git_reasons]
-    if other:
-        found.insert(0, problem("KERNEL_ID_INVALID", "; ".join(other), field="kernel_id"))
-    return found
 
 
 def _sha256_of(fileobj) -> str:

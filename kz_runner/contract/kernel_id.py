@@ -50,36 +50,54 @@ REPO_MARKERS = (".kernel_zoo_root", ".git")
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
 
 
-def kernel_id_errors(kernel_id: object) -> list[str]:
-    """Reasons (plain sentences) why ``kernel_id`` is not a valid kernel_id; empty when valid."""
+def _reasons(kernel_id: object) -> list[tuple[bool, str]]:
+    """Every reason ``kernel_id`` is invalid, each with whether it is a segment git refuses."""
     if not isinstance(kernel_id, str):
-        return [f"kernel_id must be a string, got {type(kernel_id).__name__}"]
+        return [(False, f"kernel_id must be a string, got {type(kernel_id).__name__}")]
     if not kernel_id:
-        return ["kernel_id is empty"]
-    reasons: list[str] = []
+        return [(False, "kernel_id is empty")]
+    reasons: list[tuple[bool, str]] = []
     if kernel_id.startswith("/"):
-        reasons.append("kernel_id must not start with '/'")
+        reasons.append((False, "kernel_id must not start with '/'"))
     if kernel_id.endswith("/"):
-        reasons.append("kernel_id must not end with '/'")
+        reasons.append((False, "kernel_id must not end with '/'"))
     size = len(kernel_id.encode("utf-8", "surrogatepass"))
     if size > MAX_KERNEL_ID_BYTES:
-        reasons.append(f"kernel_id is {size} bytes long; at most {MAX_KERNEL_ID_BYTES} are allowed")
+        reasons.append((False, f"kernel_id is {size} bytes long; at most {MAX_KERNEL_ID_BYTES} are allowed"))
     parts = kernel_id.strip("/").split("/")
     if len(parts) > MAX_DEPTH:
-        reasons.append(f"kernel_id has {len(parts)} segments; at most {MAX_DEPTH} are allowed")
+        reasons.append((False, f"kernel_id has {len(parts)} segments; at most {MAX_DEPTH} are allowed"))
     for index, segment in enumerate(parts):
         if segment == "":
-            reasons.append(f"segment {index + 1} is empty ('//')")
+            reasons.append((False, f"segment {index + 1} is empty ('//')"))
         elif segment in (".", ".."):
-            reasons.append(f"segment {index + 1} is {segment!r}")
+            reasons.append((False, f"segment {index + 1} is {segment!r}"))
         elif not SEGMENT_RE.fullmatch(segment):
-            reasons.append(f"segment {segment!r} has characters outside [A-Za-z0-9._-]")
+            reasons.append((False, f"segment {segment!r} has characters outside [A-Za-z0-9._-]"))
         elif len(segment) > MAX_SEGMENT_BYTES:
-            reasons.append(f"segment {index + 1} is {len(segment)} bytes long; "
-                           f"at most {MAX_SEGMENT_BYTES} are allowed")
+            reasons.append((False, f"segment {index + 1} is {len(segment)} bytes long; "
+                                   f"at most {MAX_SEGMENT_BYTES} are allowed"))
         elif (why := git_component_problem(segment)) is not None:
-            reasons.append(f"segment {index + 1}: {why}")
+            reasons.append((True, f"segment {index + 1}: {why}"))
     return reasons
+
+
+def kernel_id_errors(kernel_id: object) -> list[str]:
+    """Reasons (plain sentences) why ``kernel_id`` is not a valid kernel_id; empty when valid."""
+    return [text for _git, text in _reasons(kernel_id)]
+
+
+def kernel_id_problems(kernel_id: object, field: str | None = "kernel_id"):
+    """The reasons as coded problems, with the codes a spooled tarball's checks give them.
+
+    A segment git refuses (``.git.``, ``.GIT`` ...) is one ``GIT_PATH_REFUSED`` each (the
+    tarball check names it so before the kernel_id is read); every other reason goes into
+    one ``KERNEL_ID_INVALID``, listed first. Empty when the kernel_id is valid.
+    """
+    reasons = _reasons(kernel_id)
+    other = [text for git, text in reasons if not git]
+    found = [problem("KERNEL_ID_INVALID", "; ".join(other), field=field)] if other else []
+    return found + [problem("GIT_PATH_REFUSED", f"git refuses {text}", field=field) for git, text in reasons if git]
 
 
 def is_valid_kernel_id(kernel_id: object) -> bool:

@@ -318,8 +318,6 @@ MOUNT_REFUSED = Tmpfs.permitted()
 
 
 @pytest.mark.skipif(MOUNT_REFUSED is not None, reason=f"ENOSPC faults need a tmpfs: {MOUNT_REFUSED}")
-@pytest.mark.xfail(strict=False, reason="one random seed broke an invariant in one of two clean-clone runs; "
-                   "under investigation (docs/dev-notes.md, In progress): the run still executes and reports")
 def test_chaos_rounds(tmp_path):
     run_chaos(tmp_path, disks=True)
 

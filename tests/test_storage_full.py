@@ -201,42 +201,23 @@ def test_accept_on_a_full_repo_disk_waits_and_completes_once_it_has_space(tmp_pa
         zoo.stop()
 
 
-def test_a_lock_left_by_a_failed_git_write_is_removed_before_the_retry(tmp_path, monkeypatch):
-    state = tmp_path / "kz"
-    state.mkdir()
-    (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 0.2\n")
-    config = init_state_dir(state, seed_from=EXAMPLES)
-    zoo = Zoo(config)
-    zoo.start()
-    try:
-        base = zoo.git.head()
-        sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
-        claim = zoo.claim("r", "cpu", 5)
-        real_commit = zoo.git.commit_changes
-        lock = zoo.git.git_dir / "refs" / "heads" / "main.lock"
-        calls = []
-
-        def full_once(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 1:  # the write dies of ENOSPC and its lock file stays behind
-                lock.write_bytes(b"")
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real_commit(*args, **kwargs)
-
-        monkeypatch.setattr(zoo.git, "commit_changes", full_once)
-        view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
-        assert view.status in (Status.ACCEPTING, Status.ACCEPTED), view.reasons
-        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \
-            zoo.store.state.submissions[sub_uuid].status
-        assert len(list(zoo.git.log(stop=base))) == 2
-        assert not lock.exists()
-    finally:
-        zoo.stop()
+def _enospc(lock):
+    return OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_a_git_lock_met_by_the_saga_is_stale_and_retried_not_rolled_back(tmp_path, monkeypatch):
-    # a failed write's lock file met by the next attempt (the reaper's retry racing the
-    # report's own cleanup): dulwich raises FileLocked; the saga must wait and finish
+def _file_locked(lock):
+    return FileLocked(str(lock)[:-5], str(lock))
+
+
+@pytest.mark.parametrize("lock_path, error", [
+    # the write dies of ENOSPC and its lock file stays behind
+    (("refs", "heads", "main.lock"), _enospc),
+    # a failed write's lock met by the next attempt (the reaper's retry racing the report's
+    # own cleanup): dulwich says FileLocked, which must not roll the saga back
+    (("objects", "ab", "c" * 38 + ".lock"), _file_locked),
+], ids=["enospc", "file_locked"])
+def test_a_lock_left_by_a_failed_git_write_is_removed_and_the_saga_retried(tmp_path, monkeypatch,
+                                                                             lock_path, error):
     state = tmp_path / "kz"
     state.mkdir()
     (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 0.2\n")
@@ -247,18 +228,18 @@ def test_a_git_lock_met_by_the_saga_is_stale_and_retried_not_rolled_back(tmp_pat
         sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
         claim = zoo.claim("r", "cpu", 5)
         real_commit = zoo.git.commit_changes
-        lock = zoo.git.git_dir / "objects" / "ab" / ("c" * 38 + ".lock")
+        lock = zoo.git.git_dir.joinpath(*lock_path)
         calls = []
 
-        def locked_once(*args, **kwargs):
+        def fails_once(*args, **kwargs):
             calls.append(1)
             if len(calls) == 1:
                 lock.parent.mkdir(exist_ok=True)
                 lock.write_bytes(b"")
-                raise FileLocked(str(lock)[:-5], str(lock))
+                raise error(lock)
             return real_commit(*args, **kwargs)
 
-        monkeypatch.setattr(zoo.git, "commit_changes", locked_once)
+        monkeypatch.setattr(zoo.git, "commit_changes", fails_once)
         view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
         assert view.status in (Status.ACCEPTING, Status.ACCEPTED), view.reasons
         assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \

@@ -121,6 +121,8 @@ class ZooProcess:
                                           str(self.state_dir)], cwd=ROOT, env=env, stdout=out,
                                          stderr=subprocess.STDOUT)
         wait_for(lambda: self.ready() or self.proc.poll() is not None, timeout=ready_timeout, interval=0.1)
+        if crash_at and self.proc.poll() == -signal.SIGKILL:
+            return  # start-up recovery finished a saga left pending and met the crash point: a crash like any
         assert self.proc.poll() is None, f"the daemon died at start:\n{self.log_tail()}"
 
     def ready(self) -> bool:

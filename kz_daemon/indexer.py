@@ -304,10 +304,6 @@ class Indexer:
             self._write_now()
         self.cache.save(self.cache_path)
 
-    def save_cache(self) -> None:
-        """Persist the parse cache."""
-        self.cache.save(self.cache_path)
-
 
 class OneKernelUpdate:
     """The common accept case in O(log N): one package changed, nothing nested in or around it.

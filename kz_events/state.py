@@ -59,11 +59,6 @@ class Submission:
         """Positional list of the fields (compact snapshot form)."""
         return [getattr(self, name) for name in _SUB_FIELDS]
 
-    @classmethod
-    def from_row(cls, row: list) -> "Submission":
-        """Inverse of ``to_row``."""
-        return cls(*row)
-
 
 _SUB_FIELDS = tuple(f.name for f in fields(Submission))
 _sub_row = attrgetter(*_SUB_FIELDS)

@@ -116,14 +116,6 @@ def wrap(argv: list[str], step_spec: dict[str, Any]) -> list[str]:
     return [sys.executable, "-I", "-S", LAUNCHER, json.dumps(step_spec, separators=(",", ":")), *argv]
 
 
-def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """chown ``root`` and everything below it (symlinks themselves, not their targets)."""
-    os.chown(root, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
-
-
 def probe_user(c: Containment, python: str, job_dir: Path, env: dict[str, str]) -> str | None:
     """None when the job's user can run ``python`` and list ``job_dir`` (already its own);
     else why not (the launcher's or the interpreter's complaint)."""

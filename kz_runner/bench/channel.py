@@ -89,11 +89,6 @@ def protocol_error() -> str | None:
     return _ERROR
 
 
-def has_result_channel() -> bool:
-    """True when the runner gave a result descriptor that is still unused."""
-    return _RESULT_FD is not None and not _SENT
-
-
 def send(document: dict[str, Any]) -> bool:
     """Write ``document`` to the result channel as one JSON document, then close it.
 

@@ -198,8 +198,3 @@ def problem(code: str, message: str, file: str | None = None, field: str | None 
     info = CODES[code]
     return Problem(code=code, message=message, severity=severity or info.severity,
                    file=file, field=field, hint=hint or info.hint)
-
-
-def is_warning(code: str) -> bool:
-    """True when ``code`` is a warning by default."""
-    return CODES[code].severity == WARNING

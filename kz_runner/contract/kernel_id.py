@@ -32,8 +32,6 @@ from .gitpath import git_component_problem
 
 #: one segment, matched against the whole segment (``fullmatch``: no ``$``-before-newline)
 SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
-#: a whole kernel_id of well-formed segments (``.``/``..`` and the length rules checked apart)
-KERNEL_ID_RE = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
 MAX_SEGMENT_BYTES = 100
 MAX_KERNEL_ID_BYTES = 255
 MAX_DEPTH = 16

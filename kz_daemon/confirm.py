@@ -271,9 +271,8 @@ def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
     """Give every result logged without its verdict (a torn append) the verdict a live report gives.
 
     ``judge(zoo, sub, result, failure, metas)`` is ``accept.verdict_of`` (the hard checks
-    and the physics floor; passed in: accept imports this module). Runs before
-    ``recovery.recover`` (which would otherwise accept such a result without asking for
-    its confirmation run); returns the uuids decided.
+    and the physics floor; passed in: accept imports this module). Step 4 of start-up
+    recovery (``kz_daemon.recovery``), before the sagas are finished; returns the uuids decided.
     """
     decided = []
     with zoo.store.lock:

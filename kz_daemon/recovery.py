@@ -6,8 +6,9 @@ other daemon writes this state directory):
 1. the Store has already repaired a torn log tail on open (``log.repaired``);
 2. stale git lock files a killed writer left are removed;
 3. intake outcomes written but not logged get their events (``Intake.recover``);
-4. a result that was logged without its verdict (a torn append) is judged again
-   from ``runs/<uuid>/``, physics floor included (``accept.verdict_of``);
+4. a result that was logged without its verdict (a torn append) gets the verdict a
+   live report gives, from ``runs/<uuid>/``: hard checks, physics floor, and a
+   confirmation run where one is due (:func:`kz_daemon.confirm.recover`);
 5. every saga in progress is finished (:func:`kz_daemon.accept.finish_saga`): the saga looks at
    the commit trailers to see what already reached git (commit 1 without commit 2
    → commit 2 is made; both commits without events → the events are emitted;
@@ -23,11 +24,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from kz_daemon import accept, queue
+from kz_daemon import accept, confirm, queue
 from kz_daemon.ports import Daemon
-from kz_events import events as ev
 from kz_events.status import Status
 
 
@@ -52,11 +52,8 @@ def recover(zoo: Daemon) -> RecoveryReport:
         report.git_locks_removed = zoo.git.clear_stale_locks()
     report.intake_recovered = zoo.intake.recover()
 
-    state = zoo.store.state
-    for sub in list(state.submissions.values()):
-        if sub.status == Status.RUNNING and sub.result is not None and sub.uuid not in state.queue.in_flight:
-            _rejudge(zoo, sub)
-            report.results_rejudged.append(sub.uuid)
+    # the verdict a live report would give, a confirmation run included
+    report.results_rejudged = confirm.recover(zoo, accept.verdict_of, accept.case_summary)
     for sub in list(zoo.store.state.submissions.values()):
         if sub.status != Status.ACCEPTING:
             continue
@@ -69,21 +66,6 @@ def recover(zoo: Daemon) -> RecoveryReport:
     with zoo.git_lock:
         report.index = zoo.indexer.catch_up()
     return report
-
-
-def _rejudge(zoo: Daemon, sub: Any) -> None:
-    """Emit the verdict of a result that was logged without one."""
-    run = zoo.pending.load_run(sub.uuid)
-    metas = zoo.pending.metas(sub.uuid) if not run.failure and run.result is not None else []
-    accepted, code, message, details, _invalid = accept.verdict_of(zoo, sub, run.result, run.failure, metas)
-    with zoo.lock:
-        if accepted and sub.result and sub.result.get("overall_accept"):
-            with zoo.git_lock:
-                base = zoo.git.head()
-            zoo.store.emit(ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base))
-        else:
-            zoo.store.emit(ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
-                                                 message=message, details=details))
 
 
 class StallLog:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from kz_daemon import harness_lock, idempotency, review
-from kz_daemon import accept, confirm, queue, recovery, revoke, spool
+from kz_daemon import accept, queue, recovery, revoke, spool
 from kz_daemon import gc as retention
 from kz_daemon import retention as rejected_uploads
 from kz_daemon import logs as logs_store
@@ -86,8 +86,6 @@ class Zoo:
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         """Recover (log, git locks, sagas, intake outcomes, expired leases), then start the threads."""
-        # a result logged without its verdict gets the live one (maybe a confirmation run) first
-        confirm.recover(self, accept.verdict_of, accept.case_summary)
         recovery.recover(self)
         revoke.recover(self)  # revocations a crash left half-way
         self.store.emit(ev.DaemonStarted(version=__version__, pid=os.getpid()))

@@ -29,7 +29,6 @@ crash tests' fault injection); see ``CRASH_POINTS``.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import signal
@@ -49,6 +48,7 @@ from kz_daemon.queue import check_lease
 from kz_daemon.readmodel import SubmissionView, view_of
 from kz_events import events as ev
 from kz_events.status import Status
+from kz_events.durable import FULL_ERRNOS
 from kz_events.store import StorageError
 from kz_runner.contract.checks import check_result
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
@@ -59,8 +59,6 @@ CRASH_POINTS = (
     "after_source_event", "before_scorecard_ref", "after_scorecard_commit", "after_scorecard_event",
     "after_index", "after_completed",
 )
-#: errnos of a full disk or quota: the saga waits for space rather than failing
-FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: statuses a submission can have because of the result reported under its last lease
 REPORTED_STATUSES = (Status.ACCEPTING, Status.ACCEPTED, Status.REJECTED, Status.FAILED)
 

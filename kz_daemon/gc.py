@@ -112,10 +112,11 @@ def finished(submissions: Iterable[Any]) -> list[Finished]:
     return out
 
 
-def _size(path: Path) -> int:
+def tree_size(path: Path) -> int:
+    """Bytes of the files (and links) at or below ``path``; 0 when it is gone."""
     try:
         if path.is_dir() and not path.is_symlink():
-            return sum(_size(child) for child in path.iterdir())
+            return sum(tree_size(child) for child in path.iterdir())
         return path.lstat().st_size
     except FileNotFoundError:
         return 0
@@ -143,7 +144,7 @@ def plan(config: Config, subs: Iterable[Finished], now: float) -> list[Removal]:
     pending_dir, runs_dir = config.paths.pending, config.paths.runs
     out: list[Removal] = []
     for base in (pending_dir, runs_dir):
-        out += [Removal(p, _size(p), "", "leftover") for p in _files(base) if p.name.startswith(TRASH_PREFIX)]
+        out += [Removal(p, tree_size(p), "", "leftover") for p in _files(base) if p.name.startswith(TRASH_PREFIX)]
     for sub in sorted(subs, key=lambda s: s.uuid):
         age_days = (now - sub.ended_at) / DAY_S
         record = sub.status in KEPT_STATUSES
@@ -151,16 +152,16 @@ def plan(config: Config, subs: Iterable[Finished], now: float) -> list[Removal]:
         run_gone = not run.exists()
         if keep.run_logs_days and age_days >= keep.run_logs_days and not run_gone:
             if record:
-                out += [Removal(p, _size(p), sub.uuid, "run logs") for p in _run_logs(run)]
+                out += [Removal(p, tree_size(p), sub.uuid, "run logs") for p in _run_logs(run)]
             else:
-                out.append(Removal(run, _size(run), sub.uuid, "run entry"))
+                out.append(Removal(run, tree_size(run), sub.uuid, "run entry"))
                 run_gone = True
         folder = pending_dir / sub.uuid
         if keep.pending_days and age_days >= keep.pending_days and folder.exists():
             if not record and run_gone:
-                out.append(Removal(folder, _size(folder), sub.uuid, "pending entry"))
+                out.append(Removal(folder, tree_size(folder), sub.uuid, "pending entry"))
             else:
-                out += [Removal(folder / n, _size(folder / n), sub.uuid, "package") for n in PACKAGE_FILES
+                out += [Removal(folder / n, tree_size(folder / n), sub.uuid, "package") for n in PACKAGE_FILES
                         if (folder / n).exists()]
     return out
 

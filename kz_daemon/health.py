@@ -13,15 +13,12 @@ logged, judged and committed.
 """
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 from typing import Any
 
 from kz_daemon.errors import ZooError
 
-#: errno values that mean "the disk or a quota is full"
-FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: seconds a client is told to wait before retrying after STORAGE_FULL
 RETRY_AFTER_S = 30
 

@@ -24,22 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kz_daemon.config import Config
-from kz_daemon.gc import DAY_S, TRASH_PREFIX, Removal, remove
+from kz_daemon.gc import DAY_S, TRASH_PREFIX, Removal, remove, tree_size
 from kz_daemon.pending import PACKAGE_FILE
 from kz_daemon.spool import is_uuid
 
 REASON_FILE = "reason.json"
-
-
-def _size(path: Path) -> int:
-    total = 0
-    for base, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(base, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 def plan(config: Config, logged: Callable[[str], bool], now: float) -> list[Removal]:
@@ -55,7 +44,7 @@ def plan(config: Config, logged: Callable[[str], bool], now: float) -> list[Remo
     for name in names:
         folder = root / name
         if name.startswith(TRASH_PREFIX) and folder.is_dir():
-            folders.append(Removal(folder, _size(folder), "", "leftover"))
+            folders.append(Removal(folder, tree_size(folder), "", "leftover"))
             continue
         if not is_uuid(name) or not logged(name) or not folder.is_dir() or folder.is_symlink():
             continue
@@ -66,7 +55,7 @@ def plan(config: Config, logged: Callable[[str], bool], now: float) -> list[Remo
             continue
         age_days = (now - rejected_at) / DAY_S
         if keep.rejected_reason_days > 0 and age_days > keep.rejected_reason_days:
-            folders.append(Removal(folder, _size(folder), name, "rejected entry"))
+            folders.append(Removal(folder, tree_size(folder), name, "rejected entry"))
             continue
         tarball = folder / PACKAGE_FILE
         try:

@@ -11,13 +11,17 @@ can use it.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "atomic_write_json", "fsync_dir", "fsync_path", "temp_name"]
+#: errno values that mean "the disk or a quota is full": freeing space cures them
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+__all__ = ["FULL_ERRNOS", "atomic_write", "atomic_write_json", "fsync_dir", "fsync_path", "temp_name"]
 
 
 def temp_name(path: Path) -> Path:

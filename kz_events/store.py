@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kz_events.codec import TimestampFormatter, encode_fast, format_ts, line_hash, subject_of
+from kz_events.durable import FULL_ERRNOS
 from kz_events.events import EVENT_TYPES, Event, LogRepaired
 from kz_events.log import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
 from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
@@ -81,7 +82,6 @@ from kz_events.state import State
 __all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "StorageError", "OpenReport"]
 
 #: errnos that mean "no space left" (the disk, or the user's quota).
-_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
 
 
@@ -103,7 +103,7 @@ class StorageError(OSError):
 
     def __init__(self, errno_: int | None, message: str) -> None:
         super().__init__(errno_, message)
-        self.full = errno_ in _FULL
+        self.full = errno_ in FULL_ERRNOS
 
 
 class _Waiter:
@@ -620,7 +620,7 @@ class Store:
             self._failing = True
             self._last_error = {
                 "code": code, "errno": getattr(failure, "errno", None),
-                "full": getattr(failure, "errno", None) in _FULL, "message": str(failure),
+                "full": getattr(failure, "errno", None) in FULL_ERRNOS, "message": str(failure),
                 "at": format_ts(self._clock()),
             }
         with self._queue:

@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kz_daemon.errors import ZooError
-from kz_daemon.health import FULL_ERRNOS, RETRY_AFTER_S, storage_full
+from kz_daemon.health import RETRY_AFTER_S, storage_full
+from kz_events.durable import FULL_ERRNOS
 from kz_events.store import StorageError, StoreBroken
 
 #: codes whose answers tell the client when to retry

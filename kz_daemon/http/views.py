@@ -17,8 +17,8 @@ from typing import Any
 from kz_daemon import hints, logs
 from kz_daemon.accept import case_summary
 from kz_events.status import TERMINAL, Status
+from kz_runner.contract.kernel_id import CATEGORY_FIELDS
 
-CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
 
 
 def plain(value: Any) -> Any:

@@ -14,23 +14,21 @@ before intake recorded the upload reserves the key again (``Keys.seed``).
 """
 from __future__ import annotations
 
-import re
 import threading
 import uuid as uuidlib
 from dataclasses import dataclass
 from datetime import datetime
 
 from kz_daemon.errors import ZooError
+from kz_runner.contract import upload
 
-HEADER = "Idempotency-Key"
-MAX_KEY_CHARS = 128
-#: 1-128 printable ASCII characters (space to tilde)
-KEY_RE = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_KEY_CHARS)
+HEADER = upload.IDEMPOTENCY_HEADER
+MAX_KEY_CHARS = upload.IDEMPOTENCY_KEY_MAX_CHARS
 
 
 def key_error(key: str) -> str | None:
     """Why ``key`` is not a valid Idempotency-Key, or None when it is."""
-    if KEY_RE.fullmatch(key):
+    if upload.is_idempotency_key(key):
         return None
     if not key:
         return "the Idempotency-Key header is empty"

@@ -28,11 +28,11 @@ from kz_runner.contract.kernel_id import REPO_MARKERS, check_kernel_id, find_rep
 from kz_runner.contract.layout import BENCH_RESULT, KP
 from kz_runner.contract.pack import pack_kernel_id, pack_package
 from kz_runner.contract.validate import validate_tarball
+from kz_runner.contract.upload import IDEMPOTENCY_HEADER
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
 #: the upload is retried on network errors and 5xx answers; the idempotency key makes that safe
 UPLOAD_RETRY = RetryPolicy(attempts=4, base_s=1.0, cap_s=10.0)
-IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class SubmitError(Exception):

@@ -1,14 +1,13 @@
 """Who is calling: runner tokens for runner endpoints, submitter identity for submissions."""
 from __future__ import annotations
 
-import re
 
 from starlette.requests import Request
 
 from kz_daemon.auth import Principal, bearer_token
 from kz_daemon.errors import ZooError
+from kz_runner.contract import upload
 
-SUBMITTER_RE = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")
 
 
 def token_principal(request: Request) -> Principal | None:
@@ -37,9 +36,9 @@ def require_runner(request: Request) -> str:
 
 def check_submitter_id(value: str, where: str) -> str:
     """A well-formed submitter id, else 400 VALIDATION_ERROR naming ``where`` it came from."""
-    if not SUBMITTER_RE.match(value):
+    if not upload.is_submitter_id(value):
         raise ZooError("VALIDATION_ERROR",
-                       f"{where} {value!r} is not a valid submitter id (1-64 of A-Z a-z 0-9 . _ @ + -)",
+                       f"{where} {value!r} is not a valid submitter id ({upload.SUBMITTER_RULE})",
                        {"field": where})
     return value
 

@@ -8,6 +8,7 @@ from typing import Any
 import kz_schemas
 
 from kz_daemon.http.apispec import Op
+from kz_runner.contract import upload
 from kz_runner.contract.kernel_id import KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES
 
 _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad request", 401: "Unauthorized",
@@ -63,11 +64,11 @@ def build(ops: Iterable[Op], version: str) -> dict[str, Any]:
         ]
         if op.tag == "submissions" and op.method == "POST":
             parameters.append({"name": "X-Submitter-Id", "in": "header", "required": False,
-                               "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@+-]{1,64}$"},
+                               "schema": {"type": "string", "pattern": f"^{upload.SUBMITTER_PATTERN}$"},
                                "description": "who submits; must agree with the form field and the token"})
         if op.request == "multipart":  # the upload: a retry with the same key returns the first submission
             parameters.append({"name": "Idempotency-Key", "in": "header", "required": False,
-                               "schema": {"type": "string", "pattern": "^[ -~]{1,128}$"},
+                               "schema": {"type": "string", "pattern": f"^{upload.IDEMPOTENCY_KEY_PATTERN}$"},
                                "description": "makes a retried upload return the original submission "
                                               "(per submitter, remembered for limits.idempotency_ttl_s)"})
         if parameters:

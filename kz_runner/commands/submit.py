@@ -11,14 +11,13 @@ import argparse
 import getpass
 import json
 import os
-import re
 import sys
+
+from kz_runner.contract import upload
 
 NAME = "submit"
 HELP = "submit a package (directory or .tar.gz) to a kernel_zoo server and follow its status"
 DEFAULT_SERVER = "http://127.0.0.1:8470"
-# what an HTTP header value may hold: printable ASCII, no spaces
-IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")  # the server takes at most 128 (kz_daemon/idempotency.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
     from kz_runner.client import ApiError, ClientError, ZooClient
 
     submitter = args.submitter or getpass.getuser()
-    if not re.match(r"^[A-Za-z0-9._@+-]{1,64}$", submitter):
-        return _error(args, f"{submitter!r} is not a valid submitter id (1-64 of A-Z a-z 0-9 . _ @ + -); "
+    if not upload.is_submitter_id(submitter):
+        return _error(args, f"{submitter!r} is not a valid submitter id ({upload.SUBMITTER_RULE}); "
                             "pass --submitter", "USAGE")
     key = args.idempotency_key or sub.new_idempotency_key()
-    if not IDEMPOTENCY_KEY_RE.match(key):
+    if not upload.is_idempotency_key(key):
         return _error(args, f"{key!r} is not a usable idempotency key (1-128 printable ASCII characters, "
                             "no spaces)", "USAGE")
     try:

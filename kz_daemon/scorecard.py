@@ -37,13 +37,13 @@ from typing import Any, Iterable
 
 import yaml
 
-from kz_runner.contract.layout import PENDING_COMMIT, SEED_SHA, SEED_SUBMITTER
+from kz_runner.contract.layout import PENDING_COMMIT, SEED_RECORDED_AT, SEED_SHA, SEED_SUBMITTER, is_seed_sha
+from kz_runner.contract.layout import seed_scorecard  # noqa: F401  (one seed for the daemon and kz dry-run)
 from kz_runner.contract.yamlio import load_yaml
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 SCHEMA_VERSION = "1.0.0"
-SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 
 
 def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str,
@@ -52,17 +52,6 @@ def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str,
     if harness:
         record["harness"] = harness
     return record
-
-
-def seed_scorecard(kernel_id: str, metas: Iterable[dict],
-                   recorded_at: str = SEED_RECORDED_AT) -> dict[str, Any]:
-    """The placeholder scorecard for a brand-new kernel_id: sentinel records (value 0) for every declared metric."""
-    cases = []
-    for meta in metas:
-        records = {m["name"]: _record(0, SEED_SUBMITTER, SEED_SHA, recorded_at) for m in meta.get("metrics", [])}
-        cases.append({"test_case_id": meta["test_case_id"], "metrics_best": copy.deepcopy(records),
-                      "metrics_current": records, "correctness_current": "unknown"})
-    return {"schema_version": SCHEMA_VERSION, "kernel_id": kernel_id, "cases": cases}
 
 
 def beats(new: float, old: float, direction: str) -> bool:
@@ -99,13 +88,13 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
         best: dict[str, Any] = {}
         for name in declared:
             prev = old_best.get(name)
-            if name in values and (prev is None or prev.get("commit_sha") == SEED_SHA
+            if name in values and (prev is None or is_seed_sha(prev.get("commit_sha"))
                                    or beats(values[name], prev["value"], direction[name])):
                 best[name] = _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness)
-            elif prev is not None and prev.get("commit_sha") != SEED_SHA:
+            elif prev is not None and not is_seed_sha(prev.get("commit_sha")):
                 best[name] = copy.deepcopy(prev)
         for name, prev in old_best.items():
-            if name not in best and name not in declared and prev.get("commit_sha") != SEED_SHA:
+            if name not in best and name not in declared and not is_seed_sha(prev.get("commit_sha")):
                 best[name] = copy.deepcopy(prev)
         correctness = run.get("correctness", "unknown")
         cases.append({
@@ -143,7 +132,7 @@ def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
         declared = directions.get(case_id) or {name: "lower_better" for name in case.get("metrics_best") or {}}
         best = {name: copy.deepcopy(rec) for name, rec in
                 ((base_cases.get(case_id) or {}).get("metrics_best") or {}).items()
-                if isinstance(rec, dict) and rec.get("commit_sha") != SEED_SHA}
+                if isinstance(rec, dict) and not is_seed_sha(rec.get("commit_sha"))}
         for cases in run_cases:
             for name, rec in ((cases.get(case_id) or {}).get("metrics_current") or {}).items():
                 if name not in declared or not isinstance(rec, dict):

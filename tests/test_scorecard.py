@@ -56,6 +56,18 @@ def test_first_accept_overwrites_sentinel_even_if_worse():
     assert best["gbps"]["value"] == 1.0  # sentinel records never compete
 
 
+def test_any_all_zero_commit_sha_is_a_seed_and_never_stands_as_a_best_of_zero():
+    # the sentinel's one definition (layout.is_seed_sha) counts every all-zero sha; the
+    # scorecard must not let a longer one stand as a real best of 0 that nothing beats
+    seed = seed_scorecard(KID, METAS)
+    for case in seed["cases"]:
+        for rec in [*case["metrics_best"].values(), *case["metrics_current"].values()]:
+            rec["commit_sha"] = "0" * 40
+    card = update_scorecard(seed, KID, METAS, run(5.0, 1.0, 9.0), "alice", T0)
+    assert card["cases"][0]["metrics_best"]["ms"]["value"] == 5.0
+    assert card["cases"][1]["metrics_best"]["ms"]["value"] == 9.0
+
+
 def test_cases_follow_metas_order():
     card = update_scorecard(None, KID, METAS, run(1, 1, 1), "a", T0)
     assert [c["test_case_id"] for c in card["cases"]] == ["small", "large"]

@@ -35,14 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from .checks import Verdict, check_result, parse_output
-from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, KP, SEED_SHA
+from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, KP, seed_scorecard
 from .problems import Problem
 
 STEPS = ("validate", "unpack", "build-1", "build-2", "idempotency", "benchmark", "output", "checks", "verdict")
 COMPARED = ("inputs", "expected", "build_manifest.json")
 STDOUT_CAP = 16 * 1024 * 1024
 STDERR_CAP = 1024 * 1024
-SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 
 
 @dataclass(frozen=True)
@@ -189,19 +188,6 @@ def compare_builds(first: Path, second: Path) -> tuple[bool, str]:
     return True, f"{len(a)} files identical ({total / 1e6:.1f} MB)"
 
 
-def seed_bench_result(kernel_id: str, metas: list[dict]) -> dict[str, Any]:
-    """The seed scorecard the server gives a new package: sentinel records (value 0) for every metric."""
-    cases = []
-    for meta in metas:
-        def records() -> dict[str, Any]:
-            """Fresh sentinel records for every declared metric."""
-            return {m["name"]: {"value": 0, "submitter": "seed", "commit_sha": SEED_SHA,
-                                "recorded_at": SEED_RECORDED_AT} for m in meta.get("metrics", [])}
-        cases.append({"test_case_id": meta["test_case_id"], "metrics_best": records(),
-                      "metrics_current": records(), "correctness_current": "unknown"})
-    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "cases": cases}
-
-
 def _read_metas(package_dir: Path) -> list[dict]:
     from .validate import read_metas
 
@@ -330,7 +316,7 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
         card = package_dir / KP / BENCH_RESULT
         detail = f"{unpacked.facts.get('files')} files"
         if not card.exists() and scorecard_for is None:
-            card.write_text(yaml.safe_dump(seed_bench_result(run.kernel_id, _read_metas(package_dir)),
+            card.write_text(yaml.safe_dump(seed_scorecard(run.kernel_id, _read_metas(package_dir)),
                                            sort_keys=False), encoding="utf-8")
             detail += "; seed bench_result.yaml added"
         run.steps.append(Step("unpack", True, time.monotonic() - t0, detail))
@@ -340,7 +326,7 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
         card = scorecard_for(run.kernel_id or "")
         if not is_tarball:  # never overwrite the author's own scorecard: run a copy
             package_dir = _copy_package(package_dir, scratch / "package")
-        document = card.document if card.document is not None else seed_bench_result(run.kernel_id or "", metas)
+        document = card.document if card.document is not None else seed_scorecard(run.kernel_id or "", metas)
         (package_dir / KP / BENCH_RESULT).write_text(
             yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
         run.judged_against = card.source

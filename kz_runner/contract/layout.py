@@ -8,7 +8,8 @@ the server only; a seed scorecard marks every record with ``SEED_SHA``.
 from __future__ import annotations
 
 __all__ = ["KP", "DESC", "BENCH_RESULT", "BUILD_TEST_ENV", "BENCHMARK", "CONTRACT_FILES",
-           "HARNESS_FILES", "SEED_SHA", "SEED_SUBMITTER", "PENDING_COMMIT", "is_seed_sha"]
+           "HARNESS_FILES", "SEED_SHA", "SEED_SUBMITTER", "SEED_RECORDED_AT", "PENDING_COMMIT", "is_seed_sha",
+           "seed_scorecard"]
 
 #: the contract area's folder name.
 KP = ".kernel_package"
@@ -24,6 +25,7 @@ HARNESS_FILES = (DESC, BUILD_TEST_ENV, BENCHMARK)
 #: the seed sentinel: a record with this commit_sha is a placeholder, never a measurement.
 SEED_SHA = "0000000"
 SEED_SUBMITTER = "seed"
+SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 #: the placeholder the accept saga writes into the scorecard before its source commit exists.
 PENDING_COMMIT = "__PENDING_COMMIT__"
 
@@ -31,3 +33,18 @@ PENDING_COMMIT = "__PENDING_COMMIT__"
 def is_seed_sha(sha: object) -> bool:
     """True for the seed sentinel (``"0000000"``; any all-zero sha counts)."""
     return isinstance(sha, str) and sha != "" and set(sha) == {"0"}
+
+
+def seed_scorecard(kernel_id: str, metas, recorded_at: str = SEED_RECORDED_AT) -> dict:
+    """The placeholder scorecard of a brand-new kernel_id: a seed record (value 0) for every declared metric.
+
+    The server commits it with a new package; ``kz dry-run`` judges a new package against it.
+    """
+    cases = []
+    for meta in metas:
+        def records() -> dict:
+            return {m["name"]: {"value": 0, "submitter": SEED_SUBMITTER, "commit_sha": SEED_SHA,
+                                "recorded_at": recorded_at} for m in meta.get("metrics", [])}
+        cases.append({"test_case_id": meta["test_case_id"], "metrics_best": records(),
+                      "metrics_current": records(), "correctness_current": "unknown"})
+    return {"schema_version": "1.0.0", "kernel_id": kernel_id, "cases": cases}

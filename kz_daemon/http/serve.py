@@ -12,7 +12,6 @@ import ctypes
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -63,20 +62,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _stop_child(proc: subprocess.Popen | Supervisor | None, grace_s: float) -> None:
-    if isinstance(proc, Supervisor):
+def _stop_child(proc: Supervisor | None, grace_s: float) -> None:
+    if proc is not None:
         proc.stop(grace_s)
-        return
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-    except ProcessLookupError:
-        pass
+
+
+def url_of(sock: socket.socket) -> str:
+    """The ``http://host:port`` a bound socket serves (an IPv6 host in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
 
 
 def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
@@ -85,7 +79,7 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
     """Serve ``app`` on ``sock`` until SIGINT/SIGTERM; ``zoo`` must be started already. Returns 0."""
     notifier = notifier or Notifier()
     host, port = sock.getsockname()[:2]
-    url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
+    url = url_of(sock)
     child: list[Supervisor | None] = [None]
 
     def shutdown_sequence(srv: Any) -> None:
@@ -162,8 +156,7 @@ def serve_config(config: Any, *, host: str | None = None, port: int | None = Non
                      history=KernelHistory(config.paths.repo, config.repo.branch), notifier=notifier,
                      version=__version__)
     bound_host, bound_port = sock.getsockname()[:2]
-    url = f"http://{bound_host}:{bound_port}"
-    runner_argv = runner_argv_for(url) if runner_argv_for is not None else None
+    runner_argv = runner_argv_for(url_of(sock)) if runner_argv_for is not None else None
     options = ServeOptions(host=bound_host, port=bound_port, runner_argv=runner_argv,
                            runner_env={"PYTHONUNBUFFERED": "1"})
     return serve(zoo, app, sock, options, banner=banner, notifier=notifier)

@@ -30,10 +30,8 @@ from kz_events.durable import fsync_dir
 
 __all__ = [
     "LogError", "LogLocked", "RollbackFailed", "CorruptLog", "Position", "Repair", "EventLog",
-    "segment_name", "list_segments", "fsync_dir", "DEFAULT_SEGMENT_BYTES",
+    "segment_name", "list_segments", "DEFAULT_SEGMENT_BYTES",
 ]
-# fsync_dir is kz_events.durable's, named here too because the daemon's spool imports it
-# from this module.
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _SEGMENT_RE = re.compile(r"^(\d{20})\.jsonl$")

@@ -12,9 +12,10 @@ Both steps (``build_test_env.py`` and ``benchmark.py``) start through
 - an unprivileged user when the runner runs as root (uid/gid from
   :class:`Containment`, 65534 by default), no supplementary groups, ``no_new_privs``.
 
-The job directory is the step's cwd and holds its ``HOME`` and ``TMPDIR``; with a
-user drop it is chowned to the job's user and mode 0700, the package files inside
-stay owned by the runner and read-only. What "cannot leave it" means here: the
+The job directory holds the step's cwd (``work/``), ``HOME`` (``home/``) and ``TMPDIR``
+(``tmp/``); with a user drop the directory itself stays the runner's, listable by the
+job's group only (mode 0750), those three folders are the job user's (mode 0700), and
+the package files and the staged library stay owned by the runner and read-only. What "cannot leave it" means here: the
 step cannot write outside it where the filesystem's permissions stop the job's
 user (a world-writable ``/tmp`` or ``/dev/shm`` stays writable); it can still read
 whatever the job's user may read. There is no mount namespace.

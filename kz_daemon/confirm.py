@@ -270,7 +270,7 @@ def excluded(state: Any, runner_id: str, now: float) -> list[str]:
 def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
     """Give every result logged without its verdict (a torn append) the verdict a live report gives.
 
-    ``judge(zoo, sub, result, failure, metas)`` is ``accept.verdict_of`` (the hard checks
+    ``judge(zoo, sub, result, failure, metas, facts)`` is ``accept.verdict_of`` (the hard checks
     and the physics floor; passed in: accept imports this module). Step 4 of start-up
     recovery (``kz_daemon.recovery``), before the sagas are finished; returns the uuids decided.
     """
@@ -281,10 +281,11 @@ def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
                    if s.status == Status.RUNNING and s.result is not None and s.uuid not in state.queue.in_flight]
     for sub in waiting:
         confirming = "first" in sub.result
-        metas = zoo.pending.metas(sub.uuid)
+        facts = zoo.pending.read_submission(sub.uuid)  # read once: the judge's physics floor needs it too
+        metas = facts.get("metas") or []
         run = _load_confirm_run(zoo.pending, sub.uuid) if confirming else zoo.pending.load_run(sub.uuid)
         run = StoredRun(run.result, sub.result["result_sha256"], run.failure)
-        verdict = judge(zoo, sub, run.result, run.failure, metas if not run.failure else [])
+        verdict = judge(zoo, sub, run.result, run.failure, metas if not run.failure else [], facts)
         cases = summarize(run.result, metas) if isinstance(run.result, dict) else []
         with zoo.lock:
             events = verdict_events(zoo, sub, run, cases, metas, verdict, sub.runner_id, sub.lease_id,

@@ -28,18 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kz_runner.contract import checks
+from kz_runner.contract.layout import CONTROL_ENV, LIBRARY_CODES, RESULT_ENV
 from kz_runner.contract.schema_check import nonfinite_paths
 
-CONTROL_ENV = "KZ_CONTROL_FD"
-RESULT_ENV = "KZ_RESULT_FD"
 # Bytes of the result channel kept; a document larger than this is not the library's.
 RESULT_CAP = 4 * 1024 * 1024
 
 BAD_OUTPUT = "BAD_OUTPUT"
 INTEGRITY_ERROR = "INTEGRITY_ERROR"
-# Codes kz_runner.bench reports on the channel when it detects tampering.
-LIBRARY_CODES = ("TIMER_TAMPERED", "UNSYNCED_WORK", "THREAD_LEAK", "OUTPUT_TYPE", "STALE_OUTPUT",
-                 "TIMED_MISMATCH", "HARNESS_ERROR")
 
 
 @dataclass

@@ -277,20 +277,28 @@ def test_a_patched_library_function_is_reported(monkeypatch):
 
 
 def test_a_thread_left_running_is_a_leak():
-    import threading
-
-    census = integrity.ThreadCensus()
-    assert census.leak() is None
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait, name="leaky")
-    t.start()
-    try:
-        finding = census.leak()
-        assert finding is not None and finding.code == "THREAD_LEAK" and "leaky" in finding.message
-    finally:
-        stop.set()
-        t.join()
-    assert census.leak() is None
+    # in a fresh interpreter: threads other tests leave behind in this process (pools, servers
+    # winding down) would be counted too
+    code = """
+import threading
+from kz_runner.bench import integrity
+census = integrity.ThreadCensus()
+assert census.leak() is None
+stop = threading.Event()
+t = threading.Thread(target=stop.wait, name="leaky")
+t.start()
+try:
+    finding = census.leak()
+    assert finding is not None and finding.code == "THREAD_LEAK" and "leaky" in finding.message, finding
+finally:
+    stop.set()
+    t.join()
+assert census.leak() is None
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 # -- on a GPU (run on the H200; skipped with the reason elsewhere) --------------------------

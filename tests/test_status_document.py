@@ -131,3 +131,9 @@ def test_post_answers_queued_even_when_a_runner_claimed_the_job_first(live, monk
     monkeypatch.undo()
     with live.client("submitter:alice") as c:  # alice holds a token: only it cancels her submissions
         c.post(f"/api/submissions/{resp.json()['uuid']}/cancel", json={})
+
+
+def test_the_runner_reads_every_code_the_bench_library_reports():
+    from kz_runner.bench import integrity
+
+    assert tuple(integrity.CODES) == channel.LIBRARY_CODES

@@ -18,8 +18,8 @@ import json
 import os
 from typing import Any
 
-CONTROL_ENV = "KZ_CONTROL_FD"
-RESULT_ENV = "KZ_RESULT_FD"
+from kz_runner.contract.layout import CONTROL_ENV, RESULT_ENV
+
 SEED_LIMIT = 2 ** 63
 
 

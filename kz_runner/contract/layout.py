@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["KP", "DESC", "BENCH_RESULT", "BUILD_TEST_ENV", "BENCHMARK", "CONTRACT_FILES",
            "HARNESS_FILES", "SEED_SHA", "SEED_SUBMITTER", "SEED_RECORDED_AT", "PENDING_COMMIT", "is_seed_sha",
-           "seed_scorecard"]
+           "seed_scorecard", "CONTROL_ENV", "RESULT_ENV", "LIBRARY_CODES"]
 
 #: the contract area's folder name.
 KP = ".kernel_package"
@@ -26,6 +26,13 @@ HARNESS_FILES = (DESC, BUILD_TEST_ENV, BENCHMARK)
 SEED_SHA = "0000000"
 SEED_SUBMITTER = "seed"
 SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
+#: the harness's private channels with the runner: environment variables naming the
+#: inherited descriptors of the control message (runner -> harness) and of the result
+#: (harness -> runner), and the codes the bench library reports on the result channel
+CONTROL_ENV = "KZ_CONTROL_FD"
+RESULT_ENV = "KZ_RESULT_FD"
+LIBRARY_CODES = ("TIMER_TAMPERED", "UNSYNCED_WORK", "THREAD_LEAK", "OUTPUT_TYPE", "STALE_OUTPUT",
+                 "TIMED_MISMATCH", "HARNESS_ERROR")
 #: the placeholder the accept saga writes into the scorecard before its source commit exists.
 PENDING_COMMIT = "__PENDING_COMMIT__"
 

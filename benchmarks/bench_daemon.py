@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
-from machine import AppendCounter, calibration_s, machine_facts, timed_coroutines, timed_threads  # noqa: E402  (benchmarks/ is sys.path[0])
+from machine import (AppendCounter, calibration_s, machine_facts, percentile,  # noqa: E402  (benchmarks/ is sys.path[0])
+                     timed_coroutines, timed_threads)
 
 
 def machine() -> dict:
@@ -211,14 +212,6 @@ def bench_accept(work: Path, packages: int, accepts: int) -> tuple[list[float], 
         zoo.stop()
     print("accept latencies ms: " + " ".join(f"{x:.0f}" for x in latencies), file=sys.stderr)
     return latencies, rebuild
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile by nearest rank: the smallest value with at least q of the values at or below it."""
-    import math
-
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def main(argv: list[str] | None = None) -> int:

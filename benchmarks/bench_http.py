@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
-from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
+from machine import machine_facts, percentile  # noqa: E402  (benchmarks/ is sys.path[0])
 AXPY = "cpu/Elementwise/Axpy/fp32/numpy_ref"
 
 
@@ -263,12 +263,6 @@ def status_wake(daemon: Daemon, clients: int) -> list[float]:
     return sorted((t - t0) * 1e3 for t in answered)
 
 
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def machine() -> dict:
     """Facts about where this ran."""
     import starlette
@@ -317,14 +311,14 @@ def main(argv: list[str] | None = None) -> int:
             "kernels_p50_ms": round(kernels["p50_ms"], 2),
             "kernels_p99_ms": round(kernels["p99_ms"], 2),
             "kernels_non_2xx": kernels["non_2xx"],
-            "status_p99_ms": round(pct(wake, 0.99), 2),
-            "status_p50_ms": round(pct(wake, 0.5), 2),
+            "status_p99_ms": round(percentile(wake, 0.99), 2),
+            "status_p50_ms": round(percentile(wake, 0.5), 2),
             "status_get_p99_ms": round(status["p99_ms"], 2),
             "status_get_p50_ms": round(status["p50_ms"], 2),
             "status_get_req_per_s": round(status["req_per_s"], 1),
             "status_clients": 50,
             "submit_to_claim_ms": round(statistics.median(stc), 2),
-            "submit_to_claim_p99_ms": round(pct(stc, 0.99), 2),
+            "submit_to_claim_p99_ms": round(percentile(stc, 0.99), 2),
             "submit_runs": len(stc),
             "duration_s": args.duration,
             "machine": machine(),

@@ -6,6 +6,7 @@ folder is on ``sys.path``).
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -98,3 +99,9 @@ class AppendCounter:
 
     def __exit__(self, *exc: object) -> None:
         self.store._log.append = self._real
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile by nearest rank: the smallest value with at least q of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -170,7 +170,8 @@ def submit(client, kernel_id: str, data: bytes) -> str:
     resp = client.post("/api/submissions", headers={"X-Submitter-Id": "bench"},
                        data={"kernel_id": kernel_id, "submitter_id": "bench"},
                        files={"package": ("package.tar.gz", data, "application/gzip")})
-    resp.raise_for_status()
+    if resp.status_code != 202:
+        raise SystemExit(f"the upload of {kernel_id} answered {resp.status_code}: {resp.text[:500]}")
     return resp.json()["uuid"]
 
 
@@ -197,8 +198,10 @@ def submit_to_claim(daemon: Daemon, runs: int) -> list[float]:
         if drained:
             log(f"cleared {drained} job(s) left queued in the reused state")
         busy = {job["kernel_id"] for job in client.get("/api/queue").json().get("in_flight", [])}
-        kids = [k for k in (f"cpu/Op{j % 25}/Sub{j % 8}/fp32/k{j:05d}" for j in range(100, 100 + 2 * runs))
-                if k not in busy][:runs]  # kernels with a job in flight (an aborted run) cannot be claimed
+        # kernels of their own (the seeded ones' harness files are locked: another desc.yaml is
+        # refused); one with a job in flight (an aborted run) cannot be claimed
+        kids = [k for k in (f"cpu/Claim/Sub{j % 8}/fp32/k{j:05d}" for j in range(100, 100 + 2 * runs))
+                if k not in busy][:runs]
         for i, kid in enumerate(kids):
             data = package_tarball(kid, AXPY)
             got: dict = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,10 +44,20 @@ FILE_MODE = 0o100644
 EXEC_MODE = 0o100755
 WORKTREE_MARK = "kz-worktree"  # file under .git: the tree SHA the checked-out files show
 INDEX_MARK = "kz-index"        # file under .git: the tree SHA git's index file matches
-TREE_CACHE = 4096              # parsed trees kept in memory
+TREE_CACHE = 4096              # commits whose root tree id is kept in memory
+#: parsed trees kept in memory: at most this many, and at most about this many bytes (a tree
+#: is costed at 200 bytes plus 100 per entry: its entries dict, tuples and ids). Every accept
+#: adds some 7 new trees; a bounded cache keeps a running daemon's memory flat.
+TREE_CACHE_TREES = 1024
+TREE_CACHE_BYTES = 8 * 1024 * 1024
 
 # A change's value: file bytes, (bytes, mode), or None to delete the file or folder.
 Change = Union[bytes, "tuple[bytes, int]", None]
+
+
+def _tree_cost(tree: Tree) -> int:
+    """What a parsed tree is counted as against TREE_CACHE_BYTES."""
+    return 200 + 100 * len(tree)
 
 
 class CommitConflict(ZooError):
@@ -120,6 +131,8 @@ class GitStore:
         # Trees are immutable by id: keep recently read ones parsed (the top levels of a
         # 10,000-package repo are read on every lookup and every commit).
         self._trees: dict[bytes, Tree] = {}
+        self._tree_bytes = 0  # the cost of the cached trees, as TREE_CACHE_BYTES counts it
+        self._cache_lock = threading.Lock()
         self._commit_trees: dict[str, bytes] = {}
 
     # -- opening -------------------------------------------------------------------
@@ -176,9 +189,14 @@ class GitStore:
         found = self._trees.get(tree_id)
         if found is None:
             found = self.store[tree_id]
-            if len(self._trees) >= TREE_CACHE:
-                self._trees.pop(next(iter(self._trees)))
-            self._trees[tree_id] = found
+            cost = _tree_cost(found)
+            with self._cache_lock:  # the intake, the saga and the pages read trees from their own threads
+                while self._trees and (len(self._trees) >= TREE_CACHE_TREES
+                                       or self._tree_bytes + cost > TREE_CACHE_BYTES):
+                    self._tree_bytes -= _tree_cost(self._trees.pop(next(iter(self._trees))))
+                if tree_id not in self._trees:
+                    self._trees[tree_id] = found
+                    self._tree_bytes += cost
         return found
 
     def _lookup(self, path: str, commit_sha: str | None) -> tuple[int, bytes] | None:

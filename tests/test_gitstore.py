@@ -117,3 +117,25 @@ def test_reopen_sees_the_same_head(store, tmp_path):
     again = GitStore.open_or_init(tmp_path / "repo")
     assert again.head() == sha
     again.close()
+
+
+def test_the_parsed_tree_cache_is_bounded_in_count_and_cost(store, monkeypatch):
+    import kz_daemon.gitstore as gs
+
+    monkeypatch.setattr(gs, "TREE_CACHE_TREES", 8)
+    monkeypatch.setattr(gs, "TREE_CACHE_BYTES", 8 * 1024 * 1024)
+    head = None
+    for i in range(20):  # each commit makes new trees along its path
+        head = store.commit_changes({f"k{i}/src/a.txt": b"%d" % i}, f"c{i}", AUTHOR, head)
+        assert store.read_file(f"k{i}/src/a.txt") == b"%d" % i
+    assert len(store._trees) <= 8
+    assert store._tree_bytes == sum(gs._tree_cost(t) for t in store._trees.values())
+
+    wide = {f"w/f{j:03d}.txt": b"x" for j in range(200)}  # a tree of 200 entries costs 20,200
+    head = store.commit_changes(wide, "wide", AUTHOR, head)
+    monkeypatch.setattr(gs, "TREE_CACHE_BYTES", 30_000)
+    store._trees.clear()
+    store._tree_bytes = 0
+    assert store.is_dir("w") and store.read_file("w/f000.txt") == b"x"
+    assert store._tree_bytes <= 30_000
+    assert store.read_file("k3/src/a.txt") == b"3"  # still readable once evicted

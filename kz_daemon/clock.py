@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Callable
 
-__all__ = ["iso_at", "iso_now"]
+__all__ = ["epoch_of", "iso_at", "iso_now"]
 
 
 def iso_at(ts: float) -> str:
@@ -15,3 +15,11 @@ def iso_at(ts: float) -> str:
 def iso_now(clock: Callable[[], float]) -> str:
     """UTC RFC 3339 with seconds for ``clock()`` (``time.time`` in the daemon, a fake in tests)."""
     return iso_at(clock())
+
+
+def epoch_of(ts: str) -> float | None:
+    """Epoch seconds of an RFC 3339 ``ts`` as the events carry it (``...Z``); None when unreadable."""
+    try:
+        return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except (AttributeError, ValueError):
+        return None

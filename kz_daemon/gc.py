@@ -23,13 +23,13 @@ Two sweeps at once (``kz gc`` beside the daemon) each count only what they remov
 """
 from __future__ import annotations
 
-import datetime as dt
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from kz_daemon.clock import epoch_of
 from kz_daemon.config import Config
 from kz_daemon.logs import TAILS_FILE
 from kz_daemon.pending import ENV_FILE, LOGS_FILE, PACKAGE_FILE, RUNNER_TARBALL, RUNNER_TARBALL_KEY
@@ -90,13 +90,6 @@ class Sweep:
         return len({r.uuid for r in self.removed if r.uuid})
 
 
-def _epoch(ts: str) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except (AttributeError, ValueError):
-        return None
-
-
 def finished(submissions: Iterable[Any]) -> list[Finished]:
     """The terminal submissions among reducer ``Submission`` values, with the time of their last change.
 
@@ -106,7 +99,7 @@ def finished(submissions: Iterable[Any]) -> list[Finished]:
     for sub in submissions:
         if sub.status not in TERMINAL or not sub.history:
             continue
-        ended = _epoch(sub.history[-1][2])
+        ended = epoch_of(sub.history[-1][2])
         if ended is not None:
             out.append(Finished(sub.uuid, str(sub.status), ended))
     return out

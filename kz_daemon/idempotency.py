@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 import uuid as uuidlib
 from dataclasses import dataclass
-from datetime import datetime
 
+from kz_daemon.clock import epoch_of
 from kz_daemon.errors import ZooError
 from kz_runner.contract import upload
 
@@ -42,11 +42,6 @@ def check_key(key: str) -> None:
     problem = key_error(key)
     if problem is not None:
         raise ZooError("VALIDATION_ERROR", problem, {"header": HEADER, "max_chars": MAX_KEY_CHARS})
-
-
-def epoch_of(ts: str) -> float:
-    """Epoch seconds of an event's RFC 3339 ``ts`` (``...Z``)."""
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,7 @@ class Keys:
                 if u in received or now - at > ttl_s:
                     del self._reserved[k]
             prior: tuple[str, str] | None = None
-            if durable is not None and now - epoch_of(durable[2]) <= ttl_s:
+            if durable is not None and now - (epoch_of(durable[2]) or 0.0) <= ttl_s:
                 prior = (durable[0], durable[1])
             elif (submitter, key) in self._reserved:
                 u, sha, _at = self._reserved[(submitter, key)]

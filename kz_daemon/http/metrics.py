@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 import re
 import threading
-from datetime import datetime
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from kz_daemon.clock import epoch_of
 from kz_events.status import Status
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
@@ -24,13 +24,6 @@ _LABELS = {"by_state": "state", "by_status": "status", "by_arch": "arch", "by_co
 
 #: Upper bounds (seconds) of the accept-latency histogram buckets.
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-
-
-def _epoch(ts: str) -> float | None:
-    try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except (AttributeError, ValueError):
-        return None
 
 
 def accept_latency(submissions: Any) -> dict[str, Any]:
@@ -45,7 +38,7 @@ def accept_latency(submissions: Any) -> dict[str, Any]:
         if getattr(sub, "status", None) != Status.ACCEPTED:
             continue
         stamps = {status: ts for _seq, status, ts in getattr(sub, "history", [])}
-        start, end = _epoch(stamps.get(Status.RECEIVED, "")), _epoch(stamps.get(Status.ACCEPTED, ""))
+        start, end = epoch_of(stamps.get(Status.RECEIVED, "")), epoch_of(stamps.get(Status.ACCEPTED, ""))
         if start is None or end is None:
             continue
         latency = max(0.0, end - start)

@@ -112,49 +112,41 @@ async def home(request: Request) -> Response:
 
 # -- operator page --------------------------------------------------------------------------------
 
-def _secondary(history: Any, entries: list[Mapping[str, Any]]) -> tuple[dict, dict]:
-    """``({kernel_id: {case: {metric: best value}}}, {case: {metric: {unit, direction}}})`` of the
-    non-primary metrics, read from each implementation's scorecard and METAS at the head."""
+def _operator_extras(history: Any, entries: list[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
+    """What the operator page reads from each implementation's scorecard and METAS at the head, in one pass.
+
+    ``values``: ``{kernel_id: {case: {metric: best value}}}`` of the non-primary metrics;
+    ``declared``: ``{case: {metric: {unit, direction}}}`` of those metrics;
+    ``older``: ``{kernel_id: {case ids}}`` whose best primary record was measured under a
+    harness other than HEAD's.
+    """
     values: dict[str, dict[str, dict[str, float]]] = {}
     declared: dict[str, dict[str, dict[str, str]]] = {}
+    older: dict[str, set[str]] = {}
     if history is None:
-        return values, declared
+        return values, declared, older
     for entry in entries:
         kernel_id = str(entry.get("kernel_id", ""))
         primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
-        for case_id, metrics in history.harness(kernel_id).metrics.items():
+        harness = history.harness(kernel_id)
+        for case_id, metrics in harness.metrics.items():
             for name, info in metrics.items():
                 if name != primaries.get(case_id):
                     declared.setdefault(case_id, {}).setdefault(name, info)
-        _desc, scorecard = history.package_docs(kernel_id)
-        for case in (scorecard or {}).get("cases") or [] if isinstance(scorecard, dict) else []:
+        _desc, card = history.package_docs(kernel_id)
+        for case in (card or {}).get("cases") or [] if isinstance(card, dict) else []:
             if not isinstance(case, dict) or not isinstance(case.get("metrics_best"), dict):
                 continue
             case_id = str(case.get("test_case_id"))
-            for name, record in case["metrics_best"].items():
+            best = case["metrics_best"]
+            if scorecard.older_harness(best.get(primaries.get(case_id)), harness.blob):
+                older.setdefault(kernel_id, set()).add(case_id)
+            for name, record in best.items():
                 value = operators.measured_value(record)
                 if name != primaries.get(case_id) and value is not None:
                     values.setdefault(kernel_id, {}).setdefault(case_id, {})[str(name)] = value
                     declared.setdefault(case_id, {}).setdefault(str(name), {"unit": "", "direction": ""})
-    return values, declared
-
-
-def _older_harness_bests(history: Any, entries: list[Mapping[str, Any]]) -> dict[str, set[str]]:
-    """``{kernel_id: {case ids}}`` whose best primary record was measured under a harness other than HEAD's."""
-    out: dict[str, set[str]] = {}
-    if history is None:
-        return out
-    for entry in entries:
-        kernel_id = str(entry.get("kernel_id", ""))
-        primaries = {str(c.get("test_case_id")): c.get("primary_metric") for c in views.cases(entry)}
-        head = history.harness(kernel_id).blob
-        _desc, card = history.package_docs(kernel_id)
-        for case in (card or {}).get("cases") or [] if isinstance(card, dict) else []:
-            best = case.get("metrics_best") if isinstance(case, dict) else None
-            case_id = str(case.get("test_case_id")) if isinstance(case, dict) else ""
-            if isinstance(best, dict) and scorecard.older_harness(best.get(primaries.get(case_id)), head):
-                out.setdefault(kernel_id, set()).add(case_id)
-    return out
+    return values, declared, older
 
 
 async def operator_page(request: Request) -> Response:
@@ -167,8 +159,7 @@ async def operator_page(request: Request) -> Response:
         return _error(request, ZooError("NOT_FOUND", f"no operator {key.path!r}"))
     reference = operators.reference_of(entries)
     case_boards = operators.boards(entries, reference)
-    values, declared = await run_in_threadpool(_secondary, request.app.state.history, entries)
-    older = await run_in_threadpool(_older_harness_bests, request.app.state.history, entries)
+    values, declared, older = await run_in_threadpool(_operator_extras, request.app.state.history, entries)
     for board in case_boards:
         for standing in board.standings:
             standing.secondary = values.get(standing.kernel_id, {}).get(board.case_id, {})

@@ -25,15 +25,12 @@ Everything here decides from the log and the stored files, so start-up recovery
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from typing import Any
 
 from kz_daemon import scorecard
-from kz_daemon.pending import PendingStore, StoredRun, result_bytes
+from kz_daemon.pending import RESULT_FILE, PendingStore, StoredRun
 from kz_daemon.ports import Daemon
-from kz_events import durable
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP, is_seed_sha
@@ -42,10 +39,8 @@ __all__ = ["CONFIRM_RESULT_FILE", "MISMATCH", "is_confirmation_run", "beyond_mar
            "committed_choice", "store_run", "load_confirm_result", "committed_result", "verdict_events",
            "excluded", "recover"]
 
-CONFIRM_RESULT_FILE = "confirm-result.json"
-CONFIRM_LOGS_FILE = "confirm-logs.txt"
-CONFIRM_ENV_FILE = "confirm-env.json"
-CONFIRM_FAILURE_FILE = "confirm-failure.json"
+CONFIRM_PREFIX = "confirm-"  # a confirmation run's files sit beside the first run's, so prefixed
+CONFIRM_RESULT_FILE = CONFIRM_PREFIX + RESULT_FILE
 MISMATCH = "CONFIRMATION_MISMATCH"
 
 
@@ -152,32 +147,13 @@ def committed_choice(first: list[dict], second: list[dict], metas: list[dict]) -
 def store_run(pending: PendingStore, sub: Any, result: dict | None, logs: bytes, env: dict,
               failure: dict | None) -> StoredRun:
     """Store a report: the first run as ``result.json``, the confirmation run beside it."""
-    if not is_confirmation_run(sub):
-        return pending.store_run(sub.uuid, result, logs, env, failure)
-    folder = pending.run_folder(sub.uuid)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIRM_LOGS_FILE).write_bytes(logs or b"")
-    durable.atomic_write_json(folder / CONFIRM_ENV_FILE, env or {}, fsync=False)
-    durable.atomic_write_json(folder / CONFIRM_FAILURE_FILE, failure, fsync=False)
-    data = result_bytes(result)
-    durable.atomic_write(folder / CONFIRM_RESULT_FILE, data, sync_dir=False)
-    return StoredRun(json.loads(data), hashlib.sha256(data).hexdigest(), failure)
+    prefix = CONFIRM_PREFIX if is_confirmation_run(sub) else ""
+    return pending.store_run(sub.uuid, result, logs, env, failure, prefix)
 
 
 def load_confirm_result(pending: PendingStore, sub_uuid: str) -> Any:
     """The stored confirmation result (FileNotFoundError when there is none)."""
-    return json.loads((pending.run_folder(sub_uuid) / CONFIRM_RESULT_FILE).read_text())
-
-
-def _load_confirm_run(pending: PendingStore, sub_uuid: str) -> StoredRun:
-    folder = pending.run_folder(sub_uuid)
-    docs: list[Any] = []
-    for name in (CONFIRM_RESULT_FILE, CONFIRM_FAILURE_FILE):
-        try:
-            docs.append(json.loads((folder / name).read_text()))
-        except (FileNotFoundError, ValueError):
-            docs.append(None)
-    return StoredRun(docs[0], "", docs[1])
+    return pending.load_result(sub_uuid, CONFIRM_PREFIX)
 
 
 def committed_result(pending: PendingStore, sub_uuid: str, metas: list[dict],
@@ -283,7 +259,7 @@ def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
         confirming = "first" in sub.result
         facts = zoo.pending.read_submission(sub.uuid)  # read once: the judge's physics floor needs it too
         metas = facts.get("metas") or []
-        run = _load_confirm_run(zoo.pending, sub.uuid) if confirming else zoo.pending.load_run(sub.uuid)
+        run = zoo.pending.load_run(sub.uuid, CONFIRM_PREFIX if confirming else "")
         run = StoredRun(run.result, sub.result["result_sha256"], run.failure)
         verdict = judge(zoo, sub, run.result, run.failure, metas if not run.failure else [], facts)
         cases = summarize(run.result, metas) if isinstance(run.result, dict) else []

@@ -82,34 +82,35 @@ class PendingStore:
         return self.runs_dir / sub_uuid
 
     def store_run(self, sub_uuid: str, result: dict | None, logs: bytes, env: dict,
-                  failure: dict | None) -> StoredRun:
+                  failure: dict | None, prefix: str = "") -> StoredRun:
         """Write a reported run; the result comes back as the stored file reads, with its sha256.
 
         ``result.json`` is fsynced (its digest goes into the log); the logs, env and
         failure are replaced atomically without an fsync (a lost one only loses detail).
+        ``prefix`` names a second run beside the first (``confirm-``: a confirmation run).
         """
         folder = self.run_folder(sub_uuid)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / LOGS_FILE).write_bytes(logs or b"")
-        durable.atomic_write_json(folder / ENV_FILE, env or {}, fsync=False)
-        durable.atomic_write_json(folder / FAILURE_FILE, failure, fsync=False)
+        (folder / (prefix + LOGS_FILE)).write_bytes(logs or b"")
+        durable.atomic_write_json(folder / (prefix + ENV_FILE), env or {}, fsync=False)
+        durable.atomic_write_json(folder / (prefix + FAILURE_FILE), failure, fsync=False)
         data = result_bytes(result)
-        durable.atomic_write(folder / RESULT_FILE, data, sync_dir=False)
+        durable.atomic_write(folder / (prefix + RESULT_FILE), data, sync_dir=False)
         # The saga must build from what the file holds (a restarted saga reads the file), so the
         # caller gets the decoded bytes, not the object it passed in.
         return StoredRun(json.loads(data), hashlib.sha256(data).hexdigest(), failure)
 
-    def load_result(self, sub_uuid: str) -> Any:
+    def load_result(self, sub_uuid: str, prefix: str = "") -> Any:
         """The stored result.json of a submission (None when the runner sent none)."""
-        return json.loads((self.run_folder(sub_uuid) / RESULT_FILE).read_text())
+        return json.loads((self.run_folder(sub_uuid) / (prefix + RESULT_FILE)).read_text())
 
-    def load_run(self, sub_uuid: str) -> StoredRun:
+    def load_run(self, sub_uuid: str, prefix: str = "") -> StoredRun:
         """The stored run (result and failure None where a file is missing or unreadable)."""
         folder = self.run_folder(sub_uuid)
         docs: list[Any] = []
         for name in (RESULT_FILE, FAILURE_FILE):
             try:
-                docs.append(json.loads((folder / name).read_text()))
+                docs.append(json.loads((folder / (prefix + name)).read_text()))
             except (FileNotFoundError, ValueError):
                 docs.append(None)
         return StoredRun(docs[0], "", docs[1])

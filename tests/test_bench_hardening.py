@@ -327,3 +327,22 @@ def test_gpu_honest_example_passes_with_the_runners_pipes(tmp_path):
     done, channel_data = run_benchmark(pkg, work, seed=99, timeout=600)
     sent = json.loads(channel_data)
     assert sent["kind"] == "result" and all(c["correctness"] == "passed" for c in sent["result"]["cases"]), sent
+
+
+def test_an_os_thread_still_exiting_after_its_join_is_not_a_leak(monkeypatch):
+    # join() returns before the kernel drops the task: /proc/self/task may list it a moment longer
+    census = integrity.ThreadCensus()
+    extra = {"calls": 0}
+    real = integrity._os_tasks
+
+    def lingering():
+        extra["calls"] += 1
+        tasks = real()
+        return tasks | {999_999_999} if extra["calls"] <= 2 else tasks
+
+    monkeypatch.setattr(integrity, "_os_tasks", lingering)
+    assert census.leak() is None and extra["calls"] > 2
+
+    monkeypatch.setattr(integrity, "_os_tasks", lambda: real() | {999_999_998})  # one that stays
+    finding = census.leak()
+    assert finding is not None and finding.code == "THREAD_LEAK" and "OS thread" in finding.message

@@ -82,6 +82,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
+#: how long new OS threads without a Python thread may take to vanish (threads exiting)
+EXIT_GRACE_S = 0.05
+
+
 class ThreadCensus:
     """Threads and child processes present when the timed region starts.
 
@@ -94,13 +98,26 @@ class ThreadCensus:
         self.tasks = _os_tasks()
         self.children = _children()
 
-    def leak(self) -> Finding | None:
-        """A THREAD_LEAK finding for anything new that is still alive, else None."""
+    def _new(self) -> tuple[list[threading.Thread], list[int], list[int]]:
         new_threads = [t for t in threading.enumerate() if t not in self.threads and t.is_alive()]
         tasks = _os_tasks()
         new_tasks = sorted(tasks - self.tasks) if tasks is not None and self.tasks is not None else []
         children = _children()
         new_children = sorted(p for p in (children or set()) - (self.children or set()) if _alive(p))
+        return new_threads, new_tasks, new_children
+
+    def leak(self) -> Finding | None:
+        """A THREAD_LEAK finding for anything new that is still alive, else None.
+
+        A joined Python thread's OS thread can still be listed for a moment while it exits
+        (``join`` returns before the kernel drops the task): new OS threads alone are looked
+        at again for up to ``EXIT_GRACE_S`` before they count.
+        """
+        new_threads, new_tasks, new_children = self._new()
+        deadline = pristine.perf_counter() + EXIT_GRACE_S
+        while new_tasks and not new_threads and not new_children and pristine.perf_counter() < deadline:
+            pristine.sleep(0.002)
+            new_threads, new_tasks, new_children = self._new()
         if not (new_threads or new_tasks or new_children):
             return None
         parts = []

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 perf_counter = time.perf_counter
 perf_counter_ns = time.perf_counter_ns
+sleep = time.sleep
 
 _TIME_NAMES = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns",
                "process_time", "process_time_ns", "sleep")

@@ -6,10 +6,7 @@ process building the package, and `kz submit` as a subprocess.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from kz_daemon.errors import ZooError
 from kz_daemon.logs import MAX_TAIL_CHARS, TAILS_FILE, clean_tails, load_tails, store_tails
 from tests.helpers.browser import browser
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
-from tests.test_runner_loop import finish, start_runner
+from tests.test_runner_loop import submit_with_one_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "runner"
@@ -65,16 +62,9 @@ def _broken_package(tmp_path: Path) -> Path:
 
 def test_a_failing_build_shows_its_traceback_everywhere(live, tmp_path):
     package = _broken_package(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("KZ_TOKEN", "KZ_SERVER", "KZ_SUBMITTER")}
-    submit = subprocess.Popen([sys.executable, "-m", "kz_daemon", "submit", str(package), "--server", live.url,
-                               "--submitter", "alice", "--kernel-id", KERNEL_ID, "--timeout", "120"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    runner = start_runner(live.url, tmp_path / "work", "--once", "--wait", "60",
-                          token=live.tokens["runner:loop-test"])
-    code, err = finish(runner, timeout=120)
-    assert code == 0, err
-    out, serr = submit.communicate(timeout=120)
-    assert submit.returncode == 1, out + serr
+    code, out, serr = submit_with_one_runner(live.url, live.tokens["runner:loop-test"], package, KERNEL_ID,
+                                             tmp_path / "work")
+    assert code == 1, out + serr
     assert MARKER in out and "Traceback" in out, out
 
     uuid = next(s.uuid for s in live.zoo.store.state.submissions.values() if s.kernel_id == KERNEL_ID)

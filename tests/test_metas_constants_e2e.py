@@ -5,7 +5,6 @@ subprocess: the package validates at intake, builds, benchmarks and is accepted.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.http_server import CPU_AXPY, LiveServer
-from tests.test_runner_loop import finish, start_runner
+from tests.test_runner_loop import submit_with_one_runner
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "runner" / "cpu" / "Test" / "Runner" / "fp32" / "ok"
@@ -52,15 +51,8 @@ def test_a_harness_with_a_metrics_constant_is_accepted_end_to_end(live, tmp_path
     validate = subprocess.run([sys.executable, "-m", "kz_daemon", "validate", str(package)],
                               cwd=ROOT, capture_output=True, text=True)
     assert validate.returncode == 0, validate.stdout + validate.stderr
-    env = {k: v for k, v in os.environ.items() if k not in ("KZ_TOKEN", "KZ_SERVER", "KZ_SUBMITTER")}
-    submit = subprocess.Popen([sys.executable, "-m", "kz_daemon", "submit", str(package), "--server", live.url,
-                               "--submitter", "alice", "--kernel-id", KERNEL_ID, "--timeout", "120"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    runner = start_runner(live.url, tmp_path / "work", "--once", "--wait", "60",
-                          token=live.tokens["runner:loop-test"])
-    code, err = finish(runner, timeout=120)
-    assert code == 0, err
-    out, serr = submit.communicate(timeout=120)
-    assert submit.returncode == 0, out + serr
+    code, out, serr = submit_with_one_runner(live.url, live.tokens["runner:loop-test"], package, KERNEL_ID,
+                                             tmp_path / "work")
+    assert code == 0, out + serr
     sub = next(s for s in live.zoo.store.state.submissions.values() if s.kernel_id == KERNEL_ID)
     assert sub.status == "accepted", sub.reasons

@@ -243,6 +243,22 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     return proc.returncode, err.decode(errors="replace")
 
 
+def submit_with_one_runner(server_url: str, token: str, package: Path, kernel_id: str,
+                           work_root: Path) -> tuple[int, str, str]:
+    """``kz submit PACKAGE`` (as alice, no KZ_* from the caller's environment) while one real
+    ``kz runner --once`` serves the job; the runner must exit 0. Returns submit's exit code,
+    stdout and stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KZ_TOKEN", "KZ_SERVER", "KZ_SUBMITTER")}
+    submit = subprocess.Popen([sys.executable, "-m", "kz_daemon", "submit", str(package), "--server", server_url,
+                               "--submitter", "alice", "--kernel-id", kernel_id, "--timeout", "120"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = start_runner(server_url, work_root, "--once", "--wait", "60", token=token)
+    code, err = finish(runner, timeout=120)
+    assert code == 0, err
+    out, serr = submit.communicate(timeout=120)
+    return submit.returncode, out, serr
+
+
 def _logs(result: dict) -> bytes:
     return base64.b64decode(result["logs_b64"])
 

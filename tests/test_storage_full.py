@@ -38,13 +38,7 @@ def small_disk(tmp_path):
 
 def fill(path, store):
     """Fill the file system, then the event log's last page, so the next append fails for real."""
-    with open(path, "wb") as out:
-        try:
-            while True:
-                out.write(b"\0" * 65536)
-                out.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+    fill_disk(path)
     for _ in range(10_000):
         try:
             store.emit(ev.SpoolSkipped(name="filler-" + "x" * 500, reason="other"))
@@ -166,13 +160,19 @@ def test_upload_acknowledged_while_the_log_is_full_appears_once_it_has_space(sma
         server.stop()
 
 
-def repo_on_small_disk(tmp_path, small_disk, reaper_s: float):
-    """A state dir whose repo lives on the small disk; the reaper retries stalled sagas every ``reaper_s``."""
+def configured_state(tmp_path, config_yaml: str = ""):
+    """A state dir ``tmp_path/kz`` seeded from the examples, with ``config_yaml`` as its kz.yaml."""
     state = tmp_path / "kz"
     state.mkdir()
-    (state / "kz.yaml").write_text(f"paths:\n  repo: {small_disk / 'repo'}\n"
-                                   f"queue:\n  reaper_interval_s: {reaper_s}\n")
+    if config_yaml:
+        (state / "kz.yaml").write_text(config_yaml)
     return init_state_dir(state, seed_from=EXAMPLES)
+
+
+def repo_on_small_disk(tmp_path, small_disk, reaper_s: float):
+    """A state dir whose repo lives on the small disk; the reaper retries stalled sagas every ``reaper_s``."""
+    return configured_state(tmp_path, f"paths:\n  repo: {small_disk / 'repo'}\n"
+                                      f"queue:\n  reaper_interval_s: {reaper_s}\n")
 
 
 def test_accept_on_a_full_repo_disk_waits_and_completes_once_it_has_space(tmp_path, small_disk):
@@ -218,10 +218,7 @@ def _file_locked(lock):
 ], ids=["enospc", "file_locked"])
 def test_a_lock_left_by_a_failed_git_write_is_removed_and_the_saga_retried(tmp_path, monkeypatch,
                                                                              lock_path, error):
-    state = tmp_path / "kz"
-    state.mkdir()
-    (state / "kz.yaml").write_text("queue:\n  reaper_interval_s: 0.2\n")
-    zoo = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    zoo = Zoo(configured_state(tmp_path, "queue:\n  reaper_interval_s: 0.2\n"))
     zoo.start()
     try:
         base = zoo.git.head()
@@ -252,9 +249,7 @@ def test_a_lock_left_by_a_failed_git_write_is_removed_and_the_saga_retried(tmp_p
 
 def test_a_failed_object_write_leaves_no_lock_file(tmp_path, monkeypatch):
     # dulwich's GitFile keeps its .lock when the flush at close fails on a full disk
-    state = tmp_path / "kz"
-    state.mkdir()
-    zoo = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    zoo = Zoo(configured_state(tmp_path))
     try:
         store = zoo.git.store
         real_add = store.add_object
@@ -324,11 +319,8 @@ def test_upload_is_answered_at_once_when_the_log_fails_during_its_wait(small_dis
 
 def test_a_daemon_loop_failing_on_a_full_log_says_so_once_not_every_pass(small_disk, capfd):
     # the reaper runs every 0.05 s and each pass fails (an expired lease cannot be logged)
-    state = small_disk.parent / "kz"
-    state.mkdir()
-    (state / "kz.yaml").write_text(f"paths:\n  events: {small_disk / 'events'}\n"
-                                   "queue:\n  reaper_interval_s: 0.05\n  lease_seconds: 1\n")
-    zoo = Zoo(init_state_dir(state, seed_from=EXAMPLES))
+    zoo = Zoo(configured_state(small_disk.parent, f"paths:\n  events: {small_disk / 'events'}\n"
+                                                  "queue:\n  reaper_interval_s: 0.05\n  lease_seconds: 1\n"))
     zoo.start()
     try:
         sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")

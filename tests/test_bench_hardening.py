@@ -13,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -231,6 +232,55 @@ def test_trial_inputs_differ_and_their_expectations_come_from_the_reference():
     assert all(sorted(c) == sorted(x) for c in contents)  # the same values, moved
     for c, e in zip(run.contents, run.expected):
         assert np.array_equal(e, 3.0 * c[1]) and c[0] == 3.0
+
+
+def test_comparing_a_timed_output_on_the_cpu_allocates_nothing():
+    # Freed float64 temporaries between timed calls move the C heap's top, and the next timed
+    # call then pays page faults for its own allocations: the harness would be measured.
+    n = 1 << 20
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    run = trials.Trials(np, (x,), expected=None, reference=lambda x: x * 2, out=np.empty_like(x), count=3,
+                        rng=random.Random(3), atol=1e-6, rtol=1e-6)
+    wrong = np.full_like(x, np.nan)  # the poison: all three comparisons run (poison, other trials)
+    right = run.expected[1].copy()
+    tracemalloc.start()
+    try:
+        for out, trial in ((right, 1), (wrong, 1), (run.expected[2].copy(), 1)):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            run.check_values(out, trial)
+            peak = tracemalloc.get_traced_memory()[1] - before
+            # ufunc casting buffers (~64 KiB each) remain; one float64 copy of the output is 8 MiB
+            assert peak < x.nbytes // 8, f"comparing allocated {peak} bytes"
+    finally:
+        tracemalloc.stop()
+    assert run.check_values(right, 1) is None
+    assert run.check_values(wrong, 1).code == "STALE_OUTPUT"
+    assert run.check_values(run.expected[2].copy(), 1).evidence["matches"] == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "uint8", "bool"])
+def test_the_scratch_comparison_counts_what_the_plain_one_counts(dtype):
+    rng = np.random.default_rng(7)
+    if dtype == "bool":
+        expected = rng.integers(0, 2, 64).astype(bool)
+        got = expected.copy()
+        got[::5] = ~got[::5]
+    elif dtype.startswith(("int", "uint")):
+        expected = rng.integers(0, 100, 64).astype(dtype)
+        got = expected.copy()
+        got[::7] += 3
+    else:
+        expected = rng.standard_normal(64).astype(dtype)
+        expected[:4] = [np.inf, -np.inf, np.inf, 0.0]
+        got = expected + np.asarray(1e-7, dtype=dtype)
+        got[:4] = [np.inf, np.inf, np.nan, np.nan]  # an equal inf, a wrong inf, NaNs
+        got[10:20] += 1
+    scratch = trials.Scratch(expected.shape)
+    for atol, rtol in ((0, 0), (1e-6, 1e-6), (2.0, 0.0)):
+        plain = trials.mismatches(np, got, expected, atol, rtol)
+        assert trials.mismatches(np, got, expected, atol, rtol, scratch) == plain
+    assert trials.poisoned(np, got, scratch) == trials.poisoned(np, got)
 
 
 def test_the_trial_schedule_follows_the_seed():

@@ -63,17 +63,45 @@ def du(path: Path) -> int:
     return total
 
 
-def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (seconds, value) points, per hour; None with fewer than 5 points."""
-    if len(points) < 5:
+def slope(points: list[tuple[float, float]], least: int = 5) -> float | None:
+    """Least-squares slope of (x, y) points; None with fewer than ``least`` points or one x."""
+    if len(points) < least:
         return None
     n = len(points)
-    mx = sum(t for t, _ in points) / n
-    my = sum(v for _, v in points) / n
-    sxx = sum((t - mx) ** 2 for t, _ in points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
     if sxx == 0:
         return None
-    return sum((t - mx) * (v - my) for t, v in points) / sxx * 3600.0
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, value) points, per hour; None with fewer than 5 points."""
+    per_s = slope(points)
+    return None if per_s is None else per_s * 3600.0
+
+
+def rss_per_submission(samples: list[dict]) -> dict:
+    """RSS bytes per acknowledged submission: added within a lifetime, and held across restarts.
+
+    Within: the least-squares slope of RSS against acknowledged submissions in each lifetime
+    (samples at least 30 s old), their median. Across: the slope of each lifetime's first such
+    sample against the submissions acknowledged by then. A restart rebuilds what the daemon
+    must hold (the state) and gives back what it need not (caches, leaks): growth that is
+    there across restarts is the state's, the rest is what a long lifetime accumulates.
+    """
+    lifetimes: dict[float, list[tuple[float, float]]] = {}
+    for s in samples:
+        if s.get("rss_bytes") is not None and s["daemon_age_s"] >= 30:
+            lifetimes.setdefault(s["daemon_start"], []).append((s["acknowledged"], s["rss_bytes"]))
+    within = sorted(v for v in (slope(p) for p in lifetimes.values()) if v is not None)
+    firsts = [p[0] for p in lifetimes.values() if p]
+    across = slope(firsts, least=3)
+    return {"within_lifetime": round(within[len(within) // 2]) if within else None,
+            "within_by_lifetime": [round(v) for v in within],
+            "across_restarts": round(across) if across is not None else None,
+            "lifetimes": len(lifetimes)}
 
 
 class Paced(LoopThreads):
@@ -166,8 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=int, default=12)
     parser.add_argument("--protocol-runners", type=int, default=3)
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for the report and the samples")
+    parser.add_argument("--report-from", metavar="JSON", default=None,
+                        help="print the report of an earlier run's JSON file (no run)")
     parser.add_argument("--name", default="soak", help="files are NAME_report.md and NAME.json (default soak)")
     args = parser.parse_args(argv)
+    if args.report_from:
+        doc = json.loads(Path(args.report_from).read_text())
+        doc["rss_per_submission"] = rss_per_submission(doc["samples"])
+        print(report(doc))
+        return 0
 
     base = Path(tempfile.mkdtemp(prefix="kz-soak-"))
     disk = None
@@ -252,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "invariant_problems": verdict.problems, "findings": findings, "daemon_exit_status": rc,
         "summaries": summaries,
         "flat": {"rss_bytes": flat(summaries["rss_bytes"], 0.10), "open_fds": flat(summaries["open_fds"], 0.10)},
+        "rss_per_submission": rss_per_submission(samples),
         "disk_bytes_per_acknowledged": round(disk_growth / acked) if acked else None,
         "disk_by_folder_end": {name: samples[-1][f"du_{name}"] for name in FOLDERS} if samples else {},
         "machine": machine_facts(calibration_loop_s_start=calibration_start, calibration_loop_s_end=calibration_end,
@@ -269,6 +305,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _mib(v) -> str:
     return "-" if v is None else f"{v / 2 ** 20:.1f} MiB"
+
+
+def _rss_lines(per: dict) -> list[str]:
+    within, across = per["within_lifetime"], per["across_restarts"]
+    if within is None:
+        return []
+    text = (f"RSS per acknowledged submission: {within} bytes added within a lifetime (median of "
+            f"{len(per['within_by_lifetime'])} lifetimes: {per['within_by_lifetime']})")
+    if across is not None:
+        text += (f"; {across} bytes held across restarts (each of {per['lifetimes']} lifetimes' first sample "
+                 "against the submissions by then): what a restart rebuilds is the state, what it gives back "
+                 "is what a lifetime accumulates beyond it")
+    return [text + ".", ""]
 
 
 def report(doc: dict) -> str:
@@ -310,6 +359,7 @@ def report(doc: dict) -> str:
         "least-squares growth per hour is under 10 % of the lifetime's first value. Slopes per lifetime: "
         f"RSS {s['rss_bytes']['slope_per_hour_by_lifetime']}, fds {s['open_fds']['slope_per_hour_by_lifetime']}.",
         "",
+        *_rss_lines(doc.get("rss_per_submission") or rss_per_submission(doc["samples"])),
         f"Disk: {_mib(doc['disk_bytes_per_acknowledged'])} per acknowledged submission"
         if doc["disk_bytes_per_acknowledged"] is None else
         f"Disk: {doc['disk_bytes_per_acknowledged']} bytes per acknowledged submission; by folder at the end: "

@@ -61,3 +61,48 @@ def test_bench_http_prints_its_figures(tmp_path):
     assert doc["kernels_non_2xx"] == 0
     for key in ("kernels_req_per_s", "status_p99_ms", "submit_to_claim_ms"):
         assert doc[key] > 0, key
+
+
+def test_cpu_timing_policy_times_every_case_each_way(tmp_path):
+    out = tmp_path / "policy.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_timing_policy.py"), "--rounds", "1",
+                           "--json", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["case"].split()[0], r["variant"]) for r in rows} == \
+        {(k, v) for k in ("axpy", "softmax") for v in ("rotate", "checked", "checked_after")}
+    assert len(rows) == 18 and all(r["median_us"] > 0 and r["faults_per_call"] >= 0 for r in rows)
+    assert all("ratio_median" in r for r in rows if r["variant"] != "rotate")
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_ab_compares_two_trees_case_by_case(tmp_path):
+    out = tmp_path / "aa.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_dry_run_ab.py"), "--old-tree", str(ROOT),
+                           "--rounds", "1", "--json", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"Axpy n4k", "Axpy n64k", "Axpy n1m", "Softmax r64_c128", "Softmax r512_c1024",
+                         "Softmax r2048_c512"}
+    assert all(len(r["old"]) == len(r["new"]) == 1 and r["ratio_median"] > 0 for r in rows.values())
+
+
+def test_soak_tells_rss_held_across_restarts_from_rss_a_lifetime_adds():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import soak
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    samples = []
+    for start, acked0, rss0 in ((0.0, 0, 100_000_000), (300.0, 1000, 100_500_000), (600.0, 2000, 101_000_000)):
+        for k in range(6):  # 1,000 bytes per submission within a lifetime, 500 held across restarts
+            age = 30.0 + 10 * k
+            acked = acked0 + 20 * k
+            samples.append({"t": start + age, "daemon_start": start, "daemon_age_s": age, "acknowledged": acked,
+                            "rss_bytes": rss0 + 1000 * (acked - acked0)})
+    samples.insert(0, {"t": 5.0, "daemon_start": 0.0, "daemon_age_s": 5.0, "acknowledged": 0, "rss_bytes": 1})
+    per = soak.rss_per_submission(samples)
+    assert per == {"within_lifetime": 1000, "within_by_lifetime": [1000, 1000, 1000], "across_restarts": 500,
+                   "lifetimes": 3}
+    assert "500 bytes held across restarts" in " ".join(soak._rss_lines(per))

@@ -26,7 +26,7 @@ from kz_runner.contract.checks import HINTS as RESULT_HINTS
 from kz_runner.contract.codes import CODES, problem
 from kz_runner.contract.kernel_id import REPO_MARKERS, check_kernel_id, find_repo_root
 from kz_runner.contract.layout import BENCH_RESULT, KP
-from kz_runner.contract.pack import pack_kernel_id, pack_package
+from kz_runner.contract.pack import bench_result_kernel_id, pack_kernel_id, pack_package
 from kz_runner.contract.validate import validate_tarball
 from kz_runner.contract.upload import IDEMPOTENCY_HEADER
 
@@ -72,7 +72,11 @@ def kernel_id_sources_tried(package_dir: Path) -> list[str]:
     """What :func:`pack_kernel_id` looked at, in its order, for a directory whose kernel_id it could not tell."""
     bench = package_dir / KP / BENCH_RESULT
     tried = ["no --kernel-id was given"]
-    if bench.is_file():
+    named = bench_result_kernel_id(package_dir)
+    if named is not None:
+        tried.append(f"{bench} names {named!r}, but the folder's path {package_dir.resolve()} does not end with it "
+                     "(a copied package? set kernel_id there to the copy's own kernel_id)")
+    elif bench.is_file():
         tried.append(f"{bench} has no readable kernel_id")
     else:
         tried.append(f"{bench} does not exist")

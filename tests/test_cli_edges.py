@@ -221,3 +221,21 @@ def test_an_invalid_kernel_id_is_worded_as_kz_validate_words_it(tmp_path, tarbal
         assert code == 1
         submit_lines = {ln.strip() for ln in err.splitlines() if "KERNEL_ID_INVALID" in ln}
         assert submit_lines == validate_lines
+
+
+def test_a_copied_package_whose_bench_result_names_the_original_is_not_sent_to_the_original(tmp_path, capsys):
+    # kz validate calls the copy invalid; kz pack and kz submit used to trust bench_result.yaml's
+    # kernel_id and sent the copy to the original's kernel, where it could replace its record
+    pkg = _package_dir(tmp_path, with_bench_result=True)
+    assert main(["validate", str(pkg)]) == 1
+    assert "BENCH_KERNEL_ID_MISMATCH" in capsys.readouterr().out
+    code, _out, err = _submit(capsys, str(pkg), "--server", "http://127.0.0.1:9")
+    assert code == 1 and "nothing was uploaded" in err
+    assert f"names '{CPU_AXPY}', but the folder's path {pkg.resolve()} does not end with it" in err
+    assert main(["pack", str(pkg), "-o", str(tmp_path / "p.tar.gz")]) == 2
+    assert "BENCH_KERNEL_ID_MISMATCH" in capsys.readouterr().err and not (tmp_path / "p.tar.gz").exists()
+    # the same copy under a path that ends with the kernel_id it names packs as that kernel
+    right = tmp_path / "elsewhere" / CPU_AXPY
+    shutil.copytree(pkg, right)
+    assert main(["pack", str(right), "-o", str(tmp_path / "p.tar.gz")]) == 0
+    assert f"kernel_id {CPU_AXPY}" in capsys.readouterr().out

@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("package", metavar="PKG_DIR", help="package directory (holds .kernel_package/)")
     parser.add_argument("-o", "--output", metavar="OUT.tar.gz",
                         help="where to write (default: ./<kernel_id with / as __>.tar.gz)")
-    parser.add_argument("--kernel-id", help="kernel_id (default: bench_result.yaml's, else the path under the repo root)")
+    parser.add_argument("--kernel-id", help="kernel_id (default: bench_result.yaml's when the folder's path ends with it, "
+                        "else the path under the repo root)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON document")
 
 
@@ -31,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
 
     result = pack_package(args.package, args.output, kernel_id=args.kernel_id)
     if result.kernel_id is None and not args.json:
+        for found in result.report.errors:  # why: no kernel_id anywhere, or a bench_result.yaml naming another path
+            if found.code in ("KERNEL_ID_UNKNOWN", "BENCH_KERNEL_ID_MISMATCH"):
+                print(found.render(), file=sys.stderr)
         print(f"kz pack: cannot tell the kernel_id of {args.package}; pass --kernel-id "
               "(or keep bench_result.yaml, or pack inside a kernel repo)", file=sys.stderr)
         return 2

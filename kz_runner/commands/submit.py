@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="submitter token when the server requires one (env KZ_TOKEN)")
     parser.add_argument("--kernel-id", default=None,
                         help="kernel_id (default: the tarball's top folder, or for a directory its "
-                             "bench_result.yaml, else its path under the kernel repo root)")
+                             "bench_result.yaml's when the folder's path ends with it, else its path "
+                             "under the kernel repo root)")
     parser.add_argument("--idempotency-key", default=None, metavar="KEY",
                         help="the upload's Idempotency-Key (default: a new uuid4 per invocation); "
                              "repeat a key to make a repeated submission a no-op on the server")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from kz_events.durable import atomic_write
 
-from .codes import problem
-from .kernel_id import find_repo_root, kernel_id_from_path
+from .kernel_id import find_repo_root
 from .problems import Problem, Report
 from .tarball import Limits
 from .targz import deterministic_targz
-from .validate import BENCH_RESULT, analyze_package_dir, contract_path, is_ignored, validate_tarball
+from .validate import (BENCH_RESULT, analyze_package_dir, contract_path, is_ignored, resolve_kernel_id,
+                       validate_package_dir, validate_tarball)
 from .yamlio import YAMLError, load_yaml
 
 BENCH_RESULT_REL = contract_path(BENCH_RESULT)
@@ -47,24 +47,35 @@ class PackResult:
 
 
 def pack_kernel_id(package_dir: str | os.PathLike, kernel_id: str | None = None) -> tuple[str | None, str]:
-    """``(kernel_id, where it came from)``: the argument, else bench_result.yaml, else the repo path."""
+    """``(kernel_id, where it came from)``: the argument, else the rule ``kz validate`` applies.
+
+    That rule (:func:`~kz_runner.contract.validate.resolve_kernel_id`): bench_result.yaml's
+    ``kernel_id`` when the directory's path ends with it, else the path under the repo root.
+    A copied package whose bench_result.yaml still names the original is therefore not
+    packed (or submitted) as the original.
+    """
     if kernel_id:
         return kernel_id, "argument"
-    bench = Path(package_dir) / BENCH_RESULT_REL
-    if bench.is_file():
-        try:
-            doc = load_yaml(bench.read_bytes())
-        except (YAMLError, ValueError):
-            doc = None
-        if isinstance(doc, dict) and isinstance(doc.get("kernel_id"), str) and doc["kernel_id"]:
-            return doc["kernel_id"], BENCH_RESULT_REL
-    root = find_repo_root(Path(package_dir).resolve().parent)
-    if root is not None:
-        try:
-            return kernel_id_from_path(package_dir, root), f"path under {root}"
-        except ValueError:
-            pass
-    return None, "unknown"
+    bench_id = bench_result_kernel_id(Path(package_dir))
+    resolved = resolve_kernel_id(Path(package_dir).resolve(), bench_id)
+    if resolved is None:
+        return None, "unknown"
+    if resolved == bench_id:
+        return resolved, BENCH_RESULT_REL
+    return resolved, f"path under {find_repo_root(Path(package_dir).resolve().parent)}"
+
+
+def bench_result_kernel_id(package_dir: Path) -> str | None:
+    """The ``kernel_id`` string in the directory's bench_result.yaml (None: no file, unreadable, absent)."""
+    bench = package_dir / BENCH_RESULT_REL
+    if not bench.is_file():
+        return None
+    try:
+        doc = load_yaml(bench.read_bytes())
+    except (YAMLError, ValueError, RecursionError):
+        return None
+    value = doc.get("kernel_id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def package_entries(package_dir: str | os.PathLike, exclude: Path | None = None) -> list[tuple[str, bool]]:
@@ -122,9 +133,8 @@ def pack_package(package_dir: str | os.PathLike, out: str | os.PathLike | None =
     """
     pkg = Path(package_dir)
     kid, _source = pack_kernel_id(pkg, kernel_id)
-    if kid is None:
-        found = problem("KERNEL_ID_UNKNOWN", f"cannot tell the kernel_id of {pkg}", severity="error")
-        return PackResult(Report(str(pkg), (found,)), None)
+    if kid is None:  # kz validate's report, which says why (KERNEL_ID_UNKNOWN or BENCH_KERNEL_ID_MISMATCH)
+        return PackResult(validate_package_dir(pkg), None)
     analysis = analyze_package_dir(pkg, kid)
     analysis.problems = [p for p in analysis.problems
                          if not (p.code == "FILE_MISSING" and p.file == BENCH_RESULT_REL)]

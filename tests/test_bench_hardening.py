@@ -87,7 +87,7 @@ def _fresh_workdir(built: dict[str, Path], kernel_id: str, tmp_path: Path) -> Pa
 
 
 def _library_names() -> list[str]:
-    return [name for name, _p, _e, _f, _c, layer, _s in CHEAT_TABLE if layer == "library"]
+    return [name for name, _p, _e, _f, code, layer, _s in CHEAT_TABLE if layer == "library" and code]
 
 
 @pytest.mark.parametrize("name", _library_names())
@@ -132,6 +132,17 @@ def test_honest_examples_pass_under_many_seeds(built, tmp_path):
             done, channel_data = run_benchmark(EXAMPLES / kernel_id, work, seed=seed)
             sent = json.loads(channel_data)
             assert sent["kind"] == "result" and sent["result"]["overall"]["accept"], (seed, kernel_id, sent)
+
+
+def test_a_cache_keyed_on_the_inputs_content_never_hits(cheats, built, tmp_path):
+    """Every call gets inputs no earlier call had, so even a cache keyed on all of their bytes is useless."""
+    cheat = cheats["cache_by_content"]
+    assert cheat.layer == "library" and cheat.expected_code is None
+    work = _fresh_workdir(built, SOFTMAX, tmp_path)
+    done, channel_data = run_benchmark(cheat.path, work, seed=24680)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result" and sent["result"]["overall"]["accept"] is True, sent
+    assert b"content cache: 0 hits" in done.stderr, done.stderr.decode()[-2000:]
 
 
 def test_overwriting_expected_files_is_left_to_the_runners_file_check(cheats, built, tmp_path):
@@ -223,40 +234,77 @@ def test_output_buffers_are_poisoned_before_every_call():
     assert run.checked_calls >= 1
 
 
-def test_trial_inputs_differ_and_their_expectations_come_from_the_reference():
-    x = np.arange(100, dtype=np.float64)
+def _calls(run, n, start=0):
+    """Prepare ``n`` calls as a clock would; the content each was given and its seed."""
+    got = []
+    for idx in range(start, start + n):
+        args = run.before(idx, run.sets[idx % run.count])
+        got.append(([a.copy() if isinstance(a, np.ndarray) else a for a in args], run.seed_of_call.pop(idx)))
+        run.earlier.pop(idx)
+    return got
+
+
+def test_every_call_gets_fresh_inputs_whose_expectation_the_reference_computes():
+    x = np.arange(1000, dtype=np.float64)
     run = trials.Trials(np, (3.0, x), expected=None, reference=lambda a, x: a * x, out=None, count=4,
                         rng=random.Random(5), atol=0, rtol=0)
-    contents = [c[1] for c in run.contents]
-    assert all(not np.array_equal(contents[0], c) for c in contents[1:])
-    assert all(sorted(c) == sorted(x) for c in contents)  # the same values, moved
-    for c, e in zip(run.contents, run.expected):
-        assert np.array_equal(e, 3.0 * c[1]) and c[0] == 3.0
+    calls = _calls(run, 200)
+    contents = [args[1] for args, _seed in calls]
+    assert len({c.tobytes() for c in contents}) == 200  # no content repeats, not even across the 4 buffers
+    assert all(not np.array_equal(c, x) for c in contents)
+    assert all(np.array_equal(np.sort(c), x) and args[0] == 3.0 for c, (args, _s) in zip(contents, calls))
+    for args, seed in calls[:20]:
+        assert np.array_equal(run.expected_for(seed), 3.0 * args[1])
+    assert run.expected_for(None) is run.expected0 and np.array_equal(run.expected0, 3.0 * x)
 
 
-def test_comparing_a_timed_output_on_the_cpu_allocates_nothing():
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 17])
+def test_the_block_permutation_keeps_the_values_of_tiny_arrays(n):
+    src = np.arange(n, dtype=np.int32) + 10
+    dst = np.empty_like(src)
+    seen = set()
+    for seed in range(40):
+        trials.permute_into(np, dst, src, random.Random(seed))
+        assert sorted(dst.tolist()) == sorted(src.tolist())
+        seen.add(tuple(dst.tolist()))
+        assert n < 2 or not np.array_equal(dst, src)
+    # every arrangement for n = 3 (three), most of the 3 * C(n-1, 2) ones otherwise
+    assert len(seen) == {1: 1, 2: 1, 3: 3}[n] if n <= 3 else len(seen) >= {4: 8, 17: 36}[n]
+
+
+def test_comparing_a_timed_output_on_the_cpu_allocates_nothing_but_the_reference():
     # Freed float64 temporaries between timed calls move the C heap's top, and the next timed
     # call then pays page faults for its own allocations: the harness would be measured.
     n = 1 << 20
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    run = trials.Trials(np, (x,), expected=None, reference=lambda x: x * 2, out=np.empty_like(x), count=3,
+    expectations = {}
+
+    def reference(x):  # computed before the check, so that only the comparison is traced below
+        return expectations[x[:16].tobytes()]
+
+    run = trials.Trials(np, (x,), expected=x * 2, reference=reference, out=np.empty_like(x), count=3,
                         rng=random.Random(3), atol=1e-6, rtol=1e-6)
-    wrong = np.full_like(x, np.nan)  # the poison: all three comparisons run (poison, other trials)
-    right = run.expected[1].copy()
+    (args1, seed1), (args2, seed2) = _calls(run, 2)
+    for args in (args1, args2):
+        expectations[args[0][:16].tobytes()] = args[0] * 2
+    right, other = args1[0] * 2, args2[0] * 2
+    wrong = np.full_like(x, np.nan)  # the poison
     tracemalloc.start()
     try:
-        for out, trial in ((right, 1), (wrong, 1), (run.expected[2].copy(), 1)):
+        for out, earlier in ((right, ()), (wrong, ()), (other, (seed2,))):
             tracemalloc.reset_peak()
             before = tracemalloc.get_traced_memory()[0]
-            run.check_values(out, trial)
+            run.check_values(out, seed1, earlier)
             peak = tracemalloc.get_traced_memory()[1] - before
             # ufunc casting buffers (~64 KiB each) remain; one float64 copy of the output is 8 MiB
             assert peak < x.nbytes // 8, f"comparing allocated {peak} bytes"
     finally:
         tracemalloc.stop()
-    assert run.check_values(right, 1) is None
-    assert run.check_values(wrong, 1).code == "STALE_OUTPUT"
-    assert run.check_values(run.expected[2].copy(), 1).evidence["matches"] == 2
+    assert run.check_values(right, seed1) is None
+    assert run.check_values(wrong, seed1).code == "STALE_OUTPUT"
+    found = run.check_values(other, seed1, (seed2,))
+    assert found.code == "STALE_OUTPUT" and found.evidence["matches"] == "earlier call"
+    assert run.check_values(right + 1, seed1, (seed2,)).code == "TIMED_MISMATCH"  # wrong, and no one's result
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "uint8", "bool"])
@@ -288,7 +336,8 @@ def test_the_trial_schedule_follows_the_seed():
         run = trials.Trials(np, (np.arange(10.0),), expected=None, reference=lambda x: x, out=None, count=4,
                             rng=random.Random(seed), atol=0, rtol=0)
         run.start_timing(0)
-        return [run.selected(i) for i in range(64)], [c[0][3] for c in run.contents]
+        contents = [args[0].tolist() for args, _s in _calls(run, 8)]
+        return [run.selected(i) for i in range(64)], contents
 
     assert picks(11) == picks(11) and picks(11) != picks(12)
 

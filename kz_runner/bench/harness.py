@@ -42,7 +42,7 @@ from kz_runner.bench.trials import Trials
 from kz_runner.contract.layout import BENCH_RESULT, KP
 
 USAGE = "usage: benchmark.py <workdir>"
-CPU_TRIALS = 4  # trial contents on the CPU, as many as the input copies it always rotated
+CPU_TRIALS = 4  # argument buffers rotated on the CPU, as many as the input copies it always rotated
 
 
 class StdoutGuard:
@@ -132,9 +132,11 @@ class CaseRun:
         Checked form (give ``expected`` and/or ``reference``): ``inputs`` is one tuple of
         arguments; ``fn(*inputs)`` (or ``fn(*inputs, out)`` with an output buffer ``out``)
         is first called untimed and checked against ``expected`` (recorded as the case's
-        correctness check), then timed on ``trials`` seeded variations of the inputs whose
-        expectations ``reference(*inputs)`` computes, with poisoned output buffers and a
-        seeded sample of the timed calls' outputs compared (see :mod:`kz_runner.bench.trials`).
+        correctness check), then timed with a fresh seeded variation of the inputs on every
+        call (in ``trials`` rotating argument buffers), poisoned output buffers, and a seeded
+        sample of the timed calls' outputs compared with what ``reference`` computes for
+        their inputs (see :mod:`kz_runner.bench.trials`). ``vary(rng, inputs) -> inputs``
+        replaces the default variation; it runs before every call, so keep it cheap.
         Plain form (neither given): ``inputs`` is a list of argument sets, timed as by
         :func:`time_fn`. Both forms check the timer, threads and (GPU) unsynchronised work.
         """
@@ -171,7 +173,7 @@ class CaseRun:
         run.guard = guard
         first = run.first_call(fn)
         run.check_type(first)
-        passed = self.check(first, run.expected[0]).passed
+        passed = self.check(first, run.expected0).passed
         del first
         if not passed:  # the case already failed; time it without comparing outputs
             return time_fn(fn, run.sets, guard=guard, **settings)

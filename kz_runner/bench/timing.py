@@ -402,7 +402,7 @@ def time_fn(
         if len(samples) >= max_reps:
             reason = STOP_MAX_REPS
             break
-        if now() - t0 >= budget_s:
+        if now() - t0 - (probe.spent_s if probe is not None else 0.0) >= budget_s:  # checking is not measuring
             reason = STOP_BUDGET
             break
     elapsed = now() - t0

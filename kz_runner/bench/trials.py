@@ -1,24 +1,25 @@
-"""Checked timing: varied trial inputs, poisoned outputs, and the timed calls' outputs checked.
+"""Checked timing: fresh trial inputs on every call, poisoned outputs, and timed outputs checked.
 
-:class:`Trials` prepares, from a case's base inputs, ``count`` trial contents: the base
-inputs themselves and ``count - 1`` seeded variations of them (each array argument's
-elements cyclically shifted by a seeded offset, unless the benchmark gives ``vary``),
-with the expected output of each computed by the benchmark's trusted ``reference``
-(the base inputs use ``expected`` when given). The seed is the runner's, which the
-package cannot know, so results cached from an earlier call, or keyed on the inputs'
-identity or shape, are wrong for the next trial.
+Every call (warm-up and timed) runs on one of ``count`` argument buffers. Right before
+the call, outside the timed interval, the buffer is refilled with a fresh trial content
+and the output buffer (when the benchmark passes one) is filled with a poison pattern
+(NaN for floats, a fixed odd value for integers). A trial content is the case's base
+inputs varied by a seed drawn for that call from the runner's seed, which the package
+cannot know: each array argument's elements cut into three blocks at seeded points and
+put back in a seeded other order (:func:`permute_into`: the same values, about
+``1.5 * n**2`` arrangements), unless the benchmark gives ``vary``. Contents practically
+never repeat, so a result cached from an earlier call, keyed on the inputs' identity,
+shape or even their full content, is never reused: the cache only adds its own cost.
 
-Every call (warm-up and timed) runs on one of ``count`` argument buffers. Before the
-call the buffer is refilled with a trial content other than the one it held and the
-output buffer (when the benchmark passes one) is filled with a poison pattern (NaN for
-floats, a fixed odd value for integers), outside the timed interval. After the call the
-output's exact type, dtype and shape are checked (``OUTPUT_TYPE``), and a seeded
-sample of the timed calls has its output compared with the expected output of the
-content it was given: the poison or another trial's output is ``STALE_OUTPUT``, any
-other error ``TIMED_MISMATCH``, reported at the end of the batch unless the timer,
-thread or event/wall checks found the cause first. On the CPU the comparison writes into
-buffers allocated once (:class:`Scratch`), so nothing the harness does between two timed
-calls changes the C heap the next call allocates from.
+After the call the output's exact type, dtype and shape are checked (``OUTPUT_TYPE``),
+and a seeded sample of the timed calls has its output compared with the expectation of
+the content it was given, which the benchmark's trusted ``reference`` computes then
+(the base inputs use ``expected`` when given). The poison or the result of an earlier
+call's inputs is ``STALE_OUTPUT``, any other error ``TIMED_MISMATCH``, reported at the
+end of the batch unless the timer, thread or event/wall checks found the cause first.
+Time spent checking does not count against the timing's budget. On the CPU the
+comparison writes into buffers allocated once (:class:`Scratch`), so it does not change
+the C heap the next call allocates from.
 """
 from __future__ import annotations
 
@@ -50,17 +51,32 @@ def poison_value(dtype: Any) -> Any:
     raise ValueError(f"no poison pattern for dtype {dtype}")
 
 
-def shift_inputs(rng: random.Random, inputs: Sequence[Any], xp: Any) -> tuple:
-    """The default variation: each array argument's elements cyclically shifted by a seeded offset."""
-    varied = []
-    for arg in inputs:
-        size = getattr(arg, "size", 0)
-        if _is_array(arg) and size > 1:
-            shift = rng.randrange(1, size)
-            varied.append(xp.roll(arg.reshape(-1), shift).reshape(arg.shape))
-        else:
-            varied.append(arg)
-    return tuple(varied)
+# Orders of the three blocks (see permute_into): the ones that are not a rotation of the
+# original, so no arrangement arises from two different cuts and none repeats as often as
+# a rotation would (two of the five other orders give only n - 1 rotations between them).
+BLOCK_ORDERS = ((0, 2, 1), (1, 0, 2), (2, 1, 0))
+
+
+def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random) -> None:
+    """Write into ``dst`` the elements of ``src`` cut into three blocks at two seeded points and
+    put back in a seeded other order (both C-contiguous, same size; nothing is allocated).
+
+    The values (and so their range and distribution) stay those of ``src``; the arrangement
+    is one of about ``1.5 * n**2`` (n elements), so contents practically never repeat.
+    """
+    d, s = dst.reshape(-1), src.reshape(-1)
+    n = int(s.size)
+    if n < 3:
+        xp.copyto(d, s[::-1] if n == 2 else s)
+        return
+    i = rng.randrange(1, n - 1)
+    j = rng.randrange(i + 1, n)
+    blocks = ((0, i), (i, j), (j, n))
+    pos = 0
+    for b in BLOCK_ORDERS[rng.randrange(len(BLOCK_ORDERS))]:
+        lo, hi = blocks[b]
+        xp.copyto(d[pos:pos + hi - lo], s[lo:hi])
+        pos += hi - lo
 
 
 def _is_array(value: Any) -> bool:
@@ -132,6 +148,9 @@ def poisoned(xp: Any, got: Any, scratch: Scratch | None = None) -> int:
     return int(xp.count_nonzero(got == value))
 
 
+_UNSET = object()
+
+
 class Trials:
     """The buffers, trial contents and checks of one checked timing (see the module docstring)."""
 
@@ -155,34 +174,62 @@ class Trials:
         self.array_type = pristine.cupy_ndarray if xp is pristine.cupy and xp is not None else np.ndarray
         self.atol, self.rtol = float(atol), float(rtol)
         self.rng = rng
-        base = tuple(inputs)
-        if reference is None:
-            count = 1  # nothing can compute another trial's expectation
-        self.count = max(1, int(count))
-        contents = [base]
-        for _ in range(self.count - 1):
-            contents.append(tuple(vary(rng, base)) if vary is not None else shift_inputs(rng, base, xp))
-        first = reference(*base) if expected is None else expected
-        self.expected = [xp.asarray(first)] + [xp.asarray(reference(*c)) for c in contents[1:]]
-        self.dtype, self.shape = self.expected[0].dtype, tuple(self.expected[0].shape)
+        self.reference, self.vary = reference, vary
+        self.base = tuple(_copy(a) for a in inputs)
+        first = reference(*self.base) if expected is None else expected
+        self.expected0 = xp.asarray(first)  # the base inputs' expectation
+        self.dtype, self.shape = self.expected0.dtype, tuple(self.expected0.shape)
         self.scratch = Scratch(self.shape) if xp is np else None
-        self.contents = [tuple(_copy(a) for a in c) for c in contents]
-        buffers = [tuple(_copy(a) for a in c) for c in self.contents]
-        self.holds = list(range(self.count))  # which trial content each buffer holds now
+        self.count = max(1, int(count))
+        buffers = [tuple(_copy(a) for a in self.base) for _ in range(self.count)]
+        self._check_set = tuple(_copy(a) for a in self.base)  # where a call's content is rebuilt for its check
+        self.holds: list[int | None] = [None] * self.count  # the seed of each buffer's content (None: base)
+        self._first: list[Any] = [_UNSET] * self.count  # the seed of each buffer's first content
         self.outs = [xp.empty_like(out) for _ in range(self.count)] if out is not None else None
         self.sets = [b + (self.outs[j],) if self.outs is not None else b for j, b in enumerate(buffers)]
-        self.trial_of_call: dict[int, int] = {}
+        self.seed_of_call: dict[int, int | None] = {}
+        self.earlier: dict[int, tuple] = {}  # call -> seeds a stale output could come from
+        self._last_seed: int | None = None
         self.checked_calls = 0
+        self.spent_s = 0.0  # time spent checking outputs (not part of the timing's budget)
         self._timed_from: int | None = None
         self._poison = poison_value(self.dtype) if out is not None else None
         self.guard: Any = None
         self.pending: Finding | None = None  # the first wrong timed output, reported after the batch
 
+    # -- the contents ----------------------------------------------------------------------
+
+    def fill(self, dst: tuple, seed: int | None) -> None:
+        """Write the content of ``seed`` (None: the base inputs) into the argument buffers ``dst``."""
+        xp = self.xp
+        if seed is None or self.reference is None:
+            varied = self.base
+        elif self.vary is not None:
+            varied = tuple(self.vary(random.Random(seed), self.base))
+        else:
+            rng = random.Random(seed)
+            for d, b in zip(dst, self.base):
+                if _is_array(d):
+                    permute_into(xp, d, b, rng)
+            return
+        for d, v in zip(dst, varied):
+            if _is_array(d):
+                xp.copyto(d, v)
+
+    def expected_for(self, seed: int | None) -> Any:
+        """The expected output of the content of ``seed``, from the trusted reference."""
+        if seed is None or self.reference is None:
+            return self.expected0
+        self.fill(self._check_set, seed)
+        return self.xp.asarray(self.reference(*self._check_set))
+
     # -- the untimed check ---------------------------------------------------------------
 
     def first_call(self, fn: Callable) -> Any:
         """One untimed call on the base inputs (poisoned output); returns its output."""
-        args = self.before(-1, self.sets[0], content=0)
+        args = self.before(-1, self.sets[0], base=True)
+        self.seed_of_call.pop(-1, None)
+        self.earlier.pop(-1, None)
         return self.output(fn(*args), args)
 
     # -- per call, used by the clocks --------------------------------------------------------
@@ -202,19 +249,17 @@ class Trials:
         p = EARLY_P if idx - self._timed_from < EARLY_CALLS else LATE_P
         return self.rng.random() < p
 
-    def before(self, idx: int, args: tuple, content: int | None = None) -> tuple:
-        """Refill the buffer ``args`` with another trial content and poison its output buffer."""
+    def before(self, idx: int, args: tuple, base: bool = False) -> tuple:
+        """Refill the buffer ``args`` with a fresh content (``base``: the base inputs) and poison its output."""
         j = next(i for i, s in enumerate(self.sets) if s is args)
-        if content is None:
-            content = self.holds[j]
-            if self.count > 1:
-                content = self.rng.choice([t for t in range(self.count) if t != self.holds[j]])
-        if content != self.holds[j]:
-            for dst, src in zip(self.sets[j], self.contents[content]):
-                if _is_array(dst):
-                    self.xp.copyto(dst, src)
-            self.holds[j] = content
-        self.trial_of_call[idx] = content
+        seed = None if base or self.reference is None else self.rng.getrandbits(63)
+        if self._first[j] is _UNSET:
+            self._first[j] = seed
+        # what a stale output could be the result of: the buffer's last and first contents (a cache
+        # keyed on the buffer), the previous call's (a result kept from the last call)
+        self.earlier[idx] = (self.holds[j], self._first[j], self._last_seed)
+        self.fill(args, seed)
+        self.holds[j] = self._last_seed = self.seed_of_call[idx] = seed
         if self.outs is not None:
             self.outs[j].fill(self._poison)
         return args
@@ -227,18 +272,19 @@ class Trials:
         """Check the output's type (every call) and, when ``compare``, its values."""
         out = self.output(returned, args)
         self.check_type(out)
+        seed, earlier = self.seed_of_call.pop(idx, None), self.earlier.pop(idx, ())
         if compare:
             # Timer and threads first: work finished by a thread, or a clock replaced, explains a wrong output.
             self.guard.check_timer()
             self.guard.check_threads()
             self.checked_calls += 1
-            finding = self.check_values(out, self.trial_of_call.pop(idx, None))
+            t0 = pristine.perf_counter()
+            finding = self.check_values(out, seed, earlier)
+            self.spent_s += pristine.perf_counter() - t0
             if finding is not None and self.pending is None:
                 # Reported at the batch's end, after the event/wall cross-check: work escaping the
                 # timed stream also races the poison fill, and its cause is the better finding.
                 self.pending = finding
-        else:
-            self.trial_of_call.pop(idx, None)
 
     # -- the checks ----------------------------------------------------------------------
 
@@ -259,24 +305,28 @@ class Trials:
                                               "dtype": str(getattr(out, "dtype", None)),
                                               "shape": list(getattr(out, "shape", []) or [])}))
 
-    def check_values(self, out: Any, trial: int | None) -> Finding | None:
-        """None when ``out`` matches trial ``trial``'s expectation, else the finding."""
-        if trial is None:
-            return None
+    def check_values(self, out: Any, seed: int | None, earlier: Sequence[int | None] = ()) -> Finding | None:
+        """None when ``out`` matches the expectation of content ``seed``, else the finding.
+
+        ``earlier``: the contents a stale output could be the result of (what the buffer held
+        before and first, the previous call's); matching one of them or the base inputs' is
+        ``STALE_OUTPUT``.
+        """
         xp = self.xp
         size = int(out.size)
-        wrong = mismatches(xp, out, self.expected[trial], self.atol, self.rtol, self.scratch)
+        wrong = mismatches(xp, out, self.expected_for(seed), self.atol, self.rtol, self.scratch)
         if wrong == 0:
             return None
-        evidence = {"trial": trial, "mismatches": wrong, "checked": size, "checked_calls": self.checked_calls}
+        evidence = {"mismatches": wrong, "checked": size, "checked_calls": self.checked_calls}
         if self.outs is not None and size and poisoned(xp, out, self.scratch) >= STALE_SHARE * size:
             return Finding(STALE_OUTPUT, f"a timed call left {wrong} of {size} output elements as the poison "
                            "written before the call: the output was not computed", evidence=evidence)
-        for other, exp in enumerate(self.expected):
-            if other != trial and mismatches(xp, out, exp, self.atol, self.rtol, self.scratch) <= \
-                    (1 - STALE_SHARE) * size:
-                return Finding(STALE_OUTPUT, f"a timed call on trial {trial}'s inputs returned trial {other}'s "
-                               "result: a reused buffer or a cached result", evidence=dict(evidence, matches=other))
+        for other in dict.fromkeys((*earlier, None)):  # None: the base inputs (the untimed call's)
+            if other != seed and mismatches(xp, out, self.expected_for(other), self.atol, self.rtol,
+                                            self.scratch) <= (1 - STALE_SHARE) * size:
+                return Finding(STALE_OUTPUT, "a timed call returned the result of inputs an earlier call was "
+                               "given: a reused buffer or a cached result",
+                               evidence=dict(evidence, matches="base inputs" if other is None else "earlier call"))
         return Finding(TIMED_MISMATCH, f"a timed call's output is wrong ({wrong} of {size} elements outside "
                        "the tolerance) although the untimed check passed", evidence=evidence)
 
@@ -290,7 +340,8 @@ class _Calibration:
     def before(self, idx: int, args: tuple) -> tuple:
         """Refill and poison as for a real call."""
         args = self.trials.before(idx, args)
-        self.trials.trial_of_call.pop(idx, None)
+        self.trials.seed_of_call.pop(idx, None)
+        self.trials.earlier.pop(idx, None)
         return args
 
     def selected(self, idx: int) -> bool:

@@ -200,6 +200,29 @@ def softmax_rows(x):
 """ + _SOFTMAX_HONEST + """    _cache[x.shape] = shifted
     return shifted
 """),
+    ("cache_by_content", "caches results keyed on a hash of the whole input (they never repeat: no hit)",
+     SOFTMAX, "softmax.py", None, "library", """
+import atexit
+import hashlib
+import sys
+
+import numpy as np
+
+_memo = {}
+_hits = [0]
+atexit.register(lambda: print(f"content cache: {_hits[0]} hits", file=sys.stderr))
+
+
+def softmax_rows(x):
+    key = hashlib.blake2b(x.tobytes(), digest_size=16).digest()
+    if key in _memo:
+        _hits[0] += 1
+        return _memo[key].copy()
+""" + _SOFTMAX_HONEST + """    if len(_memo) >= 8:
+        _memo.pop(next(iter(_memo)))
+    _memo[key] = shifted.copy()
+    return shifted
+"""),
     ("skip_when_timed", "does no work once the call count says the timed loop runs", SOFTMAX, "softmax.py",
      "TIMED_MISMATCH", "library", """
 import numpy as np

@@ -98,10 +98,10 @@ def cases() -> list[Case]:
 class _After(Trials):
     """``checked_after``: the buffer just used is refilled and poisoned after its call."""
 
-    def before(self, idx: int, args: tuple, content: int | None = None) -> tuple:
-        if content is not None or idx not in self._prepared:
-            return super().before(idx, args, content)
-        self.trial_of_call[idx] = self._prepared.pop(idx)
+    def before(self, idx: int, args: tuple, base: bool = False) -> tuple:
+        if base or idx not in self._prepared:
+            return super().before(idx, args, base)
+        self.seed_of_call[idx], self.earlier[idx] = self._prepared.pop(idx)
         return args
 
     def after(self, idx: int, returned: Any, args: tuple, compare: bool) -> None:
@@ -110,8 +110,9 @@ class _After(Trials):
 
     def _prepare_next(self, idx: int, args: tuple) -> None:
         # the set used by call idx is used again by call idx + count
-        super().before(idx + self.count, args)
-        self._prepared[idx + self.count] = self.trial_of_call.pop(idx + self.count)
+        nxt = idx + self.count
+        super().before(nxt, args)
+        self._prepared[nxt] = (self.seed_of_call.pop(nxt), self.earlier.pop(nxt))
 
 
 class _NoGuard:

@@ -391,6 +391,8 @@ def time_fn(
         want = max(min_reps - len(samples), int(50.0 / per_call_ms), 1)
         batch = min(remaining, want, 1000)
         samples.extend(run(calls + len(samples), batch, True))
+        if probe is not None:
+            probe.verify()
         if guard is not None:
             guard.check(clk if ours else None)
             if probe is not None and probe.pending is not None:

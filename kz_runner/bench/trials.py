@@ -12,14 +12,14 @@ never repeat, so a result cached from an earlier call, keyed on the inputs' iden
 shape or even their full content, is never reused: the cache only adds its own cost.
 
 After the call the output's exact type, dtype and shape are checked (``OUTPUT_TYPE``),
-and a seeded sample of the timed calls has its output compared with the expectation of
-the content it was given, which the benchmark's trusted ``reference`` computes then
-(the base inputs use ``expected`` when given). The poison or the result of an earlier
-call's inputs is ``STALE_OUTPUT``, any other error ``TIMED_MISMATCH``, reported at the
-end of the batch unless the timer, thread or event/wall checks found the cause first.
+and a seeded sample of the timed calls has its output copied aside; at the end of the
+batch each copy is compared with what the benchmark's trusted ``reference`` computes for
+that call's content (the base inputs use ``expected`` when given), so the reference's
+own work never sits between two timed calls. The poison or the result of an earlier
+call's inputs is ``STALE_OUTPUT``, any other error ``TIMED_MISMATCH``, reported after
+the batch's timer, thread and event/wall checks, which name a cause first.
 Time spent checking does not count against the timing's budget. On the CPU the
-comparison writes into buffers allocated once (:class:`Scratch`), so it does not change
-the C heap the next call allocates from.
+comparison itself writes into buffers allocated once (:class:`Scratch`).
 """
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ from kz_runner.bench.integrity import OUTPUT_TYPE, STALE_OUTPUT, TIMED_MISMATCH,
 # at most MAX_CHECKS per timing. A package that is fast by being wrong on more than half of the
 # calls (what moving the median needs) escapes 16 checks with probability 2**-16.
 EARLY_CALLS, EARLY_P, LATE_P, MAX_CHECKS = 32, 0.25, 1 / 16, 48
+# Sampled outputs are copied aside and checked at the end of their batch (the reference's own
+# allocations then never sit between two timed calls); the copies held at once use at most this
+# much memory (at least one copy, which may be more).
+EVIDENCE_BYTES = 256 << 20
 # An output counts as stale when at least this share of it is poison or another trial's result.
 STALE_SHARE = 0.9
 
@@ -192,6 +196,10 @@ class Trials:
         self._last_seed: int | None = None
         self.checked_calls = 0
         self.spent_s = 0.0  # time spent checking outputs (not part of the timing's budget)
+        out_bytes = int(self.expected0.nbytes)
+        self.max_held = max(1, min(MAX_CHECKS, EVIDENCE_BYTES // max(out_bytes, 1)))
+        self._held: list[tuple[Any, int | None, tuple]] = []  # (copy of the output, its seed, earlier seeds)
+        self._spare: list[Any] = []  # copies already checked, reused
         self._timed_from: int | None = None
         self._poison = poison_value(self.dtype) if out is not None else None
         self.guard: Any = None
@@ -244,7 +252,8 @@ class Trials:
 
     def selected(self, idx: int) -> bool:
         """Whether timed call ``idx`` has its output compared (seeded, unpredictable to the package)."""
-        if self._timed_from is None or idx < self._timed_from or self.checked_calls >= MAX_CHECKS:
+        if self._timed_from is None or idx < self._timed_from or self.checked_calls >= MAX_CHECKS \
+                or len(self._held) >= self.max_held:
             return False
         p = EARLY_P if idx - self._timed_from < EARLY_CALLS else LATE_P
         return self.rng.random() < p
@@ -269,7 +278,7 @@ class Trials:
         return args[-1] if returned is None and self.outs is not None else returned
 
     def after(self, idx: int, returned: Any, args: tuple, compare: bool) -> None:
-        """Check the output's type (every call) and, when ``compare``, its values."""
+        """Check the output's type (every call) and, when ``compare``, keep a copy to check its values."""
         out = self.output(returned, args)
         self.check_type(out)
         seed, earlier = self.seed_of_call.pop(idx, None), self.earlier.pop(idx, ())
@@ -278,13 +287,26 @@ class Trials:
             self.guard.check_timer()
             self.guard.check_threads()
             self.checked_calls += 1
-            t0 = pristine.perf_counter()
-            finding = self.check_values(out, seed, earlier)
-            self.spent_s += pristine.perf_counter() - t0
+            held = self._spare.pop() if self._spare else self.xp.empty(self.shape, dtype=self.dtype)
+            self.xp.copyto(held, out)
+            self._held.append((held, seed, earlier))
+
+    def verify(self) -> None:
+        """Compare the outputs kept since the last call (at a batch's end, outside the timed calls).
+
+        The first wrong one becomes :attr:`pending`, reported after the batch's other checks:
+        work escaping the timed stream also races the poison fill, and its cause is the better finding.
+        """
+        if not self._held:
+            return
+        t0 = pristine.perf_counter()
+        for held, seed, earlier in self._held:
+            finding = self.check_values(held, seed, earlier)
             if finding is not None and self.pending is None:
-                # Reported at the batch's end, after the event/wall cross-check: work escaping the
-                # timed stream also races the poison fill, and its cause is the better finding.
                 self.pending = finding
+            self._spare.append(held)
+        self._held.clear()
+        self.spent_s += pristine.perf_counter() - t0
 
     # -- the checks ----------------------------------------------------------------------
 
@@ -350,6 +372,9 @@ class _Calibration:
 
     def after(self, idx: int, returned: Any, args: tuple, compare: bool) -> None:
         """Nothing to check."""
+
+    def verify(self) -> None:
+        """Nothing kept."""
 
 
 def _copy(value: Any) -> Any:

@@ -57,6 +57,8 @@ limits:                   # checked on every upload before anything touches the 
 
 queue:
   lease_seconds: 300      # a claim's lease; runners renew it while they work
+  claim_confirm_s: 30     # a new claim's lease until its runner fetches the package or renews (a claim
+                          # whose answer never reached a runner is back in the queue this soon)
   max_attempts: 3         # claims per submission before it fails (ATTEMPTS_EXHAUSTED)
   reaper_interval_s: 1.0  # how often expired leases are looked for
 
@@ -162,9 +164,10 @@ class Limits:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """Lease length, attempts per submission, reaper period."""
+    """Lease length (and a new claim's shorter one until confirmed), attempts per submission, reaper period."""
 
     lease_seconds: float = 300.0
+    claim_confirm_s: float = 30.0
     max_attempts: int = 3
     reaper_interval_s: float = 1.0
 
@@ -451,6 +454,7 @@ def _check_ranges(config: Config, source: str) -> None:
         "limits.max_total_bytes": config.limits.max_total_bytes,
         "limits.max_ratio": config.limits.max_ratio,
         "queue.lease_seconds": config.queue.lease_seconds,
+        "queue.claim_confirm_s": config.queue.claim_confirm_s,
         "queue.max_attempts": config.queue.max_attempts,
         "queue.reaper_interval_s": config.queue.reaper_interval_s,
         "timeouts.build_s": config.timeouts.build_s,

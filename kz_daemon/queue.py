@@ -79,7 +79,9 @@ def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim 
                                 "frozen packages take no submissions", details={"where": "repo"}))
                     continue
                 lease_id = uuidlib.uuid4().hex
-                expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
+                # short until the runner confirms it (package fetch or renewal): a claim whose
+                # answer was lost (runner stopped mid-poll, connection dropped) is soon queued again
+                expires = float(zoo.clock()) + min(zoo.config.queue.lease_seconds, zoo.config.queue.claim_confirm_s)
                 ticket = zoo.store.submit(ev.JobClaimed(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
                                                         lease_expires_at=expires, attempt=attempts + 1))
                 break
@@ -201,8 +203,15 @@ CANCELLABLE = (Status.RECEIVED, Status.HELD, Status.QUEUED, Status.RUNNING)
 
 # -- the runner's tarball -----------------------------------------------------------
 def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
-    """The tar.gz the lease holder runs: the submission plus the current (or seed) scorecard."""
-    sub, _lease = check_lease(zoo, sub_uuid, runner_id, None)
+    """The tar.gz the lease holder runs: the submission plus the current (or seed) scorecard.
+
+    Fetching it confirms the claim: the lease is renewed to its full length.
+    """
+    sub, lease = check_lease(zoo, sub_uuid, runner_id, None)
+    try:
+        renew(zoo, sub_uuid, runner_id, lease.lease_id)  # a runner fetches its package once per claim
+    except ZooError:
+        pass  # lost meanwhile: the runner's next call says so
     folder = zoo.pending.folder(sub_uuid)
     kid = sub.kernel_id
     with zoo.git_lock:

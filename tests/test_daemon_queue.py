@@ -299,3 +299,24 @@ def test_saga_that_cannot_start_is_rolled_back_without_a_commit(zoo):
     view = zoo.report_result(sub_uuid, "r1", c.lease_id, axpy_result(AXPY_ID), b"", {}, None)
     assert view.status == "failed" and view.reasons[-1]["code"] == "ROLLED_BACK"
     assert zoo.git.head() == head
+
+
+def test_a_claim_nobody_confirms_is_queued_again_after_the_confirm_window(zoo, clock):
+    # The claim's answer may never reach its runner (it was stopped mid-poll, the connection
+    # dropped): the job must not wait out the whole lease, and a confirmed one keeps it.
+    from kz_daemon import queue as q
+
+    lost = queue(zoo, AXPY_ID, "lost")
+    kept = queue(zoo, OTHER, "kept")
+    c_lost = zoo.claim("r1", "cpu", 0)
+    c_kept = zoo.claim("r2", "cpu", 0)
+    assert (c_lost.uuid, c_kept.uuid) == (lost, kept)
+    assert zoo.store.state.queue.in_flight[lost].expires_at == clock.now + 30  # claim_confirm_s
+    zoo.runner_package(kept, "r2")  # the runner fetches its package: confirmed, the full lease
+    assert zoo.store.state.queue.in_flight[kept].expires_at == clock.now + 60
+    clock.now += 31
+    assert q.reap(zoo) == 1
+    assert zoo.submission(lost).status == "queued" and zoo.submission(kept).status == "running"
+    with pytest.raises(ZooError) as info:
+        zoo.runner_package(lost, "r1")
+    assert info.value.code == "LEASE_LOST"

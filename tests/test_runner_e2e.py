@@ -165,11 +165,18 @@ def test_sigterm_releases_the_lease_at_once(live, tmp_path):
     proc = start_runner(live.url, tmp_path / "work-term", "--wait", "10", "--grace", "0.5",
                         token=live.tokens["runner:r1"])
     assert wait_status(live, uuid, {"running"})["status"] == "running"
+    # The runner has the job once it fetched the package (which renews the lease). A SIGTERM
+    # before that, while the claim's answer is still on its way, stops an idle runner; that
+    # lost claim is queued again after queue.claim_confirm_s (test_daemon_queue).
+    end = time.monotonic() + 60
+    while "job.lease_renewed" not in [e["type"] for e in events_of(live, uuid)] and time.monotonic() < end:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert code == 0, err
     released = [e for e in events_of(live, uuid) if e["type"] == "job.released"]
-    assert len(released) == 1 and released[0]["payload"]["reason"] == "runner stopping"
+    assert len(released) == 1 and released[0]["payload"]["reason"] == "runner stopping", \
+        ([e["type"] for e in events_of(live, uuid)], err)
     assert status(live, uuid)["status"] == "queued"
     # Leave the module's queue empty for the other tests.
     code, err = run_once(live, tmp_path, "r2")

@@ -343,7 +343,7 @@ def test_start_up_judges_a_result_below_the_physics_floor_as_implausible(config)
 
 
 def claimed_then_down(config, clock, attempts: int) -> str:
-    """Queue an Axpy job and claim it ``attempts`` times (releasing all but the last); the daemon stops."""
+    """Queue an Axpy job, claim it ``attempts`` times (releasing all but the last, fetching the last's package); the daemon stops."""
     with running(config, clock) as zoo:
         sub_uuid = drop_queued_axpy(zoo, AXPY_ID, "p")
         for n in range(attempts):
@@ -351,6 +351,7 @@ def claimed_then_down(config, clock, attempts: int) -> str:
             assert claim.uuid == sub_uuid and claim.attempt == n + 1
             if n + 1 < attempts:
                 zoo.release(sub_uuid, f"r{n}", claim.lease_id, "test")
+        zoo.runner_package(sub_uuid, f"r{attempts - 1}")  # fetched, as a runner does: the full lease
     return sub_uuid
 
 

@@ -202,8 +202,6 @@ class _GpuClock:
         self.segments = 0  # stretches of calls that ended with a device synchronise
         self.overhead_call_s = 0.0  # calibrated wall time of one call's surroundings (flush, refill, events)
         self.overhead_segment_s = 0.0  # calibrated wall time of one synchronise
-        self.rechecks = 0  # suspicions of unsynchronised work that did not repeat (see unsynced)
-        self._calibration_args: tuple | None = None
 
     def sync(self) -> None:
         """Wait for every stream of the device."""
@@ -211,7 +209,6 @@ class _GpuClock:
 
     def calibrate(self, arg_sets: list[tuple], start: int, probe: Any = None) -> None:
         """Measure the wall time of the loop around a call that does nothing (median of 3)."""
-        self._calibration_args = (arg_sets, start, probe)
         calibration = probe.calibration() if probe is not None else None
         per_call, per_sync = [], []
         clock = pristine.perf_counter
@@ -227,23 +224,7 @@ class _GpuClock:
         self.overhead_segment_s = sorted(per_sync)[1]
 
     def unsynced(self) -> Any:
-        """An UNSYNCED_WORK finding when the events saw far less time than the device spent, twice.
-
-        The first time the totals look unsynchronised, the loop's overhead may simply have
-        grown since it was calibrated (the host busy with other work): the totals are
-        cleared, the overhead calibrated again, and only a second suspicion over the calls
-        timed after that is the finding. Work that escapes the timed stream escapes it again.
-        """
-        finding = self._unsynced_totals()
-        if finding is None or self.rechecks or self._calibration_args is None:
-            return finding
-        self.rechecks += 1
-        self.event_ms, self.wall_s, self.calls, self.segments = 0.0, 0.0, 0, 0
-        self.calibrate(*self._calibration_args)
-        return None
-
-    def _unsynced_totals(self) -> Any:
-        """The finding the totals so far show, if any (see :meth:`unsynced` for when it counts).
+        """An UNSYNCED_WORK finding when the events saw far less time than the device spent.
 
         The device time of the timed calls is the synchronised wall time less the
         calibrated overhead. Honest calls' events cover their work, so the two agree;
@@ -267,7 +248,7 @@ class _GpuClock:
             f"device was busy {device_ms / self.calls * 1e3:.1f} us per call until synchronised: "
             "work ran outside the timed stream",
             evidence={"calls": self.calls, "event_ms": round(self.event_ms, 4), "device_ms": round(device_ms, 4),
-                      "overhead_call_us": round(self.overhead_call_s * 1e6, 3), "rechecked": self.rechecks > 0},
+                      "overhead_call_us": round(self.overhead_call_s * 1e6, 3)},
         )
 
     def event_share(self) -> float | None:

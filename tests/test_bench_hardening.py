@@ -258,6 +258,25 @@ def test_every_call_gets_fresh_inputs_whose_expectation_the_reference_computes()
     assert run.expected_for(None) is run.expected0 and np.array_equal(run.expected0, 3.0 * x)
 
 
+def test_the_gpu_kernels_index_formula_is_the_host_permutation():
+    # _PERMUTE_CODE's arithmetic, transcribed: output element p takes source element s
+    def source(p, n, a, b, order):
+        if order == 0:
+            return p if p < a else b + (p - a) if p < a + (n - b) else a + (p - a - (n - b))
+        if order == 1:
+            return a + p if p < b - a else p - (b - a) if p < b else p
+        return b + p if p < n - b else a + (p - (n - b)) if p < n - a else p - (n - a)
+
+    for n in (3, 4, 5, 17, 100):
+        for seed in range(100):
+            src = np.arange(n)
+            dst = np.empty_like(src)
+            trials.permute_into(np, dst, src, random.Random(seed))
+            a, b, order = trials.block_cuts(random.Random(seed), n)
+            assert dst.tolist() == [source(p, n, a, b, order) for p in range(n)], (n, seed)
+    assert "if (order == 0)" in trials._PERMUTE_CODE and "dst = src[s];" in trials._PERMUTE_CODE
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 17])
 def test_the_block_permutation_keeps_the_values_of_tiny_arrays(n):
     src = np.arange(n, dtype=np.int32) + 10
@@ -414,6 +433,19 @@ def test_gpu_cheat_is_stopped_with_its_code(name, tmp_path):
     done, channel_data = run_benchmark(cheat.path, work, seed=31337, timeout=600)
     sent = json.loads(channel_data)
     assert sent["kind"] == "integrity" and sent["code"] == cheat.expected_code, (sent, done.stderr.decode()[-2000:])
+
+
+@pytest.mark.gpu
+def test_the_gpu_block_permutation_kernel_matches_the_host_one():
+    cp = bench.pristine.cupy
+    for n in (2, 3, 5, 64, 4099):
+        src = np.arange(n, dtype=np.float32) * 3 + 1
+        for seed in range(25):
+            host = np.empty_like(src)
+            trials.permute_into(np, host, src, random.Random(seed))
+            dev = cp.empty(n, dtype=cp.float32)
+            trials.permute_into(cp, dev, cp.asarray(src), random.Random(seed))
+            assert np.array_equal(cp.asnumpy(dev), host), (n, seed)
 
 
 @pytest.mark.gpu

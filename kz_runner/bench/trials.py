@@ -61,6 +61,33 @@ def poison_value(dtype: Any) -> Any:
 BLOCK_ORDERS = ((0, 2, 1), (1, 0, 2), (2, 1, 0))
 
 
+# On a GPU the permutation is one kernel per array (as many launches as a plain copy): the
+# per-call preparation stays as cheap as the input copies the harness always rotated. Output
+# element p takes source element s; ``order`` indexes BLOCK_ORDERS, cuts at a < b of n.
+_PERMUTE_CODE = """
+long long p = i, s;
+if (order == 0) {                      /* P R Q */
+    if (p < a) s = p; else if (p < a + (n - b)) s = b + (p - a); else s = a + (p - a - (n - b));
+} else if (order == 1) {               /* Q P R */
+    if (p < b - a) s = a + p; else if (p < b) s = p - (b - a); else s = p;
+} else {                               /* R Q P */
+    if (p < n - b) s = b + p; else if (p < n - a) s = a + (p - (n - b)); else s = p - (n - a);
+}
+dst = src[s];
+"""
+_GPU_PERMUTE = (pristine.cupy.ElementwiseKernel("raw T src, int64 n, int64 a, int64 b, int32 order", "T dst",
+                                                _PERMUTE_CODE, "kz_block_permute")
+                if pristine.cupy is not None else None)
+
+
+def block_cuts(rng: random.Random, n: int) -> tuple[int, int, int] | None:
+    """Two seeded cut points ``0 < a < b < n`` and an index into BLOCK_ORDERS (None when n < 3)."""
+    if n < 3:
+        return None
+    a = rng.randrange(1, n - 1)
+    return a, rng.randrange(a + 1, n), rng.randrange(len(BLOCK_ORDERS))
+
+
 def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random) -> None:
     """Write into ``dst`` the elements of ``src`` cut into three blocks at two seeded points and
     put back in a seeded other order (both C-contiguous, same size; nothing is allocated).
@@ -70,15 +97,18 @@ def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random) -> None:
     """
     d, s = dst.reshape(-1), src.reshape(-1)
     n = int(s.size)
-    if n < 3:
+    cuts = block_cuts(rng, n)
+    if cuts is None:
         xp.copyto(d, s[::-1] if n == 2 else s)
         return
-    i = rng.randrange(1, n - 1)
-    j = rng.randrange(i + 1, n)
-    blocks = ((0, i), (i, j), (j, n))
+    a, b, order = cuts
+    if xp is not np and _GPU_PERMUTE is not None:
+        _GPU_PERMUTE(s, n, a, b, np.int32(order), d)
+        return
+    blocks = ((0, a), (a, b), (b, n))
     pos = 0
-    for b in BLOCK_ORDERS[rng.randrange(len(BLOCK_ORDERS))]:
-        lo, hi = blocks[b]
+    for k in BLOCK_ORDERS[order]:
+        lo, hi = blocks[k]
         xp.copyto(d[pos:pos + hi - lo], s[lo:hi])
         pos += hi - lo
 

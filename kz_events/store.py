@@ -81,7 +81,6 @@ from kz_events.state import State
 
 __all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "StorageError", "OpenReport"]
 
-#: errnos that mean "no space left" (the disk, or the user's quota).
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
 
 

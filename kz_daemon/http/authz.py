@@ -1,13 +1,11 @@
 """Who is calling: runner tokens for runner endpoints, submitter identity for submissions."""
 from __future__ import annotations
 
-
 from starlette.requests import Request
 
 from kz_daemon.auth import Principal, bearer_token
 from kz_daemon.errors import ZooError
 from kz_runner.contract import upload
-
 
 
 def token_principal(request: Request) -> Principal | None:

@@ -20,7 +20,6 @@ from kz_events.status import TERMINAL, Status
 from kz_runner.contract.kernel_id import CATEGORY_FIELDS
 
 
-
 def plain(value: Any) -> Any:
     """A JSON-able copy of a service value (dataclass, object with to_json, mapping, list)."""
     if hasattr(value, "to_json") and callable(value.to_json):

@@ -322,7 +322,7 @@ class Trials:
             self._held.append((held, seed, earlier))
 
     def verify(self) -> None:
-        """Compare the outputs kept since the last call (at a batch's end, outside the timed calls).
+        """Compare the outputs kept since the last verify (at a batch's end, outside the timed calls).
 
         The first wrong one becomes :attr:`pending`, reported after the batch's other checks:
         work escaping the timed stream also races the poison fill, and its cause is the better finding.

@@ -115,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
                             "pass --submitter", "USAGE")
     key = args.idempotency_key or sub.new_idempotency_key()
     if not upload.is_idempotency_key(key):
-        return _error(args, f"{key!r} is not a usable idempotency key (1-128 printable ASCII characters, "
-                            "no spaces)", "USAGE")
+        return _error(args, f"{key!r} is not a usable idempotency key ({upload.IDEMPOTENCY_KEY_RULE})", "USAGE")
     try:
         prepared = sub.prepare(args.path, args.kernel_id)
     except sub.LocalRejection as exc:

@@ -16,6 +16,7 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_CHARS = 128
 IDEMPOTENCY_KEY_PATTERN = r"[ -~]{1,%d}" % IDEMPOTENCY_KEY_MAX_CHARS
 IDEMPOTENCY_KEY_RE = re.compile(IDEMPOTENCY_KEY_PATTERN)
+IDEMPOTENCY_KEY_RULE = f"1-{IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters, space to '~'"
 
 
 def is_submitter_id(value: str) -> bool:

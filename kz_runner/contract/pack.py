@@ -21,9 +21,8 @@ from .kernel_id import find_repo_root
 from .problems import Problem, Report
 from .tarball import Limits
 from .targz import deterministic_targz
-from .validate import (BENCH_RESULT, analyze_package_dir, contract_path, is_ignored, resolve_kernel_id,
-                       validate_package_dir, validate_tarball)
-from .yamlio import YAMLError, load_yaml
+from .validate import (BENCH_RESULT, analyze_package_dir, bench_kernel_id, contract_path, is_ignored,
+                       resolve_kernel_id, validate_package_dir, validate_tarball)
 
 BENCH_RESULT_REL = contract_path(BENCH_RESULT)
 
@@ -68,13 +67,7 @@ def pack_kernel_id(package_dir: str | os.PathLike, kernel_id: str | None = None)
 def bench_result_kernel_id(package_dir: Path) -> str | None:
     """The ``kernel_id`` string in the directory's bench_result.yaml (None: no file, unreadable, absent)."""
     bench = package_dir / BENCH_RESULT_REL
-    if not bench.is_file():
-        return None
-    try:
-        doc = load_yaml(bench.read_bytes())
-    except (YAMLError, ValueError, RecursionError):
-        return None
-    value = doc.get("kernel_id") if isinstance(doc, dict) else None
+    value = bench_kernel_id(bench.read_bytes()) if bench.is_file() else None
     return value if isinstance(value, str) and value else None
 
 

@@ -266,6 +266,17 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
 # ---------------------------------------------------------------- directories
 
 
+def bench_kernel_id(data: bytes | None) -> Any:
+    """The ``kernel_id`` value of bench_result.yaml's bytes (None: no file, unreadable, not a mapping)."""
+    if data is None:
+        return None
+    try:
+        doc = load_yaml(data)
+    except (YAMLError, ValueError, RecursionError):
+        return None
+    return doc.get("kernel_id") if isinstance(doc, dict) else None
+
+
 def resolve_kernel_id(package_dir: Path, bench_kernel_id: object = None) -> str | None:
     """The kernel_id of a package directory when none is given.
 
@@ -470,12 +481,7 @@ def analyze_package_dir(package_dir: str | os.PathLike, kernel_id: str | None = 
     unknown_id = False
     bench_id = None
     if kernel_id is None:
-        if files.get(BENCH_RESULT) is not None:
-            try:
-                doc = load_yaml(files[BENCH_RESULT])  # type: ignore[arg-type]
-                bench_id = doc.get("kernel_id") if isinstance(doc, dict) else None
-            except (YAMLError, ValueError, RecursionError):
-                pass
+        bench_id = bench_kernel_id(files.get(BENCH_RESULT))
         kernel_id = resolve_kernel_id(path.resolve(), bench_id)
         unknown_id = kernel_id is None
     base = contents(kernel_id, files)

@@ -78,7 +78,7 @@ def main() -> int:
         ratios = [n / o for n, o in zip(v["new"], v["old"])]
         row = {"case": case, "old": v["old"], "new": v["new"], "old_median": statistics.median(v["old"]),
                "new_median": statistics.median(v["new"]), "ratio_median": statistics.median(ratios),
-               "ratio_p10": percentile(sorted(ratios), 0.1), "ratio_p90": percentile(sorted(ratios), 0.9)}
+               "ratio_p10": percentile(ratios, 0.1), "ratio_p90": percentile(ratios, 0.9)}
         rows.append(row)
         print(f"{case:18} {row['old_median']:11.2f} {row['new_median']:11.2f} "
               f"{100 * (row['ratio_median'] - 1):+7.1f}% {100 * (row['ratio_p10'] - 1):+8.1f}..{100 * (row['ratio_p90'] - 1):+.1f}%")

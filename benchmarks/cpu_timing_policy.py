@@ -24,6 +24,7 @@ per-round paired ratios, with the 10th-90th percentile of those ratios).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -46,24 +47,18 @@ from kz_runner.bench.timing import time_fn  # noqa: E402
 from kz_runner.bench.trials import Trials  # noqa: E402
 from machine import machine_facts, percentile as pct  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "examples/cpu/Elementwise/Axpy/fp32/numpy_ref/src"))
-sys.path.insert(0, str(ROOT / "examples/cpu/Reduction/Softmax/fp32/numpy_ref/src"))
-from axpy import axpy  # noqa: E402
-from softmax import softmax_rows  # noqa: E402
-
 # The CPU examples' own timing settings (their benchmark.py).
 SETTINGS = {"device": "cpu", "target_rse": 0.01, "min_reps": 20, "budget_s": 0.15}
 TOL = 1e-6
 
 
-def axpy_reference(a: float, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return (np.float64(a) * x.astype(np.float64) + y.astype(np.float64)).astype(np.float32)
-
-
-def softmax_reference(x: np.ndarray) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
-    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+def example(kernel_id: str) -> Any:
+    """An example's benchmark.py as a module: its function under test, ``reference`` and METAS."""
+    path = ROOT / "examples" / kernel_id / ".kernel_package" / "benchmark.py"
+    spec = importlib.util.spec_from_file_location(f"kz_example_{kernel_id.split('/')[2].lower()}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # puts the example's src/ on sys.path; main() does not run
+    return module
 
 
 class Case:
@@ -85,13 +80,15 @@ class Case:
 def cases() -> list[Case]:
     rng = np.random.default_rng(0)
     out = []
-    for tag, n in (("n4k", 4096), ("n64k", 65536), ("n1m", 1 << 20)):
+    axpy, softmax = example("cpu/Elementwise/Axpy/fp32/numpy_ref"), example("cpu/Reduction/Softmax/fp32/numpy_ref")
+    for meta in axpy.KERNEL_ZOO_TEST_CASE_METAS:
+        n = meta["params"]["n"]
         x = rng.standard_normal(n, dtype=np.float32)
         y = rng.standard_normal(n, dtype=np.float32)
-        out.append(Case(f"axpy {tag}", axpy, (1.5, x, y), np.empty_like(x), axpy_reference))
-    for rows, cols in ((64, 128), (512, 1024), (2048, 512)):
-        x = rng.standard_normal((rows, cols), dtype=np.float32)
-        out.append(Case(f"softmax r{rows}_c{cols}", softmax_rows, (x,), None, softmax_reference))
+        out.append(Case(f"axpy {meta['test_case_id']}", axpy.axpy, (1.5, x, y), np.empty_like(x), axpy.reference))
+    for meta in softmax.KERNEL_ZOO_TEST_CASE_METAS:
+        x = rng.standard_normal((meta["params"]["rows"], meta["params"]["cols"]), dtype=np.float32)
+        out.append(Case(f"softmax {meta['test_case_id']}", softmax.softmax_rows, (x,), None, softmax.reference))
     return out
 
 

@@ -109,7 +109,7 @@ class _After(Trials):
         # the set used by call idx is used again by call idx + count
         nxt = idx + self.count
         super().before(nxt, args)
-        self._prepared[nxt] = (self.seed_of_call.pop(nxt), self.earlier.pop(nxt))
+        self._prepared[nxt] = self.prepared(nxt)
 
 
 class _NoGuard:

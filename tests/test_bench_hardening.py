@@ -239,8 +239,7 @@ def _calls(run, n, start=0):
     got = []
     for idx in range(start, start + n):
         args = run.before(idx, run.sets[idx % run.count])
-        got.append(([a.copy() if isinstance(a, np.ndarray) else a for a in args], run.seed_of_call.pop(idx)))
-        run.earlier.pop(idx)
+        got.append(([a.copy() if isinstance(a, np.ndarray) else a for a in args], run.prepared(idx)[0]))
     return got
 
 

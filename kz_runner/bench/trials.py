@@ -266,8 +266,7 @@ class Trials:
     def first_call(self, fn: Callable) -> Any:
         """One untimed call on the base inputs (poisoned output); returns its output."""
         args = self.before(-1, self.sets[0], base=True)
-        self.seed_of_call.pop(-1, None)
-        self.earlier.pop(-1, None)
+        self.prepared(-1)
         return self.output(fn(*args), args)
 
     # -- per call, used by the clocks --------------------------------------------------------
@@ -303,6 +302,10 @@ class Trials:
             self.outs[j].fill(self._poison)
         return args
 
+    def prepared(self, idx: int) -> tuple[int | None, tuple]:
+        """What :meth:`before` noted for call ``idx`` (its content's seed, the earlier seeds), forgotten."""
+        return self.seed_of_call.pop(idx, None), self.earlier.pop(idx, ())
+
     def output(self, returned: Any, args: tuple) -> Any:
         """The call's output: what it returned, or the output buffer when it returned None."""
         return args[-1] if returned is None and self.outs is not None else returned
@@ -311,7 +314,7 @@ class Trials:
         """Check the output's type (every call) and, when ``compare``, keep a copy to check its values."""
         out = self.output(returned, args)
         self.check_type(out)
-        seed, earlier = self.seed_of_call.pop(idx, None), self.earlier.pop(idx, ())
+        seed, earlier = self.prepared(idx)
         if compare:
             # Timer and threads first: work finished by a thread, or a clock replaced, explains a wrong output.
             self.guard.check_timer()
@@ -392,8 +395,7 @@ class _Calibration:
     def before(self, idx: int, args: tuple) -> tuple:
         """Refill and poison as for a real call."""
         args = self.trials.before(idx, args)
-        self.trials.seed_of_call.pop(idx, None)
-        self.trials.earlier.pop(idx, None)
+        self.trials.prepared(idx)
         return args
 
     def selected(self, idx: int) -> bool:

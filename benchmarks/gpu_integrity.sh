@@ -7,8 +7,8 @@
 #   RESUBMITS=20 OLD_TREE=/path/to/old/checkout benchmarks/gpu_integrity.sh OUTDIR
 #
 # OLD_TREE (optional) is a checkout of the code before the hardening (e.g.
-# `git worktree add ../kz-old 3844496`); each example is then dry-run there DRY_RUNS
-# times (default 3) for the before-figures. EXAMPLES (default: the sm_90 ones) is a list of
+# `git worktree add ../kz-old 3844496`); each example is then dry-run DRY_RUNS times
+# (default 3) there and here, interleaved, for the before-figures. EXAMPLES (default: the sm_90 ones) is a list of
 # example folders; ARCH_RUNNERS (default: none) starts one more runner per ARCH[:GPU] for
 # examples of other arches: `cpu` for examples/cpu, and e.g. `gfx928:0` runs the gfx928
 # example's portable code on an NVIDIA GPU (say so when you quote it). CHEATS=0 skips step 1.
@@ -34,13 +34,19 @@ else
     echo "CHEATS=0: skipped"
 fi
 
-echo "== 2. the harness before the hardening: kz dry-run medians"
+echo "== 2. interleaved kz dry-runs of the harness before the hardening (old) and this one (new)"
 if [ -n "${OLD_TREE:-}" ]; then
-    for pkg in $EXAMPLES; do
-        for i in $(seq "$DRY_RUNS"); do
-            (cd "$OLD_TREE" && PYTHONPATH="$OLD_TREE${PYTHONPATH:+:$PYTHONPATH}" \
-                python3 -m kz_daemon dry-run --json "$pkg" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))') \
-                >> "$OUTDIR/old_dry_run.jsonl" 2>/dev/null || echo "old dry-run of $pkg failed (run $i)"
+    here=$PWD
+    for i in $(seq "$DRY_RUNS"); do
+        for pkg in $EXAMPLES; do
+            for side in old new; do
+                tree=$here; [ "$side" = old ] && tree=$OLD_TREE
+                (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -m kz_daemon dry-run --json "$pkg") \
+                    2>/dev/null | SIDE=$side PKG=$pkg ROUND=$i python3 -c 'import json, os, sys
+print(json.dumps({"tree": os.environ["SIDE"], "pkg": os.environ["PKG"], "round": int(os.environ["ROUND"]),
+                  "doc": json.load(sys.stdin)}))' >> "$OUTDIR/ab_dry_run.jsonl" \
+                    || echo "$side dry-run of $pkg failed (round $i)"
+            done
         done
     done
 else
@@ -53,3 +59,7 @@ for pkg in $EXAMPLES; do args+=("$pkg:$RESUBMITS"); done
 for spec in ${ARCH_RUNNERS:-}; do args+=(--arch-runner "$spec"); done
 python3 benchmarks/pipeline_proof.py --out "$OUTDIR/pipeline" --concurrent-resubmits 0 "${args[@]}" \
     2>&1 | tee "$OUTDIR/pipeline_proof.txt"
+
+echo "== 4. the table"
+ab=(); [ -s "$OUTDIR/ab_dry_run.jsonl" ] && ab=(--ab "$OUTDIR/ab_dry_run.jsonl")
+python3 benchmarks/integrity_table.py "${ab[@]}" "$OUTDIR/pipeline/pipeline_proof.json" | tee "$OUTDIR/table.md"

@@ -1,0 +1,94 @@
+"""The honest-resubmission table of the integrity proof, from the files the GPU runs wrote.
+
+    python3 benchmarks/integrity_table.py [--ab AB.jsonl] PIPELINE_PROOF.json [...]
+
+For every case of every ``pipeline_proof.json`` (``benchmarks/pipeline_proof.py``): the runs,
+the rejects, the median and CV of its primary metric through the whole pipeline. With
+``--ab``, a file of interleaved ``kz dry-run --json`` documents of the harness before the
+hardening (``"tree": "old"``) and this one (``"tree": "new"``), as
+``benchmarks/gpu_integrity.sh`` step 2 writes it: each side's median and range, and the
+pipeline median and the new dry runs' median against the old dry runs'. Prints a Markdown
+table; a case whose old and new ranges overlap is marked so, since its medians then differ
+by less than its run-to-run spread.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def dry_runs(path: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """{(package, case): {"old": [values], "new": [values]}} from an A/B dry-run file."""
+    out: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        for case in record["doc"].get("cases") or []:
+            if case.get("value") is not None:
+                out.setdefault((record["pkg"], case["test_case_id"]), {}).setdefault(
+                    record["tree"], []).append(case["value"])
+    return out
+
+
+def pct(a: float, b: float) -> str:
+    return f"{100.0 * (a / b - 1.0):+.2f} %"
+
+
+def span(values: list[float]) -> str:
+    return f"{min(values):.5g}–{max(values):.5g}"
+
+
+def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
+    table = []
+    for path in proofs:
+        doc = json.loads(path.read_text())
+        for pkg, runs in doc.get("solo", {}).items():
+            cases = sorted({c for r in runs for c in r["values"]})
+            for case in cases:
+                vals = [r["values"][case] for r in runs if case in r["values"]]
+                rejects = sum(1 for r in runs if r["status"] != "accepted")
+                med = statistics.median(vals)
+                cv = 100.0 * statistics.stdev(vals) / statistics.mean(vals) if len(vals) > 1 else 0.0
+                row = [pkg.removeprefix("examples/"), case, str(len(runs)), str(len(runs) - rejects),
+                       f"{med:.5g}", f"{cv:.3f} %", span(vals)]
+                sides = ab.get((pkg, case), {})
+                old, new = sides.get("old"), sides.get("new")
+                if old and new:
+                    overlap = min(old) <= max(vals) and min(vals) <= max(old)
+                    row += [f"{statistics.median(old):.5g} ({span(old)}, {len(old)})",
+                            f"{statistics.median(new):.5g} ({span(new)}, {len(new)})",
+                            pct(med, statistics.median(old)) + (" (ranges overlap)" if overlap else ""),
+                            pct(statistics.median(new), statistics.median(old))]
+                else:
+                    row += ["", "", "", ""]
+                table.append(row)
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("proofs", nargs="+", type=Path, help="pipeline_proof.json files")
+    parser.add_argument("--ab", type=Path, help="interleaved old/new kz dry-run documents (JSON lines)")
+    args = parser.parse_args()
+    ab = dry_runs(args.ab) if args.ab else {}
+    head = ["package", "case", "runs", "accepted", "median", "CV", "range",
+            "old dry runs: median (range, n)", "new dry runs: median (range, n)",
+            "pipeline vs old", "new dry vs old"]
+    print("| " + " | ".join(head) + " |")
+    print("| " + " | ".join("---" for _ in head) + " |")
+    table = rows(args.proofs, ab)
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+    submissions = [r for path in args.proofs for runs in json.loads(path.read_text()).get("solo", {}).values()
+                   for r in runs]
+    runs, accepted = len(submissions), sum(1 for r in submissions if r["status"] == "accepted")
+    print(f"\n{accepted} of {runs} resubmissions accepted", file=sys.stderr)
+    return 0 if runs and accepted == runs else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,18 @@ def test_a_cache_keyed_on_the_inputs_content_never_hits(cheats, built, tmp_path)
     sent = json.loads(channel_data)
     assert sent["kind"] == "result" and sent["result"]["overall"]["accept"] is True, sent
     assert b"content cache: 0 hits" in done.stderr, done.stderr.decode()[-2000:]
+
+
+def test_no_row_of_the_first_calls_inputs_is_found_in_place_again(cheats, built, tmp_path):
+    """A fresh content that left a block where it was handed a row cache about a quarter of the rows."""
+    cheat = cheats["reuse_unmoved_rows"]
+    assert cheat.layer == "library" and cheat.expected_code is None
+    work = _fresh_workdir(built, SOFTMAX, tmp_path)
+    done, channel_data = run_benchmark(cheat.path, work, seed=13579)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result" and sent["result"]["overall"]["accept"] is True, sent
+    reused = re.search(rb"row cache: (\d+) of (\d+) rows reused", done.stderr)
+    assert reused and int(reused[2]) > 1000 and int(reused[1]) == 0, done.stderr.decode()[-2000:]
 
 
 def test_overwriting_expected_files_is_left_to_the_runners_file_check(cheats, built, tmp_path):
@@ -286,8 +299,22 @@ def test_the_block_permutation_keeps_the_values_of_tiny_arrays(n):
         assert sorted(dst.tolist()) == sorted(src.tolist())
         seen.add(tuple(dst.tolist()))
         assert n < 2 or not np.array_equal(dst, src)
-    # every arrangement for n = 3 (three), most of the 3 * C(n-1, 2) ones otherwise
-    assert len(seen) == {1: 1, 2: 1, 3: 3}[n] if n <= 3 else len(seen) >= {4: 8, 17: 36}[n]
+    # R Q P with a + b != n: one arrangement for n = 3 (whose only cuts leave Q in place),
+    # C(n-1, 2) less the pairs adding up to n otherwise
+    assert len(seen) == {1: 1, 2: 1, 3: 1}[n] if n <= 3 else len(seen) >= {4: 2, 17: 30}[n]
+
+
+@pytest.mark.parametrize("shape", [(1000,), (64, 128), (7, 5), (3, 4, 6), (2, 16, 64, 8)])
+def test_no_row_of_the_base_inputs_reappears_anywhere_in_a_fresh_content(shape):
+    """Every block moves, by a shift that is not a whole number of rows (last dimension)."""
+    src = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    dst = np.empty_like(src)
+    row = shape[-1]
+    base_rows = {tuple(r) for r in src.reshape(-1, row).tolist()}
+    for seed in range(60):
+        trials.permute_into(np, dst, src, random.Random(seed))
+        assert not np.any(dst == src), (shape, seed)  # no element where it was
+        assert not base_rows & {tuple(r) for r in dst.reshape(-1, row).tolist()}, (shape, seed)
 
 
 def test_comparing_a_timed_output_on_the_cpu_allocates_nothing_but_the_reference():

@@ -6,8 +6,8 @@ and the output buffer (when the benchmark passes one) is filled with a poison pa
 (NaN for floats, a fixed odd value for integers). A trial content is the case's base
 inputs varied by a seed drawn for that call from the runner's seed, which the package
 cannot know: each array argument's elements cut into three blocks at seeded points and
-put back in a seeded other order (:func:`permute_into`: the same values, about
-``1.5 * n**2`` arrangements), unless the benchmark gives ``vary``. Contents practically
+put back in reverse block order, every block moved off its rows (:func:`permute_into`:
+the same values, about ``n**2 / 2`` arrangements), unless the benchmark gives ``vary``. Contents practically
 never repeat, so a result cached from an earlier call, keyed on the inputs' identity,
 shape or even their full content, is never reused: the cache only adds its own cost.
 
@@ -55,10 +55,18 @@ def poison_value(dtype: Any) -> Any:
     raise ValueError(f"no poison pattern for dtype {dtype}")
 
 
-# Orders of the three blocks (see permute_into): the ones that are not a rotation of the
-# original, so no arrangement arises from two different cuts and none repeats as often as
-# a rotation would (two of the five other orders give only n - 1 rotations between them).
+# Orders of the three blocks P Q R that are not a rotation of the original (two of the five
+# other orders give only n - 1 rotations between them). The GPU kernel can write each of them;
+# block_cuts draws only the last, R Q P: the other two leave one block where it was, and a
+# source area that compares each row with the first call's and reuses the rows found equal
+# (the untimed call's inputs are the base ones) then skipped about a quarter of the CPU
+# softmax's rows. In R Q P every block moves, and by a shift that is not a whole number of
+# rows (see block_cuts), so no row of a call's input is a row of an earlier call's.
 BLOCK_ORDERS = ((0, 2, 1), (1, 0, 2), (2, 1, 0))
+MOVED = 2  # the index of R Q P in BLOCK_ORDERS
+# Draws of the cuts before one with every shift off the rows is given up on (a row of 2
+# elements has none: two odd cuts add up to an even shift).
+CUT_TRIES = 16
 
 
 # On a GPU the permutation is one kernel per array (as many launches as a plain copy): the
@@ -80,24 +88,37 @@ _GPU_PERMUTE = (pristine.cupy.ElementwiseKernel("raw T src, int64 n, int64 a, in
                 if pristine.cupy is not None else None)
 
 
-def block_cuts(rng: random.Random, n: int) -> tuple[int, int, int] | None:
-    """Two seeded cut points ``0 < a < b < n`` and an index into BLOCK_ORDERS (None when n < 3)."""
+def block_cuts(rng: random.Random, n: int, row: int | None = None) -> tuple[int, int, int] | None:
+    """Two seeded cut points ``0 < a < b < n`` and the index into BLOCK_ORDERS (None when n < 3).
+
+    ``row`` (default ``n``): the length of a row, the array's last dimension. In R Q P the
+    blocks move by ``-b``, ``n - a - b`` and ``n - a``; the cuts are drawn again (up to
+    CUT_TRIES times) until none of these is a whole number of rows, so that no row of the
+    base inputs reappears, even at another place; nor does any larger unit a package may
+    work in (a head, a batch), being a whole number of rows.
+    """
     if n < 3:
         return None
-    a = rng.randrange(1, n - 1)
-    return a, rng.randrange(a + 1, n), rng.randrange(len(BLOCK_ORDERS))
+    row = row or n
+    for _ in range(CUT_TRIES):
+        a = rng.randrange(1, n - 1)
+        b = rng.randrange(a + 1, n)
+        if a % row and b % row and (a + b) % row:
+            break
+    return a, b, MOVED
 
 
 def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random) -> None:
     """Write into ``dst`` the elements of ``src`` cut into three blocks at two seeded points and
-    put back in a seeded other order (both C-contiguous, same size; nothing is allocated).
+    put back in reverse block order (both C-contiguous, same size; nothing is allocated).
 
     The values (and so their range and distribution) stay those of ``src``; the arrangement
-    is one of about ``1.5 * n**2`` (n elements), so contents practically never repeat.
+    is one of about ``n**2 / 2`` (n elements), so contents practically never repeat, and no
+    row (last dimension) of ``src`` is a row of ``dst`` (see :func:`block_cuts`).
     """
     d, s = dst.reshape(-1), src.reshape(-1)
     n = int(s.size)
-    cuts = block_cuts(rng, n)
+    cuts = block_cuts(rng, n, _row_length(src.shape))
     if cuts is None:
         xp.copyto(d, s[::-1] if n == 2 else s)
         return
@@ -111,6 +132,11 @@ def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random) -> None:
         lo, hi = blocks[k]
         xp.copyto(d[pos:pos + hi - lo], s[lo:hi])
         pos += hi - lo
+
+
+def _row_length(shape: tuple) -> int | None:
+    """The last dimension longer than 1 (None for a scalar)."""
+    return next((int(d) for d in reversed(shape) if d > 1), None)
 
 
 def _is_array(value: Any) -> bool:

@@ -223,6 +223,38 @@ def softmax_rows(x):
     _memo[key] = shifted.copy()
     return shifted
 """),
+    ("reuse_unmoved_rows", "reuses the rows whose input equals the first call's at the same place "
+     "(a fresh content that leaves a block in place would hand it about a quarter of the rows)",
+     SOFTMAX, "softmax.py", None, "library", """
+import atexit
+import sys
+
+import numpy as np
+
+_first = {}
+_rows = [0, 0]
+atexit.register(lambda: print(f"row cache: {_rows[0]} of {_rows[1]} rows reused", file=sys.stderr))
+
+
+def _softmax(x):
+""" + _SOFTMAX_HONEST + """    return shifted
+
+
+def softmax_rows(x):
+    if x.shape not in _first:
+        out = _softmax(x)
+        _first[x.shape] = (x.copy(), out.copy())
+        return out
+    x0, out0 = _first[x.shape]
+    same = (x == x0).all(axis=1)
+    _rows[0] += int(same.sum())
+    _rows[1] += len(same)
+    out = np.empty_like(x)
+    out[same] = out0[same]
+    if not same.all():
+        out[~same] = _softmax(x[~same])
+    return out
+"""),
     ("skip_when_timed", "does no work once the call count says the timed loop runs", SOFTMAX, "softmax.py",
      "TIMED_MISMATCH", "library", """
 import numpy as np

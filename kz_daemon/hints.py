@@ -45,6 +45,9 @@ DAEMON_HINTS: dict[str, str] = {
     "STALE_OUTPUT": "Compute the output on every call; never return a cached or previous trial's result.",
     "TIMED_MISMATCH": "The timed call must compute the same result as the checked call: no shortcuts "
                       "when being timed.",
+    "WEAK_TRIALS": "The kernel's benchmark.py cannot tell a kept result from a computed one (its trial "
+                   "inputs do not change the expected output, or it gives no reference=): its maintainer "
+                   "must pass c.time a reference= and a vary= that changes the result; nothing in your source.",
     "HARNESS_ERROR": "The benchmark harness failed: read the benchmark log tail (logs_url); check the "
                      "inputs you pass to kz_runner.bench and run `kz dry-run`.",
     "HARNESS_LOCKED": "Keep the harness files of an existing package as they are in the repo (or ask "

@@ -373,3 +373,54 @@ def test_gpu_clock_uses_events_and_flushes_twice_the_l2():
     assert t.device == "gpu" and t.l2_flush_bytes == 2 * bench.l2_cache_bytes(cp) > 0
     assert t.stats.n >= 10 and t.stats.median > 0
     assert bench.detect_arch().startswith(("sm_", "gfx"))
+
+
+def _sort_case(tmp_path, fn, **time_args):
+    """A case whose op (a sort) gives the same result for every order of its input."""
+    h, out = _harness(tmp_path)
+    x0 = np.random.default_rng(3).standard_normal(4096)
+    np.save(tmp_path / "work" / "inputs" / "c1_x.npy", x0)
+    with h.case(META) as c:
+        x = c.input("x")
+        c.metric("latency_us", c.time(fn, (x,), expected=np.sort(x0), **time_args).median_us)
+    h.finish()
+    return json.loads(out.getvalue())
+
+
+def _kept_first_result():
+    kept = []
+
+    def sort(x):  # computes once, then returns what the first call got
+        if not kept:
+            kept.append(np.sort(x))
+        return kept[0].copy()
+    return sort
+
+
+@pytest.mark.parametrize("fn", [np.sort, _kept_first_result()], ids=["honest", "kept_first_result"])
+def test_trials_that_cannot_change_the_result_are_weak_trials(tmp_path, fn):
+    """A permutation of a sort's input sorts to the same output: a kept result would pass every check."""
+    doc = _sort_case(tmp_path, fn, reference=np.sort)
+    assert doc["overall"]["accept"] is False
+    assert doc["overall"]["accept_reason"].startswith("WEAK_TRIALS"), doc["overall"]["accept_reason"]
+    assert "vary=" in doc["overall"]["accept_reason"]
+
+
+def test_a_vary_that_changes_the_result_lets_the_honest_sort_pass_and_catches_a_kept_result(tmp_path):
+    def vary(rng, inputs):  # new values each call: a sort's result then changes too
+        (x,) = inputs
+        return (x + rng.random(),)
+
+    honest = _sort_case(tmp_path / "honest", np.sort, reference=np.sort, vary=vary)
+    assert honest["overall"]["accept"] is True, honest["overall"]
+    kept = _sort_case(tmp_path / "kept", _kept_first_result(), reference=np.sort, vary=vary)
+    assert kept["overall"]["accept"] is False
+    assert kept["overall"]["accept_reason"].startswith("STALE_OUTPUT"), kept["overall"]["accept_reason"]
+
+
+def test_a_checked_timing_without_a_reference_is_weak_trials(tmp_path):
+    """expected= alone gives every call the base inputs: a result kept from the first call passes."""
+    doc = _sort_case(tmp_path, _kept_first_result())
+    assert doc["overall"]["accept"] is False
+    assert doc["overall"]["accept_reason"].startswith("WEAK_TRIALS"), doc["overall"]["accept_reason"]
+    assert "no reference=" in doc["overall"]["accept_reason"]

@@ -15,7 +15,7 @@ from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 ROOT = Path(__file__).resolve().parents[1]
 #: codes the runner's harness checks and the confirmation run add to the failure codes
 LISTED = ("TIMER_TAMPERED", "UNSYNCED_WORK", "THREAD_LEAK", "OUTPUT_TYPE", "STALE_OUTPUT", "TIMED_MISMATCH",
-          "HARNESS_ERROR", "INTEGRITY_ERROR", "HARNESS_LOCKED", "IMPLAUSIBLE_RESULT", "RULE_VIOLATION",
+          "WEAK_TRIALS", "HARNESS_ERROR", "INTEGRITY_ERROR", "HARNESS_LOCKED", "IMPLAUSIBLE_RESULT", "RULE_VIOLATION",
           "CONFIRMATION_MISMATCH", "BAD_OUTPUT", "BUILD_FAILED", "RUNNER_FAILURE", "PACKAGE_REJECTED")
 
 

@@ -129,8 +129,9 @@ class CaseRun:
              **overrides: Any) -> Timing:
         """Check ``fn`` and time it with the harness's settings (``overrides`` win); logged to stderr.
 
-        Checked form (give ``expected`` and/or ``reference``): ``inputs`` is one tuple of
-        arguments; ``fn(*inputs)`` (or ``fn(*inputs, out)`` with an output buffer ``out``)
+        Checked form (give ``expected`` and/or ``reference``; without ``reference`` the
+        timed calls get no fresh inputs and the timing ends in WEAK_TRIALS): ``inputs`` is
+        one tuple of arguments; ``fn(*inputs)`` (or ``fn(*inputs, out)`` with an output buffer ``out``)
         is first called untimed and checked against ``expected`` (recorded as the case's
         correctness check), then timed with a fresh seeded variation of the inputs on every
         call (in ``trials`` rotating argument buffers), poisoned output buffers, and a seeded

@@ -19,8 +19,10 @@ THREAD_LEAK = "THREAD_LEAK"  # threads or processes alive after the timed region
 OUTPUT_TYPE = "OUTPUT_TYPE"  # not exactly the expected array type, dtype or shape
 STALE_OUTPUT = "STALE_OUTPUT"  # the output is the poison pattern or another trial's output
 TIMED_MISMATCH = "TIMED_MISMATCH"  # a timed call's output is wrong although the untimed check passed
+WEAK_TRIALS = "WEAK_TRIALS"  # the harness's trial inputs cannot tell a cached result from a computed one
 HARNESS_ERROR = "HARNESS_ERROR"  # the library itself failed
-CODES = (TIMER_TAMPERED, UNSYNCED_WORK, THREAD_LEAK, OUTPUT_TYPE, STALE_OUTPUT, TIMED_MISMATCH, HARNESS_ERROR)
+CODES = (TIMER_TAMPERED, UNSYNCED_WORK, THREAD_LEAK, OUTPUT_TYPE, STALE_OUTPUT, TIMED_MISMATCH, WEAK_TRIALS,
+         HARNESS_ERROR)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,12 @@ call's inputs is ``STALE_OUTPUT``, any other error ``TIMED_MISMATCH``, reported 
 the batch's timer, thread and event/wall checks, which name a cause first.
 Time spent checking does not count against the timing's budget. On the CPU the
 comparison itself writes into buffers allocated once (:class:`Scratch`).
+
+The checks are only as strong as the variation: when the first checked call's expected
+output is within the tolerance of the base inputs' (an order-independent result such as a
+sum or a sort, inputs the variation leaves as they were, a tolerance wider than the
+outputs), or when there is no ``reference`` to vary against, a result kept from the first
+call would pass them all, and the timing ends in ``WEAK_TRIALS`` (the harness's to fix).
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kz_runner.bench import pristine
-from kz_runner.bench.integrity import OUTPUT_TYPE, STALE_OUTPUT, TIMED_MISMATCH, Finding
+from kz_runner.bench.integrity import OUTPUT_TYPE, STALE_OUTPUT, TIMED_MISMATCH, WEAK_TRIALS, Finding
 
 # Share of the timed calls whose output is compared: a quarter of the first 32, then one in 16,
 # at most MAX_CHECKS per timing. A package that is fast by being wrong on more than half of the
@@ -260,6 +266,9 @@ class Trials:
         self._poison = poison_value(self.dtype) if out is not None else None
         self.guard: Any = None
         self.pending: Finding | None = None  # the first wrong timed output, reported after the batch
+        # Whether a varied content's expectation differs from the base inputs' (None: not known
+        # yet). Without a reference every call gets the base inputs: nothing varies.
+        self.varies: bool | None = None if reference is not None else False
 
     # -- the contents ----------------------------------------------------------------------
 
@@ -356,6 +365,8 @@ class Trials:
         The first wrong one becomes :attr:`pending`, reported after the batch's other checks:
         work escaping the timed stream also races the poison fill, and its cause is the better finding.
         """
+        if self.varies is False and self.pending is None:
+            self.pending = self._weak_trials()
         if not self._held:
             return
         t0 = pristine.perf_counter()
@@ -366,6 +377,24 @@ class Trials:
             self._spare.append(held)
         self._held.clear()
         self.spent_s += pristine.perf_counter() - t0
+        if self.varies is False and self.pending is None:
+            self.pending = self._weak_trials()
+
+    def _weak_trials(self) -> Finding:
+        """WEAK_TRIALS: the timed calls' checks could not tell the first call's result from a computed one."""
+        if self.reference is None:
+            why = ("the checked timing has expected= but no reference=, so every call gets the base inputs "
+                   "and a result kept from the first call cannot be told from a computed one: give reference= "
+                   "(a trusted function of the inputs)")
+        else:
+            why = ("a varied trial input's expected output is within the case's tolerance of the base inputs' "
+                   "(an order-independent result such as a sum or a sort, inputs the variation does not "
+                   "change, or a tolerance wider than the outputs), so a result kept from the first call "
+                   "cannot be told from a computed one: give vary= that changes the result, or a tighter "
+                   "tolerance")
+        return Finding(WEAK_TRIALS, why, evidence={"reference": self.reference is not None,
+                                                   "vary": self.vary is not None,
+                                                   "checked_calls": self.checked_calls})
 
     # -- the checks ----------------------------------------------------------------------
 
@@ -395,7 +424,10 @@ class Trials:
         """
         xp = self.xp
         size = int(out.size)
-        wrong = mismatches(xp, out, self.expected_for(seed), self.atol, self.rtol, self.scratch)
+        expected = self.expected_for(seed)
+        if self.varies is None and seed is not None:  # once: does the variation change the result at all?
+            self.varies = mismatches(xp, expected, self.expected0, self.atol, self.rtol, self.scratch) > 0
+        wrong = mismatches(xp, out, expected, self.atol, self.rtol, self.scratch)
         if wrong == 0:
             return None
         evidence = {"mismatches": wrong, "checked": size, "checked_calls": self.checked_calls}

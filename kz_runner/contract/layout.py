@@ -32,7 +32,7 @@ SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 CONTROL_ENV = "KZ_CONTROL_FD"
 RESULT_ENV = "KZ_RESULT_FD"
 LIBRARY_CODES = ("TIMER_TAMPERED", "UNSYNCED_WORK", "THREAD_LEAK", "OUTPUT_TYPE", "STALE_OUTPUT",
-                 "TIMED_MISMATCH", "HARNESS_ERROR")
+                 "TIMED_MISMATCH", "WEAK_TRIALS", "HARNESS_ERROR")
 #: the placeholder the accept saga writes into the scorecard before its source commit exists.
 PENDING_COMMIT = "__PENDING_COMMIT__"
 

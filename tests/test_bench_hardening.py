@@ -158,6 +158,20 @@ def test_no_row_of_the_first_calls_inputs_is_found_in_place_again(cheats, built,
     assert reused and int(reused[2]) > 1000 and int(reused[1]) == 0, done.stderr.decode()[-2000:]
 
 
+@pytest.mark.xfail(strict=True, reason="known gap: the block permutation keeps windows of the base rows, and "
+                   "their shifts repeat across calls, so a cache keyed on each row's bytes still hits; closing it "
+                   "needs values varied per element (docs/dev-notes.md, In progress)")
+def test_no_row_an_earlier_call_had_is_found_again_anywhere(cheats, built, tmp_path):
+    cheat = cheats["reuse_seen_rows"]
+    work = _fresh_workdir(built, SOFTMAX, tmp_path)
+    done, channel_data = run_benchmark(cheat.path, work, seed=13579)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result", sent
+    reused = re.search(rb"row cache: (\d+) of (\d+) rows reused", done.stderr)
+    assert reused and int(reused[2]) > 1000, done.stderr.decode()[-2000:]
+    assert int(reused[1]) <= int(reused[2]) // 100, reused[0]  # at most 1 %: 31-40 % when measured
+
+
 def test_overwriting_expected_files_is_left_to_the_runners_file_check(cheats, built, tmp_path):
     """The library cannot tell rewritten inputs/expected from real ones; the built files' hashes can."""
     cheat = cheats["overwrite_expected"]

@@ -255,6 +255,39 @@ def softmax_rows(x):
         out[~same] = _softmax(x[~same])
     return out
 """),
+    ("reuse_seen_rows", "reuses every row whose bytes an earlier call's input had, at any place (a known gap: "
+     "moved blocks still carry windows of the base rows, and their shifts repeat across calls)",
+     SOFTMAX, "softmax.py", None, "library", """
+import atexit
+import sys
+
+import numpy as np
+
+_seen = {}
+_rows = [0, 0]
+atexit.register(lambda: print(f"row cache: {_rows[0]} of {_rows[1]} rows reused", file=sys.stderr))
+
+
+def _softmax(x):
+""" + _SOFTMAX_HONEST + """    return shifted
+
+
+def softmax_rows(x):
+    keys = [row.tobytes() for row in x]
+    todo = [i for i, k in enumerate(keys) if k not in _seen]
+    _rows[0] += len(keys) - len(todo)
+    _rows[1] += len(keys)
+    out = np.empty_like(x)
+    for i, k in enumerate(keys):
+        if k in _seen:
+            out[i] = _seen[k]
+    if todo:
+        out[todo] = _softmax(x[todo])
+        for i in todo:
+            if len(_seen) < 200_000:
+                _seen[keys[i]] = out[i].copy()
+    return out
+"""),
     ("skip_when_timed", "does no work once the call count says the timed loop runs", SOFTMAX, "softmax.py",
      "TIMED_MISMATCH", "library", """
 import numpy as np

@@ -50,6 +50,22 @@ _SOFTMAX_HONEST = """
     shifted /= shifted.sum(axis=-1, keepdims=True)
 """
 
+# The start of the row-cache cheats: it counts the rows a source area reused and prints them at exit.
+_ROW_CACHE = """
+import atexit
+import sys
+
+import numpy as np
+
+_rows = [0, 0]
+atexit.register(lambda: print(f"row cache: {_rows[0]} of {_rows[1]} rows reused", file=sys.stderr))
+
+
+def _softmax(x):
+""" + _SOFTMAX_HONEST + """    return shifted
+
+"""
+
 # (name, pattern, example, source file, expected code, layer, source text)
 _CHEATS: list[tuple[str, str, str, str, str | None, str, str]] = [
     ("timer_patch", "monkey-patches the timer: every timing 10,000x smaller", AXPY, "axpy.py", "TIMER_TAMPERED",
@@ -225,19 +241,8 @@ def softmax_rows(x):
 """),
     ("reuse_unmoved_rows", "reuses the rows whose input equals the first call's at the same place "
      "(a fresh content that leaves a block in place would hand it about a quarter of the rows)",
-     SOFTMAX, "softmax.py", None, "library", """
-import atexit
-import sys
-
-import numpy as np
-
+     SOFTMAX, "softmax.py", None, "library", _ROW_CACHE + """
 _first = {}
-_rows = [0, 0]
-atexit.register(lambda: print(f"row cache: {_rows[0]} of {_rows[1]} rows reused", file=sys.stderr))
-
-
-def _softmax(x):
-""" + _SOFTMAX_HONEST + """    return shifted
 
 
 def softmax_rows(x):
@@ -257,19 +262,8 @@ def softmax_rows(x):
 """),
     ("reuse_seen_rows", "reuses every row whose bytes an earlier call's input had, at any place (a known gap: "
      "moved blocks still carry windows of the base rows, and their shifts repeat across calls)",
-     SOFTMAX, "softmax.py", None, "library", """
-import atexit
-import sys
-
-import numpy as np
-
+     SOFTMAX, "softmax.py", None, "library", _ROW_CACHE + """
 _seen = {}
-_rows = [0, 0]
-atexit.register(lambda: print(f"row cache: {_rows[0]} of {_rows[1]} rows reused", file=sys.stderr))
-
-
-def _softmax(x):
-""" + _SOFTMAX_HONEST + """    return shifted
 
 
 def softmax_rows(x):

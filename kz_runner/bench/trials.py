@@ -7,9 +7,10 @@ and the output buffer (when the benchmark passes one) is filled with a poison pa
 inputs varied by a seed drawn for that call from the runner's seed, which the package
 cannot know: each array argument's elements cut into three blocks at seeded points and
 put back in reverse block order, every block moved off its rows (:func:`permute_into`:
-the same values, about ``n**2 / 2`` arrangements), unless the benchmark gives ``vary``. Contents practically
-never repeat, so a result cached from an earlier call, keyed on the inputs' identity,
-shape or even their full content, is never reused: the cache only adds its own cost.
+the same values, about ``n**2 / 2`` arrangements), unless the benchmark gives ``vary``.
+Contents practically never repeat, so a result cached from an earlier call, keyed on the
+inputs' identity, shape or even their full content, is never reused: the cache only adds
+its own cost. (Single rows do recur across calls, shifted: see docs/dev-notes.md.)
 
 After the call the output's exact type, dtype and shape are checked (``OUTPUT_TYPE``),
 and a seeded sample of the timed calls has its output copied aside; at the end of the
@@ -67,7 +68,8 @@ def poison_value(dtype: Any) -> Any:
 # source area that compares each row with the first call's and reuses the rows found equal
 # (the untimed call's inputs are the base ones) then skipped about a quarter of the CPU
 # softmax's rows. In R Q P every block moves, and by a shift that is not a whole number of
-# rows (see block_cuts), so no row of a call's input is a row of an earlier call's.
+# rows (see block_cuts), so no row of the base inputs (the untimed call's) is a row of a
+# timed call's.
 BLOCK_ORDERS = ((0, 2, 1), (1, 0, 2), (2, 1, 0))
 MOVED = 2  # the index of R Q P in BLOCK_ORDERS
 # Draws of the cuts before one with every shift off the rows is given up on (a row of 2
@@ -365,18 +367,15 @@ class Trials:
         The first wrong one becomes :attr:`pending`, reported after the batch's other checks:
         work escaping the timed stream also races the poison fill, and its cause is the better finding.
         """
-        if self.varies is False and self.pending is None:
-            self.pending = self._weak_trials()
-        if not self._held:
-            return
-        t0 = pristine.perf_counter()
-        for held, seed, earlier in self._held:
-            finding = self.check_values(held, seed, earlier)
-            if finding is not None and self.pending is None:
-                self.pending = finding
-            self._spare.append(held)
-        self._held.clear()
-        self.spent_s += pristine.perf_counter() - t0
+        if self._held:
+            t0 = pristine.perf_counter()
+            for held, seed, earlier in self._held:
+                finding = self.check_values(held, seed, earlier)
+                if finding is not None and self.pending is None:
+                    self.pending = finding
+                self._spare.append(held)
+            self._held.clear()
+            self.spent_s += pristine.perf_counter() - t0
         if self.varies is False and self.pending is None:
             self.pending = self._weak_trials()
 

@@ -28,6 +28,7 @@ from kz_daemon.gitstore import GitStore
 from kz_daemon.ports import Daemon
 from kz_events import durable
 from kz_events import events as ev
+from kz_events.host import usable_cpus
 from kz_runner.contract import index as lib
 from kz_runner.contract.index_cache import ContentsCache
 from kz_runner.contract.layout import KP
@@ -56,11 +57,7 @@ def startup_workers() -> int:
     """
     if threading.active_count() != 1 or not hasattr(os, "fork"):
         return 1
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, STARTUP_WORKERS_MAX))
+    return usable_cpus(STARTUP_WORKERS_MAX)
 
 
 def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str], head: str | None = None,

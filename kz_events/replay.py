@@ -21,7 +21,6 @@ one process.
 from __future__ import annotations
 
 import hashlib
-import os
 from operator import ne
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from kz_events import replay_worker
 from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
+from kz_events.host import usable_cpus
 from kz_events.log import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import REDUCER_VERSION, ReducerError, handler_for
 from kz_events.replay_worker import check_chain, cut_group, payload_array, read_group
@@ -165,7 +165,7 @@ def _replay(log: EventLog, state: State, start: Position | None,
 
 
 def _worth_a_worker(log: EventLog, start: Position) -> bool:
-    if (os.cpu_count() or 1) < 2:
+    if usable_cpus() < 2:
         return False
     total = 0
     for first in log.segments:

@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kz_events.host import usable_cpus
+
 BLOCK = 1024 * 1024
 MAX_WORKERS = 8
 # How many paths an INTEGRITY_ERROR message names before it says "and N more".
@@ -52,11 +54,7 @@ class Snapshot:
 
 
 def _workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(MAX_WORKERS, cpus))
+    return usable_cpus(MAX_WORKERS)
 
 
 def hash_file(path: Path) -> tuple[str, int]:

@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the index atomically and print a summary; 0 written, 2 usage error."""
+    from kz_events.host import usable_cpus
     from kz_runner.contract.index import build_index, default_paths, dumps, write_index
     from kz_runner.contract.index_cache import ContentsCache, default_cache_path
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         cache = ContentsCache.load(cache_path)
     # forked workers: 10,000 packages on 2 cores, warm cache 1.4 s vs 3.1 s with one process,
     # cold 7.0 s vs 15.5 s (benchmarks/bench_index.py)
-    workers = args.workers if args.workers is not None else min(os.cpu_count() or 1, 8)
+    workers = args.workers if args.workers is not None else usable_cpus(8)
     doc = build_index(repo, head=args.head, cache=cache, workers=max(1, workers))
     try:
         written = write_index(doc, out)

@@ -14,15 +14,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
 from dulwich.object_store import tree_lookup_path
 from dulwich.repo import Repo
 
 from kz_daemon import scorecard
 from kz_runner.contract.layout import BENCHMARK, KP, is_seed_sha
 from kz_runner.contract.pysource import read_metas
+from kz_runner.contract.yamlio import YAMLError, load_yaml
 
 
 @dataclass(frozen=True)
@@ -128,15 +127,17 @@ class KernelHistory:
                 self._harness.pop(next(iter(self._harness)))
         return found
 
-    def package_docs(self, kernel_id: str) -> tuple[Any, Any]:
-        """``(desc.yaml, bench_result.yaml)`` of a kernel at the head, parsed (None where absent)."""
+    def package_docs(self, kernel_id: str) -> tuple[dict | None, dict | None]:
+        """``(desc.yaml, bench_result.yaml)`` of a kernel at the head, parsed as the contract reads
+        them (None where absent, unreadable or not a mapping)."""
         out = []
         for name in ("desc.yaml", "bench_result.yaml"):
             raw = self.read_head(f"{kernel_id}/.kernel_package/{name}")
             try:
-                out.append(yaml.safe_load(raw) if raw is not None else None)
-            except yaml.YAMLError:
-                out.append(None)
+                doc = load_yaml(raw) if raw is not None else None
+            except YAMLError:
+                doc = None
+            out.append(doc if isinstance(doc, dict) else None)
         return out[0], out[1]
 
     def accepted(self, kernel_id: str) -> list[HistoryPoint]:
@@ -209,7 +210,7 @@ def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
         return None
     try:
         doc = scorecard.load(raw)  # None unless a mapping
-    except yaml.YAMLError:
+    except YAMLError:
         return None
     if doc is None:
         return None

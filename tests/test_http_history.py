@@ -53,6 +53,19 @@ def test_missing_repo_is_empty(tmp_path):
     assert history.package_docs(KID) == (None, None)
 
 
+def test_package_docs_are_mappings_or_none_as_the_contract_reads_them(tmp_path):
+    """A desc.yaml that is a list, a scalar or bad YAML reaches the pages and the API as None."""
+    git = GitStore.init(tmp_path / "repo")
+    desc_path = f"{KID}/.kernel_package/desc.yaml"
+    history = KernelHistory(tmp_path / "repo")
+    head = None
+    for raw, expected in ((b"- a\n- b\n", None), (b"just text\n", None), (b"a: [1\n", None),
+                          (b"op_type: Axpy\n", {"op_type": "Axpy"})):
+        head = git.commit_changes({desc_path: raw, PATH: b"- not a scorecard\n"}, "docs", AUTHOR, head)
+        assert history.package_docs(KID) == (expected, None), raw
+    git.close()
+
+
 def test_harness_is_the_benchmark_blob_at_head_with_its_declared_metrics(tmp_path):
     git = GitStore.init(tmp_path / "repo")
     bench = f"{KID}/.kernel_package/benchmark.py"

@@ -205,6 +205,18 @@ def test_failed_correctness_fails_at_verdict(tmp_path):
     assert step.name == "verdict" and result.rows[0]["correctness"] == "failed"
 
 
+def test_a_library_finding_is_printed_whole_with_its_remedy(tmp_path):
+    """WEAK_TRIALS's advice comes at the end of a long message: the verdict line keeps it."""
+    bench = BENCH.replace("# PRELUDE", "import numpy as np").replace(
+        'c.metric("latency_us", c.time(lambda: x * 2).median_us)',
+        'c.metric("latency_us", c.time(np.sort, (x,), expected=np.sort(x), reference=np.sort).median_us)')
+    result = dry_run(make_package(tmp_path, benchmark=bench))
+    step = failed(result)
+    assert step.name == "verdict" and "WEAK_TRIALS" in step.detail
+    verdict = render_text(result).splitlines()[-1]
+    assert verdict.startswith("verdict: FAIL at step verdict") and "give vary= that changes the result" in verdict
+
+
 def test_guide_tarball_is_unpacked_and_seeded(tmp_path):
     pkg = make_package(tmp_path)
     (pkg / ".kernel_package" / "bench_result.yaml").unlink()  # the guide: move it away before packing

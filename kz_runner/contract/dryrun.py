@@ -42,6 +42,9 @@ STEPS = ("validate", "unpack", "build-1", "build-2", "idempotency", "benchmark",
 COMPARED = ("inputs", "expected", "build_manifest.json")
 STDOUT_CAP = 16 * 1024 * 1024
 STDERR_CAP = 1024 * 1024
+# The verdict line's detail: whole for the library's findings (their remedy comes last), cut
+# only against a package printing an endless reason.
+VERDICT_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -377,6 +380,10 @@ def _copy_package(package_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def render_text(run: DryRun) -> str:
     """The human-readable report: steps, the per-case table, warnings and the verdict line."""
     lines = [f"kz dry-run {run.path}" + (f"  (kernel_id {run.kernel_id})" if run.kernel_id else "")]
@@ -417,5 +424,6 @@ def render_text(run: DryRun) -> str:
         lines.append(f"verdict: PASS — {run.steps[-1].detail}")
     else:
         failed = next((s for s in run.steps if not s.ok), None)
-        lines.append(f"verdict: FAIL at step {failed.name}: {failed.detail[:300]}" if failed else "verdict: FAIL")
+        lines.append(f"verdict: FAIL at step {failed.name}: {_clip(failed.detail, VERDICT_CHARS)}" if failed
+                     else "verdict: FAIL")
     return "\n".join(lines)

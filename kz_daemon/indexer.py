@@ -28,7 +28,7 @@ from kz_daemon.gitstore import GitStore
 from kz_daemon.ports import Daemon
 from kz_events import durable
 from kz_events import events as ev
-from kz_events.host import usable_cpus
+from kz_runner.host import usable_cpus
 from kz_runner.contract import index as lib
 from kz_runner.contract.index_cache import ContentsCache
 from kz_runner.contract.layout import KP

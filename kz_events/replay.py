@@ -21,6 +21,7 @@ one process.
 from __future__ import annotations
 
 import hashlib
+import os
 from operator import ne
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ from typing import Any
 from kz_events import replay_worker
 from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
-from kz_events.host import usable_cpus
 from kz_events.log import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import REDUCER_VERSION, ReducerError, handler_for
 from kz_events.replay_worker import check_chain, cut_group, payload_array, read_group
@@ -164,8 +164,17 @@ def _replay(log: EventLog, state: State, start: Position | None,
     return count + _replay_here(log, state, table, start, until)
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on, as ``kz_runner.host.usable_cpus`` counts them (kz_events,
+    the bottom layer, imports nothing above it): a pin to one CPU leaves no room for a worker."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _worth_a_worker(log: EventLog, start: Position) -> bool:
-    if usable_cpus() < 2:
+    if _cpus() < 2:
         return False
     total = 0
     for first in log.segments:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kz_events.host import usable_cpus
+from kz_runner.host import usable_cpus
 
 BLOCK = 1024 * 1024
 MAX_WORKERS = 8

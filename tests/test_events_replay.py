@@ -24,7 +24,7 @@ def mode(request, monkeypatch):
     spawned = []
     if request.param == "worker":
         monkeypatch.setattr(replay_module, "PIPELINE_MIN_BYTES", 0)
-        monkeypatch.setattr(replay_module, "usable_cpus", lambda limit=None: 2)
+        monkeypatch.setattr(replay_module, "_cpus", lambda: 2)
         real_spawn = replay_worker.spawn
 
         def counting_spawn(*args):

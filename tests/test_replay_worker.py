@@ -18,7 +18,7 @@ def test_a_worker_that_dies_midway_leaves_the_replay_to_this_process(tmp_path, m
     events_dir = tmp_path / "events"
     expected = build_log(events_dir, 3000, 14, segment_bytes=100_000)
     monkeypatch.setattr(replay_module, "PIPELINE_MIN_BYTES", 0)
-    monkeypatch.setattr(replay_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(replay_module, "_cpus", lambda: 2)
     monkeypatch.setattr(replay_worker, "_PIPE_BYTES", 4096)  # so it cannot write far ahead
     real_messages = replay_worker.messages
     seen = []

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the index atomically and print a summary; 0 written, 2 usage error."""
-    from kz_events.host import usable_cpus
+    from kz_runner.host import usable_cpus
     from kz_runner.contract.index import build_index, default_paths, dumps, write_index
     from kz_runner.contract.index_cache import ContentsCache, default_cache_path
 

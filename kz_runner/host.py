@@ -1,4 +1,4 @@
-"""Facts about the host that every layer reads the same way."""
+"""Facts about the host, read one way by the runner, `kz index` and the daemon."""
 from __future__ import annotations
 
 import os

@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from pipeline_proof import case_values, summarise  # benchmarks/ is sys.path[0]
+
 
 def dry_runs(path: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
     """{(package, case): {"old": [values], "new": [values]}} from an A/B dry-run file."""
@@ -27,10 +29,8 @@ def dry_runs(path: Path) -> dict[tuple[str, str], dict[str, list[float]]]:
         if not line.strip():
             continue
         record = json.loads(line)
-        for case in record["doc"].get("cases") or []:
-            if case.get("value") is not None:
-                out.setdefault((record["pkg"], case["test_case_id"]), {}).setdefault(
-                    record["tree"], []).append(case["value"])
+        for case, value in case_values(record["doc"]).items():
+            out.setdefault((record["pkg"], case), {}).setdefault(record["tree"], []).append(value)
     return out
 
 
@@ -38,34 +38,29 @@ def pct(a: float, b: float) -> str:
     return f"{100.0 * (a / b - 1.0):+.2f} %"
 
 
-def span(values: list[float]) -> str:
-    return f"{min(values):.5g}–{max(values):.5g}"
+def span(lo: float, hi: float) -> str:
+    return f"{lo:.5g}–{hi:.5g}"
 
 
 def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
     table = []
     for path in proofs:
-        doc = json.loads(path.read_text())
-        for pkg, runs in doc.get("solo", {}).items():
-            cases = sorted({c for r in runs for c in r["values"]})
-            for case in cases:
-                vals = [r["values"][case] for r in runs if case in r["values"]]
-                rejects = sum(1 for r in runs if r["status"] != "accepted")
-                med = statistics.median(vals)
-                cv = 100.0 * statistics.stdev(vals) / statistics.mean(vals) if len(vals) > 1 else 0.0
-                row = [pkg.removeprefix("examples/"), case, str(len(runs)), str(len(runs) - rejects),
-                       f"{med:.5g}", f"{cv:.3f} %", span(vals)]
-                sides = ab.get((pkg, case), {})
-                old, new = sides.get("old"), sides.get("new")
-                if old and new:
-                    overlap = min(old) <= max(vals) and min(vals) <= max(old)
-                    row += [f"{statistics.median(old):.5g} ({span(old)}, {len(old)})",
-                            f"{statistics.median(new):.5g} ({span(new)}, {len(new)})",
-                            pct(med, statistics.median(old)) + (" (ranges overlap)" if overlap else ""),
-                            pct(statistics.median(new), statistics.median(old))]
-                else:
-                    row += ["", "", "", ""]
-                table.append(row)
+        for key, summary in summarise(json.loads(path.read_text()).get("solo", {}), None).items():
+            pkg, case = key.rsplit(":", 1)
+            s, runs = summary["solo"], summary["runs"]
+            row = [pkg.removeprefix("examples/"), case, str(runs), str(runs - summary["rejects"]),
+                   f"{s['median']:.5g}", f"{s['cv_pct'] or 0:.3f} %", span(s["min"], s["max"])]
+            sides = ab.get((pkg, case), {})
+            old, new = sides.get("old"), sides.get("new")
+            if old and new:
+                overlap = min(old) <= s["max"] and s["min"] <= max(old)
+                row += [f"{statistics.median(old):.5g} ({span(min(old), max(old))}, {len(old)})",
+                        f"{statistics.median(new):.5g} ({span(min(new), max(new))}, {len(new)})",
+                        pct(s["median"], statistics.median(old)) + (" (ranges overlap)" if overlap else ""),
+                        pct(statistics.median(new), statistics.median(old))]
+            else:
+                row += ["", "", "", ""]
+            table.append(row)
     return table
 
 

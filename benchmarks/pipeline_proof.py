@@ -92,7 +92,7 @@ def stats(values: list[float]) -> dict:
     mean = statistics.fmean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"n": len(values), "median": statistics.median(values), "mean": mean,
-            "cv_pct": 100.0 * sd / mean if mean else None,
+            "min": min(values), "max": max(values), "cv_pct": 100.0 * sd / mean if mean else None,
             "spread_pct": 100.0 * (max(values) / min(values) - 1.0) if min(values) > 0 else None}
 
 

@@ -28,10 +28,10 @@ from kz_daemon.gitstore import GitStore
 from kz_daemon.ports import Daemon
 from kz_events import durable
 from kz_events import events as ev
-from kz_runner.host import usable_cpus
 from kz_runner.contract import index as lib
 from kz_runner.contract.index_cache import ContentsCache
 from kz_runner.contract.layout import KP
+from kz_runner.host import usable_cpus
 
 
 def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,

@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .problems import ERROR, Problem
+from .problems import ERROR, Problem, clip
 from .schema_check import nonfinite_paths
 
 # code -> what to do about it (the table above says what it means).
@@ -160,8 +160,7 @@ def _schema_problems(doc: Any) -> list[Problem]:
     out = []
     errors = sorted(check.iter_errors(doc), key=lambda e: (json_path(e.absolute_path), e.message))
     for error in errors[:20]:
-        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-        out.append(_problem("RESULT_SCHEMA", message, json_path(error.absolute_path) or None))
+        out.append(_problem("RESULT_SCHEMA", clip(error.message, 300), json_path(error.absolute_path) or None))
     if len(errors) > 20:
         out.append(_problem("RESULT_SCHEMA", f"... and {len(errors) - 20} more schema errors"))
     return out

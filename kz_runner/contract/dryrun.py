@@ -36,7 +36,7 @@ from typing import Any
 
 from .checks import Verdict, check_result, parse_output
 from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, KP, seed_scorecard
-from .problems import Problem
+from .problems import Problem, clip
 
 STEPS = ("validate", "unpack", "build-1", "build-2", "idempotency", "benchmark", "output", "checks", "verdict")
 COMPARED = ("inputs", "expected", "build_manifest.json")
@@ -380,10 +380,6 @@ def _copy_package(package_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def render_text(run: DryRun) -> str:
     """The human-readable report: steps, the per-case table, warnings and the verdict line."""
     lines = [f"kz dry-run {run.path}" + (f"  (kernel_id {run.kernel_id})" if run.kernel_id else "")]
@@ -424,6 +420,6 @@ def render_text(run: DryRun) -> str:
         lines.append(f"verdict: PASS — {run.steps[-1].detail}")
     else:
         failed = next((s for s in run.steps if not s.ok), None)
-        lines.append(f"verdict: FAIL at step {failed.name}: {_clip(failed.detail, VERDICT_CHARS)}" if failed
+        lines.append(f"verdict: FAIL at step {failed.name}: {clip(failed.detail, VERDICT_CHARS)}" if failed
                      else "verdict: FAIL")
     return "\n".join(lines)

@@ -14,6 +14,11 @@ ERROR = "error"
 WARNING = "warning"
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in "..." when cut (for one-line messages)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class Problem:
     """One finding: ``severity`` is ``error`` (makes the subject invalid) or ``warning``."""

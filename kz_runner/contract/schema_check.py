@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from .codes import problem
-from .problems import Problem
+from .problems import Problem, clip
 
 MAX_ERRORS_PER_DOCUMENT = 20
 _RFC3339 = re.compile(
@@ -98,8 +98,7 @@ def json_path(parts) -> str:
 
 
 def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip(repr(value), limit)
 
 
 def _hint_for(error) -> str | None:
@@ -123,8 +122,7 @@ def _message(error) -> str:
     if error.validator in ("pattern", "enum", "format", "maxLength", "minLength", "minItems",
                            "minimum", "uniqueItems", "oneOf"):
         return f"{_short(error.instance)} violates {error.validator}: {_short(error.validator_value, 80)}"
-    text = error.message
-    return text if len(text) <= 300 else text[:297] + "..."
+    return clip(error.message, 300)
 
 
 def schema_problems(document: Any, schema_name: str, code: str, file: str | None,

@@ -375,10 +375,12 @@ def test_gpu_clock_uses_events_and_flushes_twice_the_l2():
     assert bench.detect_arch().startswith(("sm_", "gfx"))
 
 
-def _sort_case(tmp_path, fn, **time_args):
+INTS = np.random.default_rng(3).integers(-1000, 1000, 4096)
+
+
+def _sort_case(tmp_path, fn, x0=INTS, **time_args):
     """A case whose op (a sort) gives the same result for every order of its input."""
     h, out = _harness(tmp_path)
-    x0 = np.random.default_rng(3).standard_normal(4096)
     np.save(tmp_path / "work" / "inputs" / "c1_x.npy", x0)
     with h.case(META) as c:
         x = c.input("x")
@@ -399,23 +401,32 @@ def _kept_first_result():
 
 @pytest.mark.parametrize("fn", [np.sort, _kept_first_result()], ids=["honest", "kept_first_result"])
 def test_trials_that_cannot_change_the_result_are_weak_trials(tmp_path, fn):
-    """A permutation of a sort's input sorts to the same output: a kept result would pass every check."""
+    """Integers are only moved, and a sort of moved integers is the base one: a kept result would pass."""
     doc = _sort_case(tmp_path, fn, reference=np.sort)
     assert doc["overall"]["accept"] is False
     assert doc["overall"]["accept_reason"].startswith("WEAK_TRIALS"), doc["overall"]["accept_reason"]
     assert "vary=" in doc["overall"]["accept_reason"]
 
 
+def _sort_passes_and_a_kept_result_is_stale(tmp_path, **case_args):
+    honest = _sort_case(tmp_path / "honest", np.sort, reference=np.sort, **case_args)
+    assert honest["overall"]["accept"] is True, honest["overall"]
+    kept = _sort_case(tmp_path / "kept", _kept_first_result(), reference=np.sort, **case_args)
+    assert kept["overall"]["accept"] is False
+    assert kept["overall"]["accept_reason"].startswith("STALE_OUTPUT"), kept["overall"]["accept_reason"]
+
+
 def test_a_vary_that_changes_the_result_lets_the_honest_sort_pass_and_catches_a_kept_result(tmp_path):
     def vary(rng, inputs):  # new values each call: a sort's result then changes too
         (x,) = inputs
-        return (x + rng.random(),)
+        return (x + rng.randrange(1, 1000),)
 
-    honest = _sort_case(tmp_path / "honest", np.sort, reference=np.sort, vary=vary)
-    assert honest["overall"]["accept"] is True, honest["overall"]
-    kept = _sort_case(tmp_path / "kept", _kept_first_result(), reference=np.sort, vary=vary)
-    assert kept["overall"]["accept"] is False
-    assert kept["overall"]["accept_reason"].startswith("STALE_OUTPUT"), kept["overall"]["accept_reason"]
+    _sort_passes_and_a_kept_result_is_stale(tmp_path, vary=vary)
+
+
+def test_float_inputs_need_no_vary_since_their_values_change_too(tmp_path):
+    """Each float is scaled by its own factor per call, so even a sort's result changes."""
+    _sort_passes_and_a_kept_result_is_stale(tmp_path, x0=np.random.default_rng(3).standard_normal(4096))
 
 
 def test_a_checked_timing_without_a_reference_is_weak_trials(tmp_path):

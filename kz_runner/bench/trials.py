@@ -6,11 +6,12 @@ and the output buffer (when the benchmark passes one) is filled with a poison pa
 (NaN for floats, a fixed odd value for integers). A trial content is the case's base
 inputs varied by a seed drawn for that call from the runner's seed, which the package
 cannot know: each array argument's elements cut into three blocks at seeded points and
-put back in reverse block order, every block moved off its rows (:func:`permute_into`:
-the same values, about ``n**2 / 2`` arrangements), unless the benchmark gives ``vary``.
-Contents practically never repeat, so a result cached from an earlier call, keyed on the
-inputs' identity, shape or even their full content, is never reused: the cache only adds
-its own cost. (Single rows do recur across calls, shifted: see docs/dev-notes.md.)
+put back in reverse block order, every block moved off its rows, and each floating-point
+element multiplied by its own factor in [0.875, 1) (:func:`permute_into`: about
+``n**2 / 2`` arrangements times ``2**21`` factor keys), unless the benchmark gives ``vary``.
+Contents never repeat, nor does a single row of one, so a result cached from an earlier
+call, keyed on the inputs' identity, shape, full content or any one row's bytes, is never
+reused: the cache only adds its own cost.
 
 After the call the output's exact type, dtype and shape are checked (``OUTPUT_TYPE``),
 and a seeded sample of the timed calls has its output copied aside; at the end of the
@@ -23,10 +24,11 @@ Time spent checking does not count against the timing's budget. On the CPU the
 comparison itself writes into buffers allocated once (:class:`Scratch`).
 
 The checks are only as strong as the variation: when the first checked call's expected
-output is within the tolerance of the base inputs' (an order-independent result such as a
-sum or a sort, inputs the variation leaves as they were, a tolerance wider than the
-outputs), or when there is no ``reference`` to vary against, a result kept from the first
-call would pass them all, and the timing ends in ``WEAK_TRIALS`` (the harness's to fix).
+output is within the tolerance of the base inputs' (an order-independent result of
+integer inputs such as a histogram, inputs the variation leaves as they were, a tolerance
+wider than the outputs), or when there is no ``reference`` to vary against, a result kept
+from the first call would pass them all, and the timing ends in ``WEAK_TRIALS`` (the
+harness's to fix).
 """
 from __future__ import annotations
 
@@ -62,42 +64,57 @@ def poison_value(dtype: Any) -> Any:
     raise ValueError(f"no poison pattern for dtype {dtype}")
 
 
-# Orders of the three blocks P Q R that are not a rotation of the original (two of the five
-# other orders give only n - 1 rotations between them). The GPU kernel can write each of them;
-# block_cuts draws only the last, R Q P: the other two leave one block where it was, and a
-# source area that compares each row with the first call's and reuses the rows found equal
-# (the untimed call's inputs are the base ones) then skipped about a quarter of the CPU
-# softmax's rows. In R Q P every block moves, and by a shift that is not a whole number of
-# rows (see block_cuts), so no row of the base inputs (the untimed call's) is a row of a
-# timed call's.
-BLOCK_ORDERS = ((0, 2, 1), (1, 0, 2), (2, 1, 0))
-MOVED = 2  # the index of R Q P in BLOCK_ORDERS
+# Every block moves (the order is R Q P) by a shift that is not a whole number of rows (see
+# block_cuts), so no row of the base inputs (the untimed call's) is a row of a timed call's.
+# Moving values is not enough across calls, though: the shifts of the base rows' windows
+# repeat within a few hundred calls, and a source area that keeps every row it has seen
+# (keyed on the row's bytes, or its sorted bytes for an op like softmax that commutes with
+# permuting a row) found a third of the CPU softmax's rows again. So every element of a
+# floating-point array is also multiplied by its own factor in [0.875, 1), drawn for the
+# call: a row's content then never comes back. Factors towards zero keep the sign, the
+# zeros and any range that contains 0 (probabilities stay probabilities); integers and
+# booleans (indices, masks) are only moved.
+#
+# The factor of output element p is a float32 whose bits are FACTOR_HIGH (0.875) with the low
+# FACTOR_BITS taken from a hash of p, xor-ed with the call's key: on a GPU the hash is
+# computed in the permutation's own kernel (as many launches as a plain copy, so the per-call
+# preparation stays as cheap as the input copies the harness always rotated), on the CPU it
+# is a table computed once per timing and one xor per call (nothing allocated per call). The
+# two give the same bits, and so the same products.
+FACTOR_HIGH, FACTOR_BITS = 0x3F600000, 21
 # Draws of the cuts before one with every shift off the rows is given up on (a row of 2
 # elements has none: two odd cuts add up to an even shift).
 CUT_TRIES = 16
 
-
-# On a GPU the permutation is one kernel per array (as many launches as a plain copy): the
-# per-call preparation stays as cheap as the input copies the harness always rotated. Output
-# element p takes source element s; ``order`` indexes BLOCK_ORDERS, cuts at a < b of n.
-_PERMUTE_CODE = """
+# Output element p takes source element s, cuts at a <= b of n (R Q P: the blocks [b, n),
+# [a, b), [0, a)); floats are scaled by the factor of p (lowbias32 of p folded to 32 bits).
+_FACTOR_CODE = """
+unsigned long long q = (unsigned long long)i;
+unsigned int h = (unsigned int)(q ^ (q >> 32));
+h ^= h >> 16; h *= 0x7feb352dU; h ^= h >> 15; h *= 0x846ca68bU; h ^= h >> 16;
+float m = __uint_as_float(((h >> %d) | 0x%XU) ^ key);
+""" % (32 - FACTOR_BITS, FACTOR_HIGH)
+_SOURCE_CODE = """
 long long p = i, s;
-if (order == 0) {                      /* P R Q */
-    if (p < a) s = p; else if (p < a + (n - b)) s = b + (p - a); else s = a + (p - a - (n - b));
-} else if (order == 1) {               /* Q P R */
-    if (p < b - a) s = a + p; else if (p < b) s = p - (b - a); else s = p;
-} else {                               /* R Q P */
-    if (p < n - b) s = b + p; else if (p < n - a) s = a + (p - (n - b)); else s = p - (n - a);
-}
-dst = src[s];
+if (p < n - b) s = b + p; else if (p < n - a) s = a + (p - (n - b)); else s = p - (n - a);
 """
-_GPU_PERMUTE = (pristine.cupy.ElementwiseKernel("raw T src, int64 n, int64 a, int64 b, int32 order", "T dst",
-                                                _PERMUTE_CODE, "kz_block_permute")
-                if pristine.cupy is not None else None)
 
 
-def block_cuts(rng: random.Random, n: int, row: int | None = None) -> tuple[int, int, int] | None:
-    """Two seeded cut points ``0 < a < b < n`` and the index into BLOCK_ORDERS (None when n < 3).
+def _gpu_kernel(name: str, params: str, code: str) -> Any:
+    return pristine.cupy.ElementwiseKernel(params, "T dst", code, name) if pristine.cupy is not None else None
+
+
+_GPU_PERMUTE = _gpu_kernel("kz_block_permute", "raw T src, int64 n, int64 a, int64 b",
+                           _SOURCE_CODE + "dst = src[s];")
+# float16 and float32 multiply in float32 and float64 in float64, as NumPy does with a float32 factor
+_GPU_PERMUTE_SCALE = {wide: _gpu_kernel(f"kz_block_permute_scale_{wide}",
+                                        "raw T src, int64 n, int64 a, int64 b, uint32 key",
+                                        _SOURCE_CODE + _FACTOR_CODE + f"dst = (T)(({wide})src[s] * ({wide})m);")
+                      for wide in ("float", "double")}
+
+
+def block_cuts(rng: random.Random, n: int, row: int | None = None) -> tuple[int, int]:
+    """Two seeded cut points ``0 < a < b < n`` (``(1, 1)`` when n < 3: two elements swap).
 
     ``row`` (default ``n``): the length of a row, the array's last dimension. In R Q P the
     blocks move by ``-b``, ``n - a - b`` and ``n - a``; the cuts are drawn again (up to
@@ -106,39 +123,81 @@ def block_cuts(rng: random.Random, n: int, row: int | None = None) -> tuple[int,
     work in (a head, a batch), being a whole number of rows.
     """
     if n < 3:
-        return None
+        return 1, 1
     row = row or n
     for _ in range(CUT_TRIES):
         a = rng.randrange(1, n - 1)
         b = rng.randrange(a + 1, n)
         if a % row and b % row and (a + b) % row:
             break
-    return a, b, MOVED
+    return a, b
 
 
-def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random) -> None:
+def _hash32(index: np.ndarray) -> np.ndarray:
+    """_FACTOR_CODE's hash of each element's index, on the host (uint32, wrapping as in CUDA)."""
+    q = index.astype(np.uint64)
+    h = (q ^ (q >> np.uint64(32))).astype(np.uint32)
+    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        h ^= h >> np.uint32(shift)
+        np.multiply(h, np.uint32(mult), out=h)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+class Factors:
+    """The host's per-element factors: the hashed bits of each size's indices, computed once."""
+
+    def __init__(self) -> None:
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n -> (high bits | hash, scratch)
+
+    def prepare(self, n: int) -> None:
+        """Compute the table for arrays of ``n`` elements (before the timing: it allocates)."""
+        if n not in self._tables:
+            table = (_hash32(np.arange(n, dtype=np.uint64)) >> np.uint32(32 - FACTOR_BITS)) | np.uint32(FACTOR_HIGH)
+            self._tables[n] = (table, np.empty(n, dtype=np.uint32))
+
+    def draw(self, n: int, key: int) -> np.ndarray:
+        """The ``n`` factors of ``key`` (float32, in a buffer the next draw for this size overwrites)."""
+        self.prepare(n)
+        table, out = self._tables[n]
+        np.bitwise_xor(table, np.uint32(key), out=out)
+        return out.view(np.float32)
+
+
+def scaled(dtype: Any) -> bool:
+    """Whether arrays of ``dtype`` have their elements multiplied by factors (floating point only)."""
+    return np.dtype(dtype).kind == "f"
+
+
+def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random, factors: Factors | None = None) -> None:
     """Write into ``dst`` the elements of ``src`` cut into three blocks at two seeded points and
-    put back in reverse block order (both C-contiguous, same size; nothing is allocated).
+    put back in reverse block order, each multiplied by its factor when floating point (both
+    C-contiguous, same size; nothing is allocated; ``factors``: the host's, for a NumPy ``dst``).
 
-    The values (and so their range and distribution) stay those of ``src``; the arrangement
-    is one of about ``n**2 / 2`` (n elements), so contents practically never repeat, and no
-    row (last dimension) of ``src`` is a row of ``dst`` (see :func:`block_cuts`).
+    The arrangement is one of about ``n**2 / 2`` (n elements), and no row (last dimension)
+    of ``src`` is a row of ``dst`` (see :func:`block_cuts`); with the factors no row of any
+    earlier content comes back either.
     """
     d, s = dst.reshape(-1), src.reshape(-1)
     n = int(s.size)
-    cuts = block_cuts(rng, n, _row_length(src.shape))
-    if cuts is None:
-        xp.copyto(d, s[::-1] if n == 2 else s)
+    if n == 0:
         return
-    a, b, order = cuts
+    a, b = block_cuts(rng, n, _row_length(src.shape))
+    key = rng.getrandbits(FACTOR_BITS)
+    scale = scaled(s.dtype)
     if xp is not np and _GPU_PERMUTE is not None:
-        _GPU_PERMUTE(s, n, a, b, np.int32(order), d)
+        if scale:
+            _GPU_PERMUTE_SCALE["double" if s.dtype == np.float64 else "float"](s, n, a, b, np.uint32(key), d)
+        else:
+            _GPU_PERMUTE(s, n, a, b, d)
         return
-    blocks = ((0, a), (a, b), (b, n))
+    m = (factors or Factors()).draw(n, key) if scale else None
     pos = 0
-    for k in BLOCK_ORDERS[order]:
-        lo, hi = blocks[k]
-        xp.copyto(d[pos:pos + hi - lo], s[lo:hi])
+    for lo, hi in ((b, n), (a, b), (0, a)):
+        if m is None:
+            xp.copyto(d[pos:pos + hi - lo], s[lo:hi])
+        else:
+            np.multiply(s[lo:hi], m[pos:pos + hi - lo], out=d[pos:pos + hi - lo])
         pos += hi - lo
 
 
@@ -248,6 +307,10 @@ class Trials:
         self.expected0 = xp.asarray(first)  # the base inputs' expectation
         self.dtype, self.shape = self.expected0.dtype, tuple(self.expected0.shape)
         self.scratch = Scratch(self.shape) if xp is np else None
+        self.factors = Factors() if xp is np else None  # the host's per-element factors, prepared here
+        for a in self.base if self.factors is not None and vary is None else ():
+            if _is_array(a) and scaled(a.dtype):
+                self.factors.prepare(int(a.size))
         self.count = max(1, int(count))
         buffers = [tuple(_copy(a) for a in self.base) for _ in range(self.count)]
         self._check_set = tuple(_copy(a) for a in self.base)  # where a call's content is rebuilt for its check
@@ -285,7 +348,7 @@ class Trials:
             rng = random.Random(seed)
             for d, b in zip(dst, self.base):
                 if _is_array(d):
-                    permute_into(xp, d, b, rng)
+                    permute_into(xp, d, b, rng, self.factors)
             return
         for d, v in zip(dst, varied):
             if _is_array(d):

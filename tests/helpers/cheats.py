@@ -268,8 +268,9 @@ def softmax_rows(x):
     same = np.flatnonzero((x == x0).all(axis=1))
     return _assemble(x, {int(i): out0[i] for i in same})
 """),
-    ("reuse_seen_rows", "reuses every row whose bytes an earlier call's input had, at any place (a known gap: "
-     "moved blocks still carry windows of the base rows, and their shifts repeat across calls)",
+    ("reuse_seen_rows", "reuses every row whose bytes an earlier call's input had, at any place (moved blocks "
+     "carry windows of the base rows, whose shifts repeat across calls: a third of the rows before the "
+     "per-element factors)",
      SOFTMAX, "softmax.py", None, "library", _ROW_CACHE + """
 _seen = {}
 

@@ -1,6 +1,7 @@
 """The honest-resubmission table of the integrity proof, from the files the GPU runs wrote.
 
     python3 benchmarks/integrity_table.py [--ab AB.jsonl] PIPELINE_PROOF.json [...]
+    python3 benchmarks/integrity_table.py --ab AB.jsonl          # the dry runs alone
 
 For every case of every ``pipeline_proof.json`` (``benchmarks/pipeline_proof.py``): the runs,
 the rejects, the median and CV of its primary metric through the whole pipeline. With
@@ -9,7 +10,7 @@ hardening (``"tree": "old"``) and this one (``"tree": "new"``), as
 ``benchmarks/gpu_integrity.sh`` step 2 writes it: each side's median and range, and the
 pipeline median and the new dry runs' median against the old dry runs'. Prints a Markdown
 table; a case whose old and new ranges overlap is marked so, since its medians then differ
-by less than its run-to-run spread.
+by less than its run-to-run spread. Without pipeline files, one row per case of the dry runs.
 """
 from __future__ import annotations
 
@@ -42,6 +43,19 @@ def span(lo: float, hi: float) -> str:
     return f"{lo:.5g}–{hi:.5g}"
 
 
+def side(values: list[float]) -> str:
+    return f"{statistics.median(values):.5g} ({span(min(values), max(values))}, {len(values)})"
+
+
+def ab_rows(ab: dict) -> list[list[str]]:
+    """One row per case of the dry runs: each side's median and range, new against old."""
+    return [[pkg.removeprefix("examples/"), case, side(sides["old"]), side(sides["new"]),
+             pct(statistics.median(sides["new"]), statistics.median(sides["old"]))
+             + (" (ranges overlap)" if min(sides["old"]) <= max(sides["new"]) and min(sides["new"]) <= max(sides["old"])
+                else "")]
+            for (pkg, case), sides in sorted(ab.items()) if sides.get("old") and sides.get("new")]
+
+
 def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
     table = []
     for path in proofs:
@@ -54,9 +68,7 @@ def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
             old, new = sides.get("old"), sides.get("new")
             if old and new:
                 overlap = min(old) <= s["max"] and s["min"] <= max(old)
-                row += [f"{statistics.median(old):.5g} ({span(min(old), max(old))}, {len(old)})",
-                        f"{statistics.median(new):.5g} ({span(min(new), max(new))}, {len(new)})",
-                        pct(s["median"], statistics.median(old)) + (" (ranges overlap)" if overlap else ""),
+                row += [side(old), side(new), pct(s["median"], statistics.median(old)) + (" (ranges overlap)" if overlap else ""),
                         pct(statistics.median(new), statistics.median(old))]
             else:
                 row += ["", "", "", ""]
@@ -64,20 +76,29 @@ def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
     return table
 
 
+def print_table(head: list[str], table: list[list[str]]) -> None:
+    print("| " + " | ".join(head) + " |")
+    print("| " + " | ".join("---" for _ in head) + " |")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("proofs", nargs="+", type=Path, help="pipeline_proof.json files")
+    parser.add_argument("proofs", nargs="*", type=Path, help="pipeline_proof.json files")
     parser.add_argument("--ab", type=Path, help="interleaved old/new kz dry-run documents (JSON lines)")
     args = parser.parse_args()
+    if not args.proofs and not args.ab:
+        parser.error("give pipeline_proof.json files, --ab, or both")
     ab = dry_runs(args.ab) if args.ab else {}
+    if not args.proofs:
+        print_table(["package", "case", "old dry runs: median (range, n)", "new dry runs: median (range, n)",
+                     "new dry vs old"], ab_rows(ab))
+        return 0
     head = ["package", "case", "runs", "accepted", "median", "CV", "range",
             "old dry runs: median (range, n)", "new dry runs: median (range, n)",
             "pipeline vs old", "new dry vs old"]
-    print("| " + " | ".join(head) + " |")
-    print("| " + " | ".join("---" for _ in head) + " |")
-    table = rows(args.proofs, ab)
-    for row in table:
-        print("| " + " | ".join(row) + " |")
+    print_table(head, rows(args.proofs, ab))
     submissions = [r for path in args.proofs for runs in json.loads(path.read_text()).get("solo", {}).values()
                    for r in runs]
     runs, accepted = len(submissions), sum(1 for r in submissions if r["status"] == "accepted")

@@ -137,7 +137,8 @@ class CaseRun:
         call (in ``trials`` rotating argument buffers), poisoned output buffers, and a seeded
         sample of the timed calls' outputs compared with what ``reference`` computes for
         their inputs (see :mod:`kz_runner.bench.trials`). ``vary(rng, inputs) -> inputs``
-        replaces the default variation; it runs before every call, so keep it cheap.
+        replaces the default variation (moves, and a factor in [0.875, 1) on each float); it runs
+        before every call, so keep it cheap.
         Plain form (neither given): ``inputs`` is a list of argument sets, timed as by
         :func:`time_fn`. Both forms check the timer, threads and (GPU) unsynchronised work.
         """

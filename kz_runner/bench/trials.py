@@ -9,9 +9,10 @@ cannot know: each array argument's elements cut into three blocks at seeded poin
 put back in reverse block order, every block moved off its rows, and each floating-point
 element multiplied by its own factor in [0.875, 1) (:func:`permute_into`: about
 ``n**2 / 2`` arrangements times ``2**21`` factor keys), unless the benchmark gives ``vary``.
-Contents never repeat, nor does a single row of one, so a result cached from an earlier
-call, keyed on the inputs' identity, shape, full content or any one row's bytes, is never
-reused: the cache only adds its own cost.
+Contents never repeat, nor does a single row of a float array, so a result cached from an
+earlier call, keyed on the inputs' identity, shape, full content or any one float row's
+bytes, is never reused: the cache only adds its own cost. (Integer rows, only moved, do
+recur across calls: see docs/dev-notes.md, Known limitations.)
 
 After the call the output's exact type, dtype and shape are checked (``OUTPUT_TYPE``),
 and a seeded sample of the timed calls has its output copied aside; at the end of the

@@ -362,6 +362,27 @@ def test_no_row_of_the_base_inputs_reappears_anywhere_in_a_fresh_content(shape):
         assert not base_rows & {tuple(r) for r in dst.reshape(-1, row).tolist()}, (shape, seed)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64"])
+def test_preparing_a_call_on_the_cpu_allocates_nothing(dtype):
+    """The factors' table is made with the Trials; a call's refill only xors and multiplies into buffers."""
+    n = 1 << 20
+    x = (np.random.default_rng(0).standard_normal(n) * 100).astype(dtype)
+    run = trials.Trials(np, (x, x[: n // 2].copy()), expected=None, reference=lambda x, y: x[: n // 2] + y,
+                        out=np.empty(n // 2, dtype), count=2, rng=random.Random(3), atol=0, rtol=0)
+    _calls(run, 2)  # the first refill of each buffer
+    tracemalloc.start()
+    try:
+        for idx in range(2, 6):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            run.before(idx, run.sets[idx % run.count])
+            run.prepared(idx)
+            peak = tracemalloc.get_traced_memory()[1] - before
+            assert peak < x.nbytes // 8, f"preparing a call allocated {peak} bytes"  # casting buffers only
+    finally:
+        tracemalloc.stop()
+
+
 def test_comparing_a_timed_output_on_the_cpu_allocates_nothing_but_the_reference():
     # Freed float64 temporaries between timed calls move the C heap's top, and the next timed
     # call then pays page faults for its own allocations: the harness would be measured.

@@ -68,11 +68,11 @@ def poison_value(dtype: Any) -> Any:
 # Every block moves (the order is R Q P) by a shift that is not a whole number of rows (see
 # block_cuts), so no row of the base inputs (the untimed call's) is a row of a timed call's.
 # Moving values is not enough across calls, though: the shifts of the base rows' windows
-# repeat within a few hundred calls, and a source area that keeps every row it has seen
-# (keyed on the row's bytes, or its sorted bytes for an op like softmax that commutes with
-# permuting a row) found a third of the CPU softmax's rows again. So every element of a
-# floating-point array is also multiplied by its own factor in [0.875, 1), drawn for the
-# call: a row's content then never comes back. Factors towards zero keep the sign, the
+# repeat within a few hundred calls, and a source area that keeps every row it has seen,
+# keyed on the row's bytes, found a third of the CPU softmax's rows again (keyed on a row's
+# sorted bytes, it would beat any permutation of an op that commutes with one). So every
+# element of a floating-point array is also multiplied by its own factor in [0.875, 1),
+# drawn for the call: a row's content then never comes back. Factors towards zero keep the sign, the
 # zeros and any range that contains 0 (probabilities stay probabilities); integers and
 # booleans (indices, masks) are only moved.
 #
@@ -173,7 +173,8 @@ def scaled(dtype: Any) -> bool:
 def permute_into(xp: Any, dst: Any, src: Any, rng: random.Random, factors: Factors | None = None) -> None:
     """Write into ``dst`` the elements of ``src`` cut into three blocks at two seeded points and
     put back in reverse block order, each multiplied by its factor when floating point (both
-    C-contiguous, same size; nothing is allocated; ``factors``: the host's, for a NumPy ``dst``).
+    C-contiguous, same size). On a GPU nothing is allocated; on the host nothing either when
+    ``factors`` was prepared for this size (without it a table is made for this call).
 
     The arrangement is one of about ``n**2 / 2`` (n elements), and no row (last dimension)
     of ``src`` is a row of ``dst`` (see :func:`block_cuts`); with the factors no row of any

@@ -205,11 +205,27 @@ def test_a_replaced_harness_still_validates_so_only_the_harness_lock_stops_it(ch
     assert validate_package_dir(cheat.path).valid
 
 
+def test_a_kernel_that_reaches_the_harness_state_beats_the_library_so_the_rules_reject_it(cheats, built, tmp_path):
+    """In its own process the library cannot keep a package from its objects: the static rule can."""
+    cheat = cheats["harness_reach"]
+    assert cheat.layer == "rules"
+    work = _fresh_workdir(built, SOFTMAX, tmp_path)
+    done, channel_data = run_benchmark(cheat.path, work, seed=4242)
+    sent = json.loads(channel_data)
+    assert sent["kind"] == "result" and sent["result"]["overall"]["accept"] is True, sent  # garbage, accepted
+    report = validate_package_dir(cheat.path, rules=True)  # what kz validate and intake apply
+    problems = [p for p in report.problems if p.code == "introspection"]
+    assert not report.valid and problems and all(p.severity == "error" for p in problems), report.problems
+    lines = (cheat.path / "src" / "softmax.py").read_text().splitlines()
+    reaching = {str(n) for n, line in enumerate(lines, 1) if "_getframe" in line or "f_back" in line or "f_locals" in line}
+    assert {p.field for p in problems if p.file == "src/softmax.py"} == reaching, problems
+
+
 def test_every_cheat_names_a_layer_and_a_package(cheats):
-    assert {c.layer for c in cheats.values()} == {"library", "gpu", "runner", "daemon"}
+    assert {c.layer for c in cheats.values()} == {"library", "gpu", "runner", "daemon", "rules"}
     for c in cheats.values():
         assert (c.path / ".kernel_package" / "benchmark.py").is_file() and c.pattern
-        assert c.expected_code is None or c.expected_code in integrity.CODES + ("INTEGRITY_ERROR",)
+        assert c.expected_code is None or c.expected_code in integrity.CODES + ("INTEGRITY_ERROR", "RULE_VIOLATION")
 
 
 def test_a_malformed_control_message_is_a_harness_error(built, tmp_path):

@@ -30,12 +30,16 @@ def submit(server, extra: bytes):
         return server.submit(c, CPU_AXPY, package_tarball(CPU_AXPY, mutate=with_source(extra)), submitter="eve")
 
 
-def test_a_reject_rule_refuses_at_intake_with_file_and_line(server):
-    r = submit(server, b"\nimport time\ntime.perf_counter = lambda: 0.0\n")
+@pytest.mark.parametrize("extra, rule", [
+    (b"\nimport time\ntime.perf_counter = lambda: 0.0\n", "timing-patch"),
+    (b"\nimport sys\n_probe = sys._getframe(0).f_back\n", "introspection"),
+])
+def test_a_reject_rule_refuses_at_intake_with_file_and_line(server, extra, rule):
+    r = submit(server, extra)
     assert r.status_code == 400, r.text
     (reason,) = r.json()["error"]["details"]["reasons"]
     assert reason["code"] == "RULE_VIOLATION"
-    assert "timing-patch" in reason["message"] and f"{SRC}:" in reason["message"]
+    assert rule in reason["message"] and f"{SRC}:" in reason["message"]
 
 
 def test_a_held_submission_waits_for_an_admin_who_sees_the_evidence(server):

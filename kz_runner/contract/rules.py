@@ -73,6 +73,16 @@ RULES: tuple[Rule, ...] = (
          "a module named like one the harness imports replaces it once src/ is on sys.path",
          "a file or folder in the source area named time, numpy, cupy, kz_runner or kz_events "
          "(time.py, numpy/, cupy.cpython-311-x86_64-linux-gnu.so ...)"),
+    Rule("introspection", REJECT,
+         "the harness's checks live in the benchmark's own process: code that walks up the call "
+         "stack or through the garbage collector reaches them (a kernel that found the harness's "
+         "trial state that way and switched its output checks off was accepted)",
+         "sys._getframe, sys._current_frames, sys.settrace/setprofile, inspect's frame functions "
+         "(currentframe, stack, getouterframes, trace ...), gc.get_objects/get_referrers/get_referents; "
+         "the frame and closure attributes f_back, f_locals, f_globals, tb_frame, gi_frame, cr_frame, "
+         "ag_frame, __closure__, __globals__, cell_contents, also as string literals (getattr); a "
+         "private name (one starting with _) of kz_runner or kz_events; in native code "
+         "PyEval_GetFrame, PyThreadState_GetFrame, PyFrame_*, PyEval_SetTrace/SetProfile, PyGC_*"),
     Rule("concurrency", HOLD,
          "work left running on other streams, threads or processes escapes the timed region",
          "import of threading, _thread, multiprocessing or concurrent.futures; os.fork; "
@@ -102,6 +112,14 @@ DEFAULT_GEMM_OP_CLASSES: tuple[str, ...] = ("GEMM", "MatMul", "BatchedGEMM", "Li
 SHADOWED_MODULES = frozenset({"time", "numpy", "cupy", "kz_runner", "kz_events"})
 
 _TIMING_ROOTS = ("time", "timeit", "cupy.cuda", "torch.cuda", "kz_runner", "kz_events")
+_INTROSPECTION_NAMES = ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
+                        "inspect.currentframe", "inspect.stack", "inspect.trace", "inspect.getouterframes",
+                        "inspect.getinnerframes", "inspect.getframeinfo", "inspect.getclosurevars",
+                        "gc.get_objects", "gc.get_referrers", "gc.get_referents")
+_HARNESS_PACKAGES = ("kz_runner", "kz_events")
+_INTROSPECTION_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame",
+                                  "cr_frame", "ag_frame", "__closure__", "__globals__", "cell_contents",
+                                  "_getframe", "_current_frames"})
 _CONCURRENCY_IMPORTS = ("threading", "_thread", "multiprocessing", "concurrent.futures", "concurrent")
 _CONCURRENCY_CALLS = ("os.fork", "os.forkpty", "cupy.cuda.Stream", "torch.cuda.Stream")
 _NETWORK_IMPORTS = ("socket", "urllib", "http", "requests", "subprocess", "ctypes")
@@ -111,6 +129,8 @@ _TEXT_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp
                   ".sh", ".cmake", ".mk", ".s", ".ptx", ".ll")
 _NATIVE_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
     ("expected-read", re.compile(r"expected/|bench_result")),
+    ("introspection", re.compile(r"\b(PyEval_GetFrame|PyThreadState_GetFrame|PyFrame_\w+|PyEval_SetTrace|"
+                                 r"PyEval_SetProfile|PyGC_\w+)\b")),
     ("concurrency", re.compile(r"\b(cudaStreamCreate\w*|hipStreamCreate\w*|pthread_create|fork\s*\()|std::thread")),
     ("network-subprocess", re.compile(r"\b(system|popen|execv\w*|execl\w*)\s*\(|<sys/socket\.h>")),
 )
@@ -126,6 +146,12 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
         elif name == pattern or name.startswith(pattern + "."):
             return True
     return False
+
+
+def _harness_private(name: str) -> bool:
+    """Whether a dotted name reaches a private part of the harness's packages (``kz_runner.bench._x``)."""
+    root, *rest = name.split(".")
+    return root in _HARNESS_PACKAGES and any(part.startswith("_") and part != "__version__" for part in rest)
 
 
 def _dotted(node: ast.AST, aliases: Mapping[str, str]) -> str | None:
@@ -159,7 +185,10 @@ class _PyChecker:
         self.found: list[Finding] = []
 
     def hit(self, rule: str, node: ast.AST) -> None:
+        """Record ``rule`` at ``node``'s line (once per rule and line)."""
         line = getattr(node, "lineno", 0)
+        if any(f.rule == rule and f.line == line for f in self.found):
+            return
         text = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
         self.found.append(Finding(rule, RULES_BY_ID[rule].action, self.path, line, text[:MAX_TEXT]))
 
@@ -183,9 +212,20 @@ class _PyChecker:
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 if _EXPECTED_STR.search(node.value):
                     self.hit("expected-read", node)
+                if node.value in _INTROSPECTION_ATTRS:
+                    self.hit("introspection", node)
+            if isinstance(node, ast.Attribute) and node.attr in _INTROSPECTION_ATTRS:
+                self.hit("introspection", node)
+            elif isinstance(node, (ast.Attribute, ast.Name)):
+                name = _dotted(node, aliases) or ""
+                if _matches(name, _INTROSPECTION_NAMES) or _harness_private(name):
+                    self.hit("introspection", node)
         return self.found
 
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.ImportFrom) and not node.level and \
+                any(_harness_private(f"{node.module}.{a.name}") for a in node.names):
+            self.hit("introspection", node)
         if isinstance(node, ast.ImportFrom):
             names = [node.module or ""] if not node.level else []
         else:

@@ -9,6 +9,7 @@ says, for each, the code that should stop it and the layer that does:
   and an ``accept_reason`` starting with the code);
 - ``runner``: the runner (its check of the built files, or its result channel);
 - ``daemon``: the server (the harness files are locked to the accepted ones);
+- ``rules``: the static rules at intake (the pattern beats the library in its own process);
 - ``gpu``: like ``library``, but the pattern needs a CUDA device (CuPy streams).
 
 Every source-area cheat computes honestly on its first call, which is the untimed
@@ -295,6 +296,32 @@ def softmax_rows(x):
     _calls[0] += 1
     if _calls[0] > 5:
         return np.zeros_like(x)
+""" + _SOFTMAX_HONEST + """    return shifted
+"""),
+    ("harness_reach", "walks up the call stack to the harness's trial state, switches its output checks off, "
+     "then returns garbage", SOFTMAX, "softmax.py", "RULE_VIOLATION", "rules", """
+import sys
+
+import numpy as np
+
+_calls = [0]
+
+
+def _switch_checks_off():
+    frame = sys._getframe(1)
+    while frame is not None:
+        probe = frame.f_locals.get("probe")
+        if probe is not None and hasattr(probe, "checked_calls"):
+            probe.checked_calls = 10 ** 9  # no timed call is selected for a check any more
+            return True
+        frame = frame.f_back
+    return False
+
+
+def softmax_rows(x):
+    _calls[0] += 1
+    if _calls[0] > 1 and _switch_checks_off():
+        return np.empty_like(x)
 """ + _SOFTMAX_HONEST + """    return shifted
 """),
     ("half_work", "computes only the first half of the elements in the timed calls", AXPY, "axpy.py",

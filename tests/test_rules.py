@@ -35,6 +35,10 @@ def findings(source: str, path: str = "src/kernel.py", **kw):
     ("import sys\nsys.settrace(lambda *a: None)\n", "introspection", REJECT),
     ("from kz_runner.bench import pristine\npristine._SEALED.clear()\n", "introspection", REJECT),
     ("import os\nfrom kz_runner.bench.channel import _send\n", "introspection", REJECT),
+    ("exec(open('k.txt').read())\n", "dynamic-code", HOLD),
+    ("import importlib\nm = importlib.import_module('s' + 'ys')\n", "dynamic-code", HOLD),
+    ("import sys\nf = getattr(sys, '_get' + 'frame')\n", "dynamic-code", HOLD),
+    ("g = __builtins__\n", "dynamic-code", HOLD),
     ("import threading\n", "concurrency", HOLD),
     ("from concurrent.futures import ThreadPoolExecutor\n", "concurrency", HOLD),
     ("import multiprocessing as mp\n", "concurrency", HOLD),
@@ -107,6 +111,8 @@ def f(x):
 """
     assert findings(source) == []
     assert findings("from kz_runner import bench\nt = bench.time_fn\n") == []  # the public library
+    assert findings("import importlib\nimport numpy as np\nimport re\ncp = importlib.import_module('cupy')\n"
+                    "f = getattr(np, dtype_name)\nr = re.compile('[a-z]+')\n") == []  # literal or not guarded
 
 
 def test_vendor_calls_are_free_in_reference_sources_and_for_gemm_kernels():

@@ -92,6 +92,11 @@ RULES: tuple[Rule, ...] = (
          "a kernel has no business talking to the network or starting programs",
          "import of socket, urllib, http, requests, subprocess or ctypes; os.system, os.popen, "
          "os.exec*, os.spawn*; in native code system(, popen(, <sys/socket.h>"),
+    Rule("dynamic-code", HOLD,
+         "a name built at run time hides from the other rules what the code reaches; an admin reads it",
+         "exec, eval or compile; __import__ or importlib.import_module of a name that is not a "
+         "string literal; getattr, setattr, delattr or hasattr with a computed name on sys, gc, "
+         "inspect, builtins, time, kz_runner or kz_events; __builtins__ or import of builtins"),
     Rule("vendor-call", HOLD,
          "the zoo ranks kernels: calling a vendor library for an op that is not a GEMM ranks the library",
          "a call to a configured vendor function (cupy.matmul, cupy.linalg.*, torch.* ...) in a "
@@ -117,6 +122,10 @@ _INTROSPECTION_NAMES = ("sys._getframe", "sys._current_frames", "sys.settrace", 
                         "inspect.getinnerframes", "inspect.getframeinfo", "inspect.getclosurevars",
                         "gc.get_objects", "gc.get_referrers", "gc.get_referents")
 _HARNESS_PACKAGES = ("kz_runner", "kz_events")
+_CODE_CALLS = ("exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile")
+_IMPORT_CALLS = ("__import__", "builtins.__import__", "importlib.import_module", "importlib.__import__")
+_ATTR_CALLS = ("getattr", "setattr", "delattr", "hasattr")
+_GUARDED_MODULES = ("sys", "gc", "inspect", "builtins", "time", "kz_runner", "kz_events")
 _INTROSPECTION_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame",
                                   "cr_frame", "ag_frame", "__closure__", "__globals__", "cell_contents",
                                   "_getframe", "_current_frames"})
@@ -214,6 +223,8 @@ class _PyChecker:
                     self.hit("expected-read", node)
                 if node.value in _INTROSPECTION_ATTRS:
                     self.hit("introspection", node)
+            if isinstance(node, ast.Name) and node.id == "__builtins__":
+                self.hit("dynamic-code", node)
             if isinstance(node, ast.Attribute) and node.attr in _INTROSPECTION_ATTRS:
                 self.hit("introspection", node)
             elif isinstance(node, (ast.Attribute, ast.Name)):
@@ -231,6 +242,8 @@ class _PyChecker:
         else:
             names = [a.name for a in node.names]
         for name in names:
+            if _matches(name, ("builtins",)):
+                self.hit("dynamic-code", node)
             if _matches(name, _CONCURRENCY_IMPORTS):
                 self.hit("concurrency", node)
             if _matches(name, _NETWORK_IMPORTS):
@@ -244,6 +257,13 @@ class _PyChecker:
             base = _dotted(node.args[0], aliases)
             if base is not None and _matches(base, _TIMING_ROOTS):
                 self.hit("timing-patch", node)
+        literal = bool(node.args) and isinstance(node.args[0], ast.Constant)
+        if name in _CODE_CALLS or (name in _IMPORT_CALLS and not literal):
+            self.hit("dynamic-code", node)
+        if name in _ATTR_CALLS and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant):
+            base = _dotted(node.args[0], aliases)
+            if base is not None and _matches(base, _GUARDED_MODULES):
+                self.hit("dynamic-code", node)
         if _matches(name, _CONCURRENCY_CALLS):
             self.hit("concurrency", node)
         if _matches(name, _NETWORK_CALLS):

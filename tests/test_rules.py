@@ -39,6 +39,7 @@ def findings(source: str, path: str = "src/kernel.py", **kw):
     ("import importlib\nm = importlib.import_module('s' + 'ys')\n", "dynamic-code", HOLD),
     ("import sys\nf = getattr(sys, '_get' + 'frame')\n", "dynamic-code", HOLD),
     ("g = __builtins__\n", "dynamic-code", HOLD),
+    ("import sys\nm = sys.modules['kz_runner.bench.pristine']\n", "dynamic-code", HOLD),
     ("import threading\n", "concurrency", HOLD),
     ("from concurrent.futures import ThreadPoolExecutor\n", "concurrency", HOLD),
     ("import multiprocessing as mp\n", "concurrency", HOLD),

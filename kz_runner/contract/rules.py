@@ -96,7 +96,7 @@ RULES: tuple[Rule, ...] = (
          "a name built at run time hides from the other rules what the code reaches; an admin reads it",
          "exec, eval or compile; __import__ or importlib.import_module of a name that is not a "
          "string literal; getattr, setattr, delattr or hasattr with a computed name on sys, gc, "
-         "inspect, builtins, time, kz_runner or kz_events; __builtins__ or import of builtins"),
+         "inspect, builtins, time, kz_runner or kz_events; sys.modules; __builtins__ or import of builtins"),
     Rule("vendor-call", HOLD,
          "the zoo ranks kernels: calling a vendor library for an op that is not a GEMM ranks the library",
          "a call to a configured vendor function (cupy.matmul, cupy.linalg.*, torch.* ...) in a "
@@ -231,6 +231,8 @@ class _PyChecker:
                 name = _dotted(node, aliases) or ""
                 if _matches(name, _INTROSPECTION_NAMES) or _harness_private(name):
                     self.hit("introspection", node)
+                elif name == "sys.modules":
+                    self.hit("dynamic-code", node)
         return self.found
 
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:

@@ -312,7 +312,7 @@ def check_sources(files: Mapping[str, bytes], *, op_class: str = "",
             except (SyntaxError, ValueError):
                 continue  # it fails at build time; nothing here to judge
             checker = _PyChecker(path, lines, vendor if path not in references else ())
-            found.extend(checker.run(tree))
+            found.extend(sorted(checker.run(tree), key=lambda f: f.line))  # ast.walk goes breadth first
         elif path.lower().endswith(_TEXT_SUFFIXES):
             for number, line in enumerate(lines, 1):
                 for rule, pattern in _NATIVE_PATTERNS:

@@ -209,7 +209,8 @@ def test_a_library_finding_is_printed_whole_with_its_remedy(tmp_path):
     """WEAK_TRIALS's advice comes at the end of a long message: the verdict line keeps it."""
     bench = BENCH.replace("# PRELUDE", "import numpy as np").replace(
         'c.metric("latency_us", c.time(lambda: x * 2).median_us)',
-        'c.metric("latency_us", c.time(np.sort, (x,), expected=np.sort(x), reference=np.sort).median_us)')
+        'c.metric("latency_us", c.time(np.sort, (k,), expected=np.sort(k), reference=np.sort).median_us)').replace(
+        'x = c.input("x")', 'x = c.input("x")\n    k = (x * 7).astype(np.int64)')  # integers: only moved
     result = dry_run(make_package(tmp_path, benchmark=bench))
     step = failed(result)
     assert step.name == "verdict" and "WEAK_TRIALS" in step.detail

@@ -302,7 +302,7 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
                 stalls.finished(sub_uuid)
             return "finished"
         except Exception as exc:
-            transient = storage_trouble(exc)
+            transient = storage_trouble(exc) or isinstance(exc, EarlierSagaPending)
             current = zoo.store.state.submissions[sub_uuid]
             if current.status != Status.ACCEPTING:
                 if stalls is not None:
@@ -344,6 +344,36 @@ def storage_trouble(exc: BaseException) -> bool:
     return False
 
 
+class EarlierSagaPending(Exception):
+    """Another accept's saga is half-way in git (its source commit at HEAD) and could not finish yet."""
+
+
+def finish_earlier_saga(zoo: Daemon, sub_uuid: str) -> None:
+    """Finish the saga whose source commit is HEAD, if any, before ``sub_uuid`` commits on top of it.
+
+    A saga stopped after its source commit while the daemon kept serving (its event could
+    not be written on a full disk) leaves the branch at that commit. Another accept that
+    committed on top would leave the first saga's scorecard commit nowhere to go: it must
+    follow its source commit. Raises :class:`EarlierSagaPending` when the earlier saga
+    cannot finish; the caller's saga then waits too (it is retried, never rolled back).
+    """
+    head = zoo.git.head()
+    if head is None:
+        return
+    trailers = zoo.git.commit_info(head).trailers
+    other = trailers.get("Kz-Submission")
+    if trailers.get("Kz-Step") != "source" or other in (None, sub_uuid):
+        return
+    sub = zoo.store.state.submissions.get(other)
+    if sub is None or sub.status != Status.ACCEPTING:
+        return
+    try:
+        run_saga(zoo, other)
+    except Exception as exc:
+        raise EarlierSagaPending(f"the accept of {other} is half-way in git and could not finish "
+                                 f"({type(exc).__name__}: {exc})") from exc
+
+
 def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: list[dict] | None = None) -> None:
     """Drive the accept saga of ``sub_uuid`` (status ``accepting``) to a terminal status; idempotent."""
     def result() -> Any:
@@ -366,6 +396,7 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
         sha_src = sub.sha_src or steps.get("source")
         if sha_src is None:
             crash_point("before_source_commit")
+            finish_earlier_saga(zoo, sub_uuid)
             head = zoo.git.head()
             files = submission_files(zoo, sub_uuid, kid)
             if not sub.harness_change:  # the locked harness: HEAD's, as the runner ran it

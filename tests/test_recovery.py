@@ -261,6 +261,35 @@ def test_saga_left_pending_is_not_reported_as_finished(config, monkeypatch):
         assert report.sagas_pending == [sub_uuid] and report.sagas_rolled_back == []
 
 
+@pytest.mark.parametrize("point", ["after_source_commit", "after_source_event"])
+def test_a_saga_half_way_in_git_is_finished_before_the_next_accept_commits(point, config, monkeypatch):
+    """A saga stopped after its source commit (a full disk under the log, while the daemon kept
+    serving) left the branch at that commit; the next accept committed on top, and the first
+    saga's scorecard commit then met a moved branch on every retry (seen in the chaos test)."""
+    with running(config) as zoo:
+        base = zoo.git.head()
+        other = "cpu/Elementwise/Axpy/fp32/second_impl"  # another kernel: one job in flight per kernel
+        first, second = drop_queued_axpy(zoo, AXPY_ID, "first"), drop_queued_axpy(zoo, other, "second")
+        claim = zoo.claim("r", "cpu", 5)
+        assert claim.uuid == first
+        with monkeypatch.context() as m:
+            halting_at(m, accept, "crash_point", point)
+            with pytest.raises(Halt):
+                zoo.report_result(first, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
+        assert zoo.store.state.submissions[first].status == Status.ACCEPTING
+        claim = zoo.claim("r2", "cpu", 5)
+        assert claim.uuid == second
+        view = zoo.report_result(second, "r2", claim.lease_id, axpy_result(other), b"", {}, None)
+        assert view.status == "accepted", view.reasons
+        subs = zoo.store.state.submissions
+        assert subs[first].status == Status.ACCEPTED, subs[first].reasons
+        commits = saga_commits(zoo, base)
+        assert [(c.trailers.get("Kz-Submission"), c.trailers.get("Kz-Step")) for c in commits] == [
+            (second, "scorecard"), (second, "source"), (first, "scorecard"), (first, "source")]
+        assert zoo.git.head() == subs[second].sha_br and zoo.index()["head"] == subs[second].sha_br
+    assert [f for f in audit_state_dir(config.state_dir) if f.severity == "error"] == []
+
+
 @pytest.mark.parametrize("point", ["before_source_ref", "after_source_commit"])
 def test_saga_retried_after_a_harness_change_keeps_heads_harness(point, config, monkeypatch):
     # an ordinary submission accepted after a maintainer's harness commit: the retried commit 1

@@ -47,13 +47,21 @@ def side(values: list[float]) -> str:
     return f"{statistics.median(values):.5g} ({span(min(values), max(values))}, {len(values)})"
 
 
+def versus(median: float, lo: float, hi: float, old: list[float]) -> str:
+    """``median`` against the old dry runs' median, marked when the range ``lo``-``hi`` overlaps theirs."""
+    overlap = min(old) <= hi and lo <= max(old)
+    return pct(median, statistics.median(old)) + (" (ranges overlap)" if overlap else "")
+
+
 def ab_rows(ab: dict) -> list[list[str]]:
     """One row per case of the dry runs: each side's median and range, new against old."""
-    return [[pkg.removeprefix("examples/"), case, side(sides["old"]), side(sides["new"]),
-             pct(statistics.median(sides["new"]), statistics.median(sides["old"]))
-             + (" (ranges overlap)" if min(sides["old"]) <= max(sides["new"]) and min(sides["new"]) <= max(sides["old"])
-                else "")]
-            for (pkg, case), sides in sorted(ab.items()) if sides.get("old") and sides.get("new")]
+    table = []
+    for (pkg, case), sides in sorted(ab.items()):
+        old, new = sides.get("old"), sides.get("new")
+        if old and new:
+            table.append([pkg.removeprefix("examples/"), case, side(old), side(new),
+                          versus(statistics.median(new), min(new), max(new), old)])
+    return table
 
 
 def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
@@ -67,8 +75,7 @@ def rows(proofs: list[Path], ab: dict) -> list[list[str]]:
             sides = ab.get((pkg, case), {})
             old, new = sides.get("old"), sides.get("new")
             if old and new:
-                overlap = min(old) <= s["max"] and s["min"] <= max(old)
-                row += [side(old), side(new), pct(s["median"], statistics.median(old)) + (" (ranges overlap)" if overlap else ""),
+                row += [side(old), side(new), versus(s["median"], s["min"], s["max"], old),
                         pct(statistics.median(new), statistics.median(old))]
             else:
                 row += ["", "", "", ""]

@@ -217,7 +217,8 @@ def test_a_kernel_that_reaches_the_harness_state_beats_the_library_so_the_rules_
     problems = [p for p in report.problems if p.code == "introspection"]
     assert not report.valid and problems and all(p.severity == "error" for p in problems), report.problems
     lines = (cheat.path / "src" / "softmax.py").read_text().splitlines()
-    reaching = {str(n) for n, line in enumerate(lines, 1) if "_getframe" in line or "f_back" in line or "f_locals" in line}
+    reaching = {str(n) for n, line in enumerate(lines, 1)
+                if any(name in line for name in ("_getframe", "f_back", "f_locals"))}
     assert {p.field for p in problems if p.file == "src/softmax.py"} == reaching, problems
 
 

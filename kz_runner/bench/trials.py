@@ -72,9 +72,9 @@ def poison_value(dtype: Any) -> Any:
 # keyed on the row's bytes, found a third of the CPU softmax's rows again (keyed on a row's
 # sorted bytes, it would beat any permutation of an op that commutes with one). So every
 # element of a floating-point array is also multiplied by its own factor in [0.875, 1),
-# drawn for the call: a row's content then never comes back. Factors towards zero keep the sign, the
-# zeros and any range that contains 0 (probabilities stay probabilities); integers and
-# booleans (indices, masks) are only moved.
+# drawn for the call: a row's content then never comes back. Factors towards zero keep the
+# sign, the zeros and any range that contains 0 (probabilities stay probabilities);
+# integers and booleans (indices, masks) are only moved.
 #
 # The factor of output element p is a float32 whose bits are FACTOR_HIGH (0.875) with the low
 # FACTOR_BITS taken from a hash of p, xor-ed with the call's key: on a GPU the hash is

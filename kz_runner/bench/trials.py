@@ -310,9 +310,10 @@ class Trials:
         self.dtype, self.shape = self.expected0.dtype, tuple(self.expected0.shape)
         self.scratch = Scratch(self.shape) if xp is np else None
         self.factors = Factors() if xp is np else None  # the host's per-element factors, prepared here
-        for a in self.base if self.factors is not None and vary is None else ():
-            if _is_array(a) and scaled(a.dtype):
-                self.factors.prepare(int(a.size))
+        if self.factors is not None and vary is None:
+            for a in self.base:
+                if _is_array(a) and scaled(a.dtype):
+                    self.factors.prepare(int(a.size))
         self.count = max(1, int(count))
         buffers = [tuple(_copy(a) for a in self.base) for _ in range(self.count)]
         self._check_set = tuple(_copy(a) for a in self.base)  # where a call's content is rebuilt for its check

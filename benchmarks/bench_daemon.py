@@ -58,7 +58,7 @@ def kernel_id(i: int) -> str:
 
 def seed_repo(repo: Path, packages: int) -> None:
     """A repo with ``packages`` copies of the CPU Axpy package (5+ files each), one commit, checked out."""
-    from kz_daemon.gitstore import GitStore, format_message
+    from kz_daemon.storage.gitstore import GitStore, format_message
 
     base = package_files(AXPY_DIR)
     bench = (AXPY_DIR / ".kernel_package/bench_result.yaml").read_text()
@@ -98,8 +98,8 @@ def wait_until(predicate, timeout: float = 600.0) -> None:
 
 def bench_intake(work: Path, count: int) -> float:
     """Tarballs/s from drop to queued on a small repo."""
-    from kz_daemon.runtime import init_state_dir
-    from kz_daemon.service import Zoo
+    from kz_daemon.ops.runtime import init_state_dir
+    from kz_daemon.ops.service import Zoo
 
     config = init_state_dir(work / "intake", seed_from=ROOT / "examples")
     blobs = [axpy_tarball(mutate=lambda f, i=i: f.__setitem__("src/n.txt", str(i).encode()))
@@ -119,8 +119,8 @@ def bench_intake(work: Path, count: int) -> float:
 
 def bench_renewals(work: Path, runners: int, per_runner: int) -> dict:
     """Renewals/s (one durable event each) from ``runners`` concurrent lease holders."""
-    from kz_daemon.runtime import init_state_dir
-    from kz_daemon.service import Zoo
+    from kz_daemon.ops.runtime import init_state_dir
+    from kz_daemon.ops.service import Zoo
 
     config = init_state_dir(work / "renew", seed_from=ROOT / "examples")
     zoo = Zoo(config)
@@ -159,9 +159,9 @@ def bench_renewals(work: Path, runners: int, per_runner: int) -> dict:
 
 def bench_accept(work: Path, packages: int, accepts: int) -> tuple[list[float], dict]:
     """Accept latencies (ms) on a repo of ``packages`` packages, and full index rebuild times (s)."""
-    from kz_daemon import indexer
-    from kz_daemon.runtime import init_state_dir
-    from kz_daemon.service import Zoo
+    from kz_daemon.accept import indexer
+    from kz_daemon.ops.runtime import init_state_dir
+    from kz_daemon.ops.service import Zoo
 
     state = work / "accept"
     state.mkdir()
@@ -169,8 +169,8 @@ def bench_accept(work: Path, packages: int, accepts: int) -> tuple[list[float], 
     seed_repo(state / "repo", packages)
     print(f"seeded {packages} packages in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     config = init_state_dir(state)
-    from kz_runner.contract.index import build_index
-    from kz_runner.contract.index_cache import ContentsCache
+    from kz_runner.contract.indexing.build import build_index
+    from kz_runner.contract.indexing.cache import ContentsCache
 
     os.sync()  # the seeded files' writeback is done before any clock starts
     indexer.build(config.paths.repo)  # warm-up: the files in the page cache, as on a running host

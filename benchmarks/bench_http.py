@@ -65,7 +65,7 @@ def make_seed(seed: Path, count: int) -> None:
 
 def prepare_state(state: Path, count: int) -> None:
     """Initialise ``state`` with a repo of ``count`` kernels unless it already has one."""
-    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.ops.runtime import init_state_dir
 
     if (state / "repo" / ".git").exists():
         log(f"reusing {state}")

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 from machine import calibration_s, cpu_model  # noqa: E402  (benchmarks/ is sys.path[0])
 
-from kz_runner.contract.index import build_index, dumps, update_index, write_index  # noqa: E402
-from kz_runner.contract.index_cache import ContentsCache  # noqa: E402
+from kz_runner.contract.indexing.build import build_index, dumps, update_index, write_index  # noqa: E402
+from kz_runner.contract.indexing.cache import ContentsCache  # noqa: E402
 from tests.helpers.contract_fixtures import mark_repo, write_package  # noqa: E402
 
 

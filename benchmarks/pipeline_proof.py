@@ -190,8 +190,8 @@ def main() -> int:
         pkg, _, n = spec.partition(":")
         counts[pkg] = int(n) if n else args.resubmits
 
-    from kz_daemon.auth import TokenStore
-    from kz_daemon.runtime import init_state_dir
+    from kz_daemon.config.tokens import TokenStore
+    from kz_daemon.ops.runtime import init_state_dir
 
     state = Path(tempfile.mkdtemp(prefix="kz-proof-"))
     init_state_dir(state, seed_from=ROOT / "examples")

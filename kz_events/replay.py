@@ -165,7 +165,7 @@ def _replay(log: EventLog, state: State, start: Position | None,
 
 
 def _cpus() -> int:
-    """The CPUs this process may run on, as ``kz_runner.host.usable_cpus`` counts them (kz_events,
+    """The CPUs this process may run on, as ``kz_runner.contract.host.usable_cpus`` counts them (kz_events,
     the bottom layer, imports nothing above it): a pin to one CPU leaves no room for a worker."""
     try:
         return len(os.sched_getaffinity(0))

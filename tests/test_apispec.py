@@ -12,8 +12,8 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 
-from kz_daemon.http import openapi
-from kz_daemon.http.apispec import Op, routes
+from kz_daemon.api import openapi
+from kz_daemon.api.spec import Op, routes
 from kz_daemon.http.app import api_ops
 from kz_runner.contract.kernel_id import KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES
 from tests.helpers.http_server import CPU_AXPY, LiveServer

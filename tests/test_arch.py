@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kz_runner import arch
+from kz_runner.contract import arch
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Who may call what (kz_daemon/http/authz.py): each principal kind against runner and submission routes."""
+"""Who may call what (kz_daemon/api/authz.py): each principal kind against runner and submission routes."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 from starlette.requests import Request
 
-from kz_daemon.auth import Principal, TokenStore
-from kz_daemon.errors import ZooError
-from kz_daemon.http import authz
+from kz_daemon.config.tokens import Principal, TokenStore
+from kz_daemon.core.errors import ZooError
+from kz_daemon.api import authz
 from tests.helpers.http_server import CPU_AXPY, package_tarball
 from tests.helpers.live_api import anon, api_error, live_server  # noqa: F401 (anon is a fixture)
 

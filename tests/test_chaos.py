@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kz_daemon.accept import CRASH_POINTS
+from kz_daemon.accept.saga import CRASH_POINTS
 from kz_events.replay import replay_dir
 from tests.helpers.daemon import axpy_result, wait_for
 from tests.helpers.system import (Ack, ProtocolRunner, RunnerProcess, Tmpfs, ZooProcess, check_invariants,

@@ -6,7 +6,7 @@ import stat
 import subprocess
 import sys
 
-from kz_daemon.auth import Principal, TokenStore
+from kz_daemon.config.tokens import Principal, TokenStore
 
 
 def kz(*args, **kw):

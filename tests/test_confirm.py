@@ -11,14 +11,14 @@ import sys
 import pytest
 import yaml
 
-from kz_daemon import confirm
-from kz_daemon.accept import case_summary
-from kz_daemon.audit import audit_state_dir
-from kz_daemon.config import Config
-from kz_daemon.errors import ZooError
-from kz_daemon.http.views import submission_doc
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.queue import confirm
+from kz_daemon.accept.saga import case_summary
+from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.config.settings import Config
+from kz_daemon.core.errors import ZooError
+from kz_daemon.api.views import submission_doc
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from kz_events import events as ev
 from kz_events.reducer import InvalidTransition, apply_record
 from kz_events.state import State

@@ -9,7 +9,7 @@ import pytest
 import kz_schemas
 from kz_daemon.cli import main
 from kz_runner.contract.codes import CODES
-from kz_runner.contract.docgen import render
+from kz_runner.tools.docgen import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "kernel_package_format.md"

@@ -10,8 +10,8 @@ import pytest
 
 import kz_schemas
 from kz_daemon.cli import main
-from kz_runner.contract.index import build_index, dumps, find_packages, update_index, write_index
-from kz_runner.contract.index_cache import ContentsCache
+from kz_runner.contract.indexing.build import build_index, dumps, find_packages, update_index, write_index
+from kz_runner.contract.indexing.cache import ContentsCache
 from kz_runner.contract.schema_check import nonfinite_paths
 from tests.helpers.contract_fixtures import NEWCOMER_ID, ROOT, copy_newcomer, mark_repo, write_package
 from tests.test_contract_validate import RULES
@@ -186,7 +186,7 @@ def test_cli_usage_error(tmp_path, capsys):
 
 
 def test_parallel_build_equals_serial_and_fills_the_cache(tmp_path, monkeypatch):
-    import kz_runner.contract.index as index_module
+    import kz_runner.contract.indexing.build as index_module
 
     root = mark_repo(tmp_path / "many")
     for i in range(12):
@@ -203,7 +203,7 @@ def test_parallel_build_equals_serial_and_fills_the_cache(tmp_path, monkeypatch)
 
 
 def test_parallel_counts_are_right_when_one_worker_runs_every_chunk(tmp_path, monkeypatch):
-    import kz_runner.contract.index as index_module
+    import kz_runner.contract.indexing.build as index_module
 
     root = mark_repo(tmp_path / "many")
     for i in range(6):

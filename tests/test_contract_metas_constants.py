@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kz_runner.contract.pysource import read_metas
+from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.validate import validate_package_dir
 from tests.helpers.contract_fixtures import mark_repo, write_package
 

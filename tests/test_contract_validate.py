@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kz_runner.contract.codes import CODES
-from kz_runner.contract.pysource import read_metas
+from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.validate import validate_package_dir
 from tests.helpers.contract_fixtures import (DEFAULT_ID, NEWCOMER, NEWCOMER_ID, copy_newcomer, mark_repo,
                                              write_package)

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from kz_daemon.audit import audit_state_dir, daemon_running
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.ops.repo_audit import audit_state_dir, daemon_running
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import (
     AXPY_ID,
     EXAMPLES,

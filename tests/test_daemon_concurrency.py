@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import threading
 
-from kz_daemon.audit import audit_state_dir
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
 
 KIDS = [f"cpu/Elementwise/Axpy/fp32/impl{i}" for i in range(6)]

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import yaml
 
-from kz_daemon.config import DEFAULT_YAML, Config, write_default
-from kz_daemon.errors import ZooError
+from kz_daemon.config.settings import DEFAULT_YAML, Config, write_default
+from kz_daemon.core.errors import ZooError
 
 
 def test_missing_file_gives_defaults(tmp_path):

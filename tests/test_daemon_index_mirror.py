@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from kz_daemon import indexer
-from kz_daemon.audit import audit_state_dir
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.accept import indexer
+from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_tarball, drop_into_inbox, wait_for
 
 NEW = "cpu/Elementwise/Axpy/fp32/second"
@@ -60,7 +60,7 @@ def test_audit_finds_a_stale_index_and_a_foreign_kz_commit(zoo):
     doc = json.loads(path.read_text())
     doc["kernels"] = doc["kernels"][:-1]
     path.write_text(json.dumps(doc))
-    from kz_daemon.gitstore import format_message
+    from kz_daemon.storage.gitstore import format_message
 
     with zoo.git_lock:
         zoo.git.commit_changes({"x.txt": b"x"}, format_message("forged", {"Kz-Submission": "nope"}),

@@ -8,9 +8,9 @@ import threading
 import pytest
 import yaml
 
-from kz_daemon.errors import ZooError
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.core.errors import ZooError
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, drop_queued_axpy
 from tests.helpers.events import hold_log_appends
 
@@ -73,7 +73,7 @@ def test_lease_expiry_requeues_then_fails_after_max_attempts(zoo, clock):
     c1 = zoo.claim("r1", "cpu", 0)
     assert zoo.renew(sub_uuid, "r1", c1.lease_id) == clock.now + 60
     clock.now += 61
-    from kz_daemon import queue as q
+    from kz_daemon.queue import leases as q
 
     assert q.reap(zoo) == 1
     sub = zoo.store.state.submissions[sub_uuid]
@@ -279,7 +279,7 @@ def test_hand_result_accept_and_queue_view(zoo):
 
 
 def test_package_frozen_after_queueing_is_never_claimed(zoo):
-    from kz_daemon.gitstore import format_message
+    from kz_daemon.storage.gitstore import format_message
 
     sub_uuid = queue(zoo, AXPY_ID, "x")
     path = f"{AXPY_ID}/.kernel_package/desc.yaml"
@@ -304,7 +304,7 @@ def test_saga_that_cannot_start_is_rolled_back_without_a_commit(zoo):
 def test_a_claim_nobody_confirms_is_queued_again_after_the_confirm_window(zoo, clock):
     # The claim's answer may never reach its runner (it was stopped mid-poll, the connection
     # dropped): the job must not wait out the whole lease, and a confirmed one keeps it.
-    from kz_daemon import queue as q
+    from kz_daemon.queue import leases as q
 
     lost = queue(zoo, AXPY_ID, "lost")
     kept = queue(zoo, OTHER, "kept")

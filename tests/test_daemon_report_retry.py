@@ -9,9 +9,9 @@ import hashlib
 
 import pytest
 
-from kz_daemon.errors import ZooError
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.core.errors import ZooError
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import EXAMPLES, axpy_result, drop_queued_axpy
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 

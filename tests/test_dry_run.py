@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kz_runner.contract.dryrun import compare_builds, dry_run, render_text
+from kz_runner.tools.dryrun import compare_builds, dry_run, render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -309,7 +309,7 @@ def test_server_that_cannot_be_read_is_a_usage_error():
 
 
 def test_a_kernel_answer_without_bench_result_is_rebuilt_from_the_index_cases():
-    from kz_runner.contract.dryrun import scorecard_from_kernel_doc
+    from kz_runner.tools.dryrun import scorecard_from_kernel_doc
 
     best = {"value": 2.5, "submitter": "alice", "commit_sha": "a" * 40, "recorded_at": "2026-01-01T00:00:00Z"}
     doc = {"kernel_id": KID, "bench_result": None,

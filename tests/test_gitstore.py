@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kz_daemon.gitstore import CommitConflict, GitStore, format_message, parse_trailers
+from kz_daemon.storage.gitstore import CommitConflict, GitStore, format_message, parse_trailers
 
 GIT = shutil.which("git")
 AUTHOR = "kz test <kz@test>"
@@ -120,7 +120,7 @@ def test_reopen_sees_the_same_head(store, tmp_path):
 
 
 def test_the_parsed_tree_cache_is_bounded_in_count_and_cost(store, monkeypatch):
-    import kz_daemon.gitstore as gs
+    import kz_daemon.storage.gitstore as gs
 
     monkeypatch.setattr(gs, "TREE_CACHE_TREES", 8)
     monkeypatch.setattr(gs, "TREE_CACHE_BYTES", 8 * 1024 * 1024)

@@ -7,7 +7,7 @@ import tarfile
 import pytest
 import yaml
 
-from kz_daemon.harness_lock import SHORT_SHA, blob_sha, is_maintainer
+from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha, is_maintainer
 from tests.helpers.daemon import axpy_result, wait_for
 from tests.helpers.http_server import CPU_AXPY, EXAMPLES, LiveServer, package_tarball
 
@@ -18,7 +18,7 @@ CONFIG = "maintainers:\n  cpu/Elementwise: [bob]\n"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = LiveServer.start(tmp_path_factory.mktemp("harness"), kernels=[CPU_AXPY], config_yaml=CONFIG)
-    from kz_daemon.auth import TokenStore
+    from kz_daemon.config.tokens import TokenStore
     store = TokenStore(srv.state_dir / "auth.yaml")
     srv.tokens["submitter:bob"] = store.issue("submitter", "bob")
     yield srv

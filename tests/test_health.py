@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import sys
 
-from kz_daemon import accept
-from kz_daemon.recovery import StallLog
-from kz_daemon.supervise import Supervisor
+from kz_daemon.accept import saga as accept
+from kz_daemon.ops.recovery import StallLog
+from kz_daemon.upkeep.supervise import Supervisor
 from tests.helpers.daemon import wait_for
 from tests.helpers.http_server import CPU_AXPY, LiveServer
 from tests.test_recovery import accept_halted_at, config, recovering  # noqa: F401 (config is a fixture)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kz_daemon.gitstore import GitStore, format_message
+from kz_daemon.storage.gitstore import GitStore, format_message
 from kz_events.replay import replay_dir
 from test_intake_rejections import CASES, FROZEN_ID, KID, LIMITS
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, EXAMPLES, axpy_tarball, package_files, wait_for

@@ -283,7 +283,7 @@ def test_unexpected_errors_are_a_generic_500():
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from kz_daemon.http.errors import EXCEPTION_HANDLERS
+    from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
 
     async def boom(request):
         raise RuntimeError("secret: /etc/kz/token=abc")

@@ -5,7 +5,7 @@ import stat
 
 import yaml
 
-from kz_daemon.auth import Principal, TokenStore, bearer_token, ensure_local_tokens
+from kz_daemon.config.tokens import Principal, TokenStore, bearer_token, ensure_local_tokens
 
 
 def test_issue_verify_and_hash_only_on_disk(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import yaml
 from dulwich.objects import Blob
 
-from kz_daemon.gitstore import GitStore, format_message
-from kz_daemon.history import KernelHistory
-from kz_daemon.http.commits import read_commit
+from kz_daemon.storage.gitstore import GitStore, format_message
+from kz_daemon.storage.history import KernelHistory
+from kz_daemon.web.commits import read_commit
 
 KID = "cpu/Elementwise/Axpy/fp32/h"
 PATH = f"{KID}/.kernel_package/bench_result.yaml"

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from kz_daemon.errors import ZooError
-from kz_daemon.idempotency import Keys, key_error
+from kz_daemon.core.errors import ZooError
+from kz_daemon.intake.idempotency import Keys, key_error
 from kz_events import events as E
 from kz_events.codec import decode_line, encode
 from kz_events.reducer import apply, apply_record, checkpoint, restore
@@ -248,8 +248,8 @@ def test_a_reservation_holds_the_key_until_intake_records_it_and_release_frees_i
 
 
 def test_an_upload_dropped_before_a_restart_keeps_its_key_until_intake_records_it(tmp_path):
-    from kz_daemon.runtime import init_state_dir
-    from kz_daemon.service import Zoo
+    from kz_daemon.ops.runtime import init_state_dir
+    from kz_daemon.ops.service import Zoo
     from tests.helpers.http_server import seed_dir
 
     config = init_state_dir(tmp_path / "state", seed_from=seed_dir(tmp_path, [CPU_AXPY]))

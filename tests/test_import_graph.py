@@ -150,3 +150,80 @@ def test_the_event_catalogue_is_imported_once_at_the_top(package):
         if len(hits) > 1 or any(in_function for _line, in_function in hits):
             wrong.append((name, hits))
     assert wrong == []
+
+
+#: The wings of each package, lowest first: a module may import its own wing and the wings
+#: before it, never one after it (docs/architecture.md, "Wings").
+WINGS = {
+    "kz_daemon": ("core", "storage", "guards", "config", "intake", "queue", "upkeep", "accept", "ops",
+                  "api", "web", "http", "commands", "cli", "__main__"),
+    "kz_runner": ("contract", "judge", "bench", "worker", "tools", "commands"),
+}
+#: the most modules a wing's folder may hold (``__init__`` counted)
+MAX_MODULES = {"kz_runner.contract": 16}
+DEFAULT_MAX_MODULES = 12
+
+
+def wing_of(module: str) -> tuple[str, int] | None:
+    """(package, rank of its wing) of a module, or None for a package's own ``__init__``."""
+    parts = module.split(".")
+    if parts[0] not in WINGS or len(parts) == 1:
+        return None
+    return parts[0], WINGS[parts[0]].index(parts[1])
+
+
+def test_every_module_lives_in_a_wing():
+    stray = sorted(name for name in all_modules() if name.split(".")[0] in WINGS and "." in name
+                   and name.split(".")[1] not in WINGS[name.split(".")[0]])
+    assert stray == [], "each module belongs to a wing listed in WINGS (or add the wing, in its place)"
+
+
+def test_wings_import_downwards_only():
+    wrong = []
+    for name, targets in graph().items():
+        here = wing_of(name)
+        for target in targets:
+            there = wing_of(target)
+            if here and there and here[0] == there[0] and there[1] > here[1]:
+                wrong.append((name, target))
+    assert sorted(wrong) == [], "a wing imports only itself and the wings before it"
+
+
+def test_the_daemon_uses_only_the_runner_contract():
+    """Below its commands, the daemon imports ``kz_runner.contract`` (and the version) only."""
+    wrong = sorted((name, target) for name, targets in graph().items()
+                   if name.startswith("kz_daemon.") and name.split(".")[1] not in ("commands", "cli")
+                   for target in targets
+                   if target.startswith("kz_runner") and target != "kz_runner"
+                   and not target.startswith("kz_runner.contract"))
+    assert wrong == []
+
+
+def test_wing_folders_stay_small():
+    big = []
+    for package in PACKAGES:
+        for folder in sorted(p for p in (ROOT / package).rglob("*") if p.is_dir() and (p / "__init__.py").exists()):
+            dotted = ".".join(folder.relative_to(ROOT).parts)
+            count = len(list(folder.glob("*.py")))
+            if count > MAX_MODULES.get(dotted, DEFAULT_MAX_MODULES):
+                big.append((dotted, count))
+    assert big == []
+
+
+def test_no_two_modules_share_a_basename_within_a_package():
+    """A module's name says what it is; the commands are named after their ``kz`` verbs instead."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for name in all_modules():
+        parts = name.split(".")
+        if len(parts) > 1 and parts[-1] != "__main__" and parts[1] != "commands":
+            seen.setdefault((parts[0], parts[-1]), []).append(name)
+    repeated = {key: names for key, names in seen.items() if len(names) > 1 and not key[1].startswith("_")}
+    assert repeated == {}
+
+
+def test_the_module_map_names_every_module():
+    """docs/architecture.md's module map lists every module of the three packages."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = sorted(str(path.relative_to(ROOT)) for path in (all_modules().values())
+                     if path.name != "__init__.py" and f"`{path.relative_to(ROOT).as_posix()}`" not in text)
+    assert missing == [], "add these modules to the module map in docs/architecture.md"

@@ -1,7 +1,7 @@
 """The parse cache keeps one analysis per kernel: a replaced package's analysis is dropped."""
 from __future__ import annotations
 
-from kz_runner.contract.index_cache import ContentsCache
+from kz_runner.contract.indexing.cache import ContentsCache
 from kz_runner.contract.layout import CONTRACT_FILES, DESC, KP
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID
 

@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from kz_runner.contract import index as index_module
-from kz_runner.contract import pysource
-from kz_runner.contract.index import build_index, dumps
-from kz_runner.contract.index_cache import ContentsCache
-from kz_runner.contract.pysource import BENCHMARK_FILE
+from kz_runner.contract.indexing import build as index_module
+from kz_runner.contract.rules import pysource
+from kz_runner.contract.indexing.build import build_index, dumps
+from kz_runner.contract.indexing.cache import ContentsCache
+from kz_runner.contract.rules.pysource import BENCHMARK_FILE
 from tests.helpers.contract_fixtures import mark_repo, write_package
 
 # ---------------------------------------------------------------- parallel builds
@@ -91,7 +91,7 @@ def test_parallel_build_survives_a_worker_that_dies_midway(many, monkeypatch):
 def test_startup_workers_is_one_while_another_thread_runs():
     import threading
 
-    from kz_daemon.indexer import startup_workers
+    from kz_daemon.accept.indexer import startup_workers
 
     alone = startup_workers()
     assert alone >= 1
@@ -107,9 +107,9 @@ def test_startup_workers_is_one_while_another_thread_runs():
 
 
 def test_daemon_cold_start_rebuild_uses_startup_workers(tmp_path, monkeypatch):
-    from kz_daemon import indexer
-    from kz_daemon.runtime import init_state_dir
-    from kz_daemon.service import Zoo
+    from kz_daemon.accept import indexer
+    from kz_daemon.ops.runtime import init_state_dir
+    from kz_daemon.ops.service import Zoo
     from tests.helpers.daemon import EXAMPLES
 
     config = init_state_dir(tmp_path / "kz", seed_from=EXAMPLES)
@@ -139,7 +139,7 @@ def test_daemon_cold_start_rebuild_uses_startup_workers(tmp_path, monkeypatch):
 
 
 def test_decode_utf8_sig_equals_the_codec():
-    from kz_runner.contract.pysource import decode_utf8_sig
+    from kz_runner.contract.rules.pysource import decode_utf8_sig
 
     for data in (b"", b"\xef\xbb", b"\xef\xbb\xbf", b"\xef\xbb\xbfabc", b"ab\xffc", b"\xef\xbb\xbfab\xffc",
                  "é".encode() + b"\xef\xbb\xbf", b"\xef\xbb\xbf\xef\xbb\xbfx", b"\xc3"):

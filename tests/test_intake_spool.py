@@ -8,11 +8,11 @@ import pwd
 
 import pytest
 
-from kz_daemon import spool
-from kz_daemon.errors import ZooError
-from kz_daemon.intake import validate_file
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.intake import spool
+from kz_daemon.core.errors import ZooError
+from kz_daemon.intake.admit import validate_file
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_into_inbox, wait_for
 
 
@@ -184,7 +184,7 @@ def test_upload_name_is_checked(config):
 
 
 def test_a_file_that_crashes_the_checks_is_rejected_not_retried(config, monkeypatch):
-    import kz_daemon.intake as intake
+    import kz_daemon.intake.admit as intake
 
     def boom(*args, **kwargs):
         raise RuntimeError("validator bug")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kz_runner import job
+from kz_runner.worker import job
 from kz_runner.contract import checks
-from kz_runner.procs import run_step
+from kz_runner.worker.procs import run_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runner"
 PREFIX = "cpu/Test/Runner/fp32"

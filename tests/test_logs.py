@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kz_daemon.errors import ZooError
-from kz_daemon.logs import MAX_TAIL_CHARS, TAILS_FILE, clean_tails, load_tails, store_tails
+from kz_daemon.core.errors import ZooError
+from kz_daemon.storage.run_logs import MAX_TAIL_CHARS, TAILS_FILE, clean_tails, load_tails, store_tails
 from tests.helpers.browser import browser
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 from tests.test_runner_loop import submit_with_one_runner

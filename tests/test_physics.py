@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kz_daemon.config import Config
-from kz_daemon.errors import ZooError
-from kz_daemon.physics import Physics, case_bytes, check_result, parse_physics
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
-from kz_runner.contract.pysource import read_metas
+from kz_daemon.config.settings import Config
+from kz_daemon.core.errors import ZooError
+from kz_daemon.guards.physics import Physics, case_bytes, check_result, parse_physics
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
+from kz_runner.contract.rules.pysource import read_metas
 from tests.helpers.daemon import (AXPY_DIR, AXPY_ID, axpy_result, axpy_tarball, drop_and_decide, package_files,
                                   real_run, tarball_bytes)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kz_daemon.config import Config
-from kz_daemon.errors import ZooError
+from kz_daemon.config.settings import Config
+from kz_daemon.core.errors import ZooError
 from tests.helpers.http_server import CPU_AXPY, LiveServer
 
 LIMITS = {"submit_burst": 3, "submit_rate_per_s": 0.001,

@@ -1,4 +1,4 @@
-"""Start-up recovery (kz_daemon/recovery.py): SIGKILL the daemon at every point of the accept saga;
+"""Start-up recovery (kz_daemon/ops/recovery.py): SIGKILL the daemon at every point of the accept saga;
 after restart recovery leaves all terminal, nothing doubled. Then each start-up decision on its own:
 sagas finished from what reached git or rolled back, results judged again, expired leases, the
 index brought to HEAD, stale git locks, intake outcomes, confirmation runs and revocations."""
@@ -15,12 +15,15 @@ import time
 
 import pytest
 
-from kz_daemon import accept, confirm, recovery, revoke
-from kz_daemon.accept import CRASH_POINTS
-from kz_daemon.audit import audit_state_dir
-from kz_daemon.gitstore import GitStore
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.accept import saga as accept
+from kz_daemon.queue import confirm
+from kz_daemon.ops import recovery
+from kz_daemon.accept import revoke
+from kz_daemon.accept.saga import CRASH_POINTS
+from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.storage.gitstore import GitStore
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.story import iter_events
@@ -356,7 +359,7 @@ def assert_implausible(sub) -> None:
 
 
 def test_result_below_the_physics_floor_judged_again_is_rejected_as_implausible(config):
-    # 10 ps for the Axpy cases: no device moves their bytes that fast (kz_daemon/physics.py)
+    # 10 ps for the Axpy cases: no device moves their bytes that fast (kz_daemon/guards/physics.py)
     sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, 0.00001))
     with recovering(config) as (zoo, report, _seq):
         assert report.results_rejudged == [sub_uuid] and report.sagas_finished == []

@@ -8,8 +8,8 @@ import uuid as uuidlib
 
 import pytest
 
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import EXAMPLES, drop_into_inbox, wait_for
 
 DAY = 86400.0

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kz_daemon.audit import audit_state_dir
-from kz_daemon.config import Config
-from kz_daemon.gitstore import format_message
-from kz_daemon.revoke import CRASH_POINTS
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.scorecard import recompute_best
-from kz_daemon.service import Zoo
+from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.config.settings import Config
+from kz_daemon.storage.gitstore import format_message
+from kz_daemon.accept.revoke import CRASH_POINTS
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.core.scorecard import recompute_best
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import (AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_result, axpy_tarball,
                                   drop_and_decide, real_run)
 from tests.helpers.http_server import LiveServer

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kz_runner.contract.rules import HOLD, REJECT, RULES, check_sources, rule_table_markdown
+from kz_runner.contract.rules.engine import HOLD, REJECT, RULES, check_sources, rule_table_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The runner wire protocol's routes (kz_daemon/http/runner_api.py): claim, package, lease, result."""
+"""The runner wire protocol's routes (kz_daemon/api/runner.py): claim, package, lease, result."""
 from __future__ import annotations
 
 import threading

@@ -15,8 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kz_runner.client import (ApiError, Claim, NetworkError, ProtocolError, ResponseTooLarge, RetryPolicy,
-                              ZooClient)
+from kz_runner.worker.client import (ApiError, Claim, NetworkError, ProtocolError, ResponseTooLarge, RetryPolicy, ZooClient)
 
 
 class ScriptServer:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kz_runner import contain, job
+from kz_runner.worker import contain
+from kz_runner.worker import job
 from test_job import PREFIX, pack_fixture
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -99,7 +100,7 @@ def test_the_build_cannot_reach_a_listener_on_the_hosts_loopback(root_dir, tmp_p
 
 
 def test_the_steps_run_as_the_job_user_and_cannot_read_the_runners_files(root_dir, tmp_path):
-    from kz_daemon.auth import ensure_local_tokens
+    from kz_daemon.config.tokens import ensure_local_tokens
 
     tokens = ensure_local_tokens(root_dir / "state")  # what `kz up` writes for its runner
     token_file = tokens["runner"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kz_runner.client import ZooClient
+from kz_runner.worker.client import ZooClient
 from test_job import PREFIX, pack_fixture
 from test_runner_loop import finish, start_runner
 

@@ -7,7 +7,8 @@ import platform
 
 import pytest
 
-from kz_runner import __version__, envinfo
+from kz_runner import __version__
+from kz_runner.worker import envinfo
 
 
 def test_doctests():
@@ -68,7 +69,7 @@ def test_collect_probes_cupy_in_a_child():
 
 @pytest.mark.gpu
 def test_collect_on_a_gpu_names_the_device_and_versions():
-    from kz_runner.arch import detect_arch
+    from kz_runner.contract.arch import detect_arch
 
     probe = detect_arch(0)
     env = envinfo.collect(0, probe.arch, "r1")

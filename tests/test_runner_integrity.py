@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kz_runner import channel, contain, integrity, job
+from kz_runner.worker import result_channel as channel
+from kz_runner.worker import contain
+from kz_runner.worker import seal as integrity
+from kz_runner.worker import job
 from test_job import PREFIX, pack_fixture
 
 
@@ -37,7 +40,7 @@ def test_a_source_area_that_overwrites_the_expected_outputs_is_an_integrity_erro
 
 def test_the_same_package_passes_its_own_comparison_when_nothing_checks_the_files(tmp_path):
     """The control experiment: the tampering fixture really does fool its own benchmark."""
-    from kz_runner.procs import run_step
+    from kz_runner.worker.procs import run_step
 
     pkg = tmp_path / "pkg"
     pkg.mkdir()

@@ -44,8 +44,8 @@ def test_the_blocker_works(tmp_path):
 
 
 def test_runner_modules_import_without_daemon_dependencies(tmp_path):
-    code = ("import kz_runner.arch, kz_runner.client, kz_runner.envinfo, kz_runner.job, kz_runner.procs, "
-            "kz_runner.runner, kz_runner.commands.runner, sys\n"
+    code = ("import kz_runner.contract.arch, kz_runner.worker.client, kz_runner.worker.envinfo, kz_runner.worker.job, kz_runner.worker.procs, "
+            "kz_runner.worker.runner, kz_runner.commands.runner, sys\n"
             f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {BLOCKED!r})\n"
             "assert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kz_runner.logtail import MAX_BYTES, MAX_LINES, Redactor, tail
+from kz_runner.worker.logtail import MAX_BYTES, MAX_LINES, Redactor, tail
 
 
 def test_a_tail_keeps_the_last_lines_within_the_byte_bound():

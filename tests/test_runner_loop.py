@@ -536,7 +536,7 @@ def test_a_process_escaping_the_group_is_killed_after_the_job(zoo, tmp_path):
 
 
 def test_a_gpu_index_without_a_visible_gpu_is_an_environment_error(zoo, tmp_path):
-    from kz_runner.arch import probe_cupy
+    from kz_runner.contract.arch import probe_cupy
 
     if probe_cupy(0).backend != "none":
         pytest.skip("this machine has a GPU")

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from kz_runner.procs import run_step
+from kz_runner.worker.procs import run_step
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 

@@ -6,8 +6,8 @@ import doctest
 import jsonschema
 import pytest
 
-import kz_daemon.scorecard as sc
-from kz_daemon.scorecard import dump, load, seed_scorecard, stamp, update_scorecard
+import kz_daemon.core.scorecard as sc
+from kz_daemon.core.scorecard import dump, load, seed_scorecard, stamp, update_scorecard
 from kz_runner.contract.layout import PENDING_COMMIT as PENDING
 from kz_runner.contract.layout import SEED_SHA as SENTINEL
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from kz_daemon.sdnotify import Notifier, socket_address
+from kz_daemon.upkeep.sdnotify import Notifier, socket_address
 
 
 def _receiver(tmp_path, abstract: bool):

@@ -1,4 +1,4 @@
-"""The Zoo facade (kz_daemon/service.py) end to end on CPU: spool → queued → claimed → real run →
+"""The Zoo facade (kz_daemon/ops/service.py) end to end on CPU: spool → queued → claimed → real run →
 accepted with the two-commit model, a failing result rejected, a stranger's report refused; then the
 facade's methods one by one (lookups, long polls, the upload cap, claims, stop, the lock order)."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import uuid as uuidlib
 import pytest
 import yaml
 
-from kz_daemon.errors import ZooError
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.core.errors import ZooError
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import (AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, drop_queued_axpy,
                                   real_run, wait_for)
 

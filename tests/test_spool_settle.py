@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from kz_daemon import spool
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.intake import spool
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from kz_events.status import Status
 from tests.helpers.daemon import EXAMPLES, axpy_tarball, wait_for
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kz_daemon.hints import hint_for, with_hint
-from kz_runner import channel, job
+from kz_daemon.core.hints import hint_for, with_hint
+from kz_runner.worker import result_channel as channel
+from kz_runner.worker import job
 from kz_runner.contract import checks
 from kz_runner.contract.codes import CODES
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball

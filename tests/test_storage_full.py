@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from dulwich.file import FileLocked
 
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.store import StorageError

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kz_daemon.sdnotify import socket_address
+from kz_daemon.upkeep.sdnotify import socket_address
 from tests.helpers.http_server import CPU_AXPY, package_tarball
 from tests.test_submit import GUIDE_CURL
 

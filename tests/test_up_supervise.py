@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kz_daemon.runtime import init_state_dir
-from kz_daemon.service import Zoo
-from kz_daemon.supervise import Supervisor
+from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.ops.service import Zoo
+from kz_daemon.upkeep.supervise import Supervisor
 from tests.helpers.daemon import EXAMPLES, wait_for
 from tests.test_up import Up, _alive
 

@@ -211,7 +211,7 @@ def test_submissions_page_filters_and_paginates(board):
 
 
 def test_submissions_paginate_newest_first(board):
-    from kz_daemon.http import submission_list
+    from kz_daemon.web import submission_list
 
     filters = submission_list.Filters()
     first, more = submission_list.recent(board.zoo, filters, 1, 4)

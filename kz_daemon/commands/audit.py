@@ -25,7 +25,7 @@ def _as_dict(finding) -> dict:
 
 
 def _daemon_findings(state_dir) -> list[dict] | None:
-    """Findings of kz_daemon.audit.audit_state_dir (git and index checks), where it applies.
+    """Findings of kz_daemon.ops.repo_audit.audit_state_dir (git and index checks), where it applies.
 
     None when that module is absent or ``state_dir`` is not a daemon's state
     directory (no kz.yaml: only an event log to check).
@@ -35,9 +35,9 @@ def _daemon_findings(state_dir) -> list[dict] | None:
 
     if not (state_dir / "kz.yaml").is_file():
         return None
-    if importlib.util.find_spec("kz_daemon.audit") is None:
+    if importlib.util.find_spec("kz_daemon.ops.repo_audit") is None:
         return None
-    module = importlib.import_module("kz_daemon.audit")
+    module = importlib.import_module("kz_daemon.ops.repo_audit")
     fn = getattr(module, "audit_state_dir", None)
     if fn is None:
         return None

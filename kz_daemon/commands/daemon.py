@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Initialise the state dir, then run the Zoo until a signal."""
-    from kz_daemon.errors import ZooError
-    from kz_daemon.runtime import init_state_dir, open_failure, run_until_signal
+    from kz_daemon.core.errors import ZooError
+    from kz_daemon.ops.runtime import init_state_dir, open_failure, run_until_signal
 
     try:
         config = init_state_dir(args.state_dir, seed_from=args.seed_from, config_file=args.config,

@@ -28,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from kz_daemon import gc, retention
-    from kz_daemon.config import Config
-    from kz_daemon.errors import ZooError
+    from kz_daemon.upkeep import prune_runs as gc
+    from kz_daemon.upkeep import prune_rejected as retention
+    from kz_daemon.config.settings import Config
+    from kz_daemon.core.errors import ZooError
     from kz_events.replay import load_state
 
     state_dir = Path(args.state_dir)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _through_server(args: argparse.Namespace) -> int:
-    from kz_runner.client import ApiError, ClientError, ZooClient
+    from kz_runner.worker.client import ApiError, ClientError, ZooClient
 
     if not args.token:
         print("kz revoke: --server needs an admin token (--token or env KZ_TOKEN)", file=sys.stderr)
@@ -62,10 +62,10 @@ def _through_server(args: argparse.Namespace) -> int:
 
 
 def _on_state_dir(args: argparse.Namespace) -> int:
-    from kz_daemon.config import Config
-    from kz_daemon.errors import ZooError
-    from kz_daemon.http.views import submission_doc
-    from kz_daemon.service import Zoo
+    from kz_daemon.config.settings import Config
+    from kz_daemon.core.errors import ZooError
+    from kz_daemon.api.views import submission_doc
+    from kz_daemon.ops.service import Zoo
     from kz_events.log import LogLocked
 
     if not (args.state_dir / "kz.yaml").exists() and not (args.state_dir / "events").is_dir():

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kz_daemon.auth import TokenStore, write_secret
+    from kz_daemon.config.tokens import TokenStore, write_secret
 
     state = Path(args.state_dir)
     if not state.is_dir():

@@ -99,10 +99,10 @@ def banner(url: str, state_dir: Path, tokens: dict[str, Path], runner: str | Non
 
 def run(args: argparse.Namespace) -> int:
     """Set up the state directory, then serve until a signal."""
-    from kz_daemon.auth import ensure_local_tokens
-    from kz_daemon.errors import ZooError
+    from kz_daemon.config.tokens import ensure_local_tokens
+    from kz_daemon.core.errors import ZooError
     from kz_daemon.http.serve import serve_config
-    from kz_daemon.runtime import init_state_dir, open_failure
+    from kz_daemon.ops.runtime import init_state_dir, open_failure
     from kz_events.log import LogError, LogLocked
 
     state_dir = Path(args.state_dir).resolve()
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             return None
         arch = args.arch
         if arch is None:
-            from kz_runner.arch import detect_arch
+            from kz_runner.contract.arch import detect_arch
 
             arch = detect_arch().arch
         argv = _runner_argv(url, tokens["runner"], arch)

@@ -1,6 +1,6 @@
 """The Starlette application: routes, shared objects on ``app.state``, one error mapping.
 
-:func:`create_app` takes the running ``Zoo`` (kz_daemon/service.py) and the token
+:func:`create_app` takes the running ``Zoo`` (kz_daemon/ops/service.py) and the token
 store; nothing is held in module globals. :func:`make_server` wraps the app in a
 uvicorn server whose shutdown first flags the app as draining, so long polls are
 answered at once instead of holding the shutdown up.
@@ -23,17 +23,20 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kz_daemon.auth import TokenStore
-from kz_daemon.http import api, openapi, pages, runner_api
-from kz_daemon.http.apispec import Op, routes
-from kz_daemon.http.errors import EXCEPTION_HANDLERS
-from kz_daemon.http.limits import SubmitLimits, TokenBucket
-from kz_daemon.http.metrics import HttpCounters
-from kz_daemon.http.settings import ShimSettings
-from kz_daemon.http.views import Catalog
-from kz_daemon.sdnotify import Notifier
+from kz_daemon.config.tokens import TokenStore
+from kz_daemon.api import public as api
+from kz_daemon.api import openapi
+from kz_daemon.web import pages
+from kz_daemon.api import runner as runner_api
+from kz_daemon.api.spec import Op, routes
+from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
+from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket
+from kz_daemon.api.metrics import HttpCounters
+from kz_daemon.api.shim_settings import ShimSettings
+from kz_daemon.api.views import Catalog
+from kz_daemon.upkeep.sdnotify import Notifier
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
 #: Seconds between sd_notify STATUS updates.
 STATUS_INTERVAL_S = 10.0
 
@@ -160,7 +163,7 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
             self.should_exit = True
 
     # proxy_headers off: uvicorn would take X-Forwarded-For from any local peer as the client;
-    # which proxies are trusted is kz.yaml's http.trusted_proxies (kz_daemon.http.limits)
+    # which proxies are trusted is kz.yaml's http.trusted_proxies (kz_daemon.api.rate_limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=graceful_s, access_log=False, proxy_headers=False)
     return _Server(config)

@@ -67,7 +67,7 @@ def _simple_arch(cp: Any) -> str:
 def detect_arch(device: str = "auto") -> str:
     """The arch a result is reported for: ``cpu`` for CPU timing, else the GPU's.
 
-    Uses ``kz_runner.arch.probe_cupy`` (in-process; the benchmark already holds a
+    Uses ``kz_runner.contract.arch.probe_cupy`` (in-process; the benchmark already holds a
     GPU context) for the current device; without that module, ``gfx…`` from ROCm's
     gcnArchName (feature suffixes dropped), ``sm_XY`` from the CUDA compute
     capability. ``cpu`` when no GPU is usable.
@@ -78,7 +78,7 @@ def detect_arch(device: str = "auto") -> str:
     if cp is None:
         return "cpu"
     try:
-        from kz_runner.arch import probe_cupy
+        from kz_runner.contract.arch import probe_cupy
     except Exception:  # an older kz_runner without the arch module
         return _simple_arch(cp)
     try:

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write (0) or check (0 current, 1 stale or missing); 2 when the file cannot be written."""
-    from kz_runner.contract.docgen import render
+    from kz_runner.tools.docgen import render
 
     text = render()
     if args.check:

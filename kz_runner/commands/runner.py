@@ -1,4 +1,4 @@
-"""`kz runner`: serve one GPU for a kernel_zoo server (claim, run, report; see kz_runner/runner.py).
+"""`kz runner`: serve one GPU for a kernel_zoo server (claim, run, report; see kz_runner/worker/runner.py).
 
 The token: in the environment variable ``KZ_RUNNER_TOKEN`` (recommended; under
 systemd from a root-owned ``EnvironmentFile=`` that the runner's own user cannot
@@ -12,7 +12,7 @@ readable by anything running as the runner's user: a runner that runs as root ru
 jobs as another user (``--job-user``, 65534 by default), who cannot read a 0600
 token file; the runner warns when the file is readable by its group or others.
 
-Containment (see kz_runner/contain.py): each step runs in a new network namespace,
+Containment (see kz_runner/worker/contain.py): each step runs in a new network namespace,
 with CPU-time, file-size, process-count and core limits, and, when the runner runs
 as root, as ``--job-user``. ``--no-contain`` turns all of it off (debugging only).
 
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
 
     from pathlib import Path
 
-    from kz_runner.contain import Containment, parse_user
-    from kz_runner.runner import Runner, RunnerConfig, default_runner_id
+    from kz_runner.worker.contain import Containment, parse_user
+    from kz_runner.worker.runner import Runner, RunnerConfig, default_runner_id
 
     runner_id = args.runner_id or default_runner_id(args.gpu)
     work_root = Path(args.work_root) if args.work_root else None

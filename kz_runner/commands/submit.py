@@ -56,7 +56,7 @@ class _Watcher:
 
     def document(self, doc: dict) -> None:
         """Every status document: print a queue warning the first time it appears."""
-        from kz_runner.submit import queue_warning_line
+        from kz_runner.tools.submit import queue_warning_line
 
         line = queue_warning_line(doc)
         if line and line not in self.warned:
@@ -87,7 +87,7 @@ def _render_problem(found: dict) -> str:
 
 
 def _intake_rejected(args: argparse.Namespace, exc) -> int:
-    from kz_runner import submit as sub
+    from kz_runner.tools import submit as sub
 
     doc = {"status": "rejected", "stage": "intake", "code": exc.code, "message": exc.message,
            "details": exc.details}
@@ -106,8 +106,8 @@ def _intake_rejected(args: argparse.Namespace, exc) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Do the submission; see the module docstring for exit codes."""
-    from kz_runner import submit as sub
-    from kz_runner.client import ApiError, ClientError, ZooClient
+    from kz_runner.tools import submit as sub
+    from kz_runner.worker.client import ApiError, ClientError, ZooClient
 
     submitter = args.submitter or getpass.getuser()
     if not upload.is_submitter_id(submitter):

@@ -36,8 +36,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .problems import ERROR, Problem, clip
-from .schema_check import nonfinite_paths
+from kz_runner.contract.problems import ERROR, Problem, clip
+from kz_runner.contract.schema_check import nonfinite_paths
 
 # code -> what to do about it (the table above says what it means).
 HINTS: dict[str, str] = {
@@ -154,7 +154,7 @@ def _starts_json(text: str) -> bool:
 
 
 def _schema_problems(doc: Any) -> list[Problem]:
-    from .schema_check import json_path, validator
+    from kz_runner.contract.schema_check import json_path, validator
 
     check = validator("benchmark_output")
     out = []

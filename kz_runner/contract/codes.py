@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .problems import ERROR, WARNING, Problem
+from kz_runner.contract.problems import ERROR, WARNING, Problem
 
 
 @dataclass(frozen=True)

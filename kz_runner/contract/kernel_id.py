@@ -27,8 +27,8 @@ import os
 import re
 from pathlib import Path
 
-from .codes import problem
-from .gitpath import git_component_problem
+from kz_runner.contract.codes import problem
+from kz_runner.contract.gitpath import git_component_problem
 
 #: one segment, matched against the whole segment (``fullmatch``: no ``$``-before-newline)
 SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")

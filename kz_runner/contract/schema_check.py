@@ -14,8 +14,8 @@ import re
 from functools import lru_cache
 from typing import Any, Iterator
 
-from .codes import problem
-from .problems import Problem, clip
+from kz_runner.contract.codes import problem
+from kz_runner.contract.problems import Problem, clip
 
 MAX_ERRORS_PER_DOCUMENT = 20
 _RFC3339 = re.compile(

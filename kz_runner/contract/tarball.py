@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from .codes import problem
-from .gitpath import git_component_problem, git_symlink_problem
-from .layout import KP
-from .problems import Problem, Report
+from kz_runner.contract.codes import problem
+from kz_runner.contract.gitpath import git_component_problem, git_symlink_problem
+from kz_runner.contract.layout import KP
+from kz_runner.contract.problems import Problem, Report
 
 MiB = 1024 * 1024
 KERNEL_PACKAGE_DIR = KP

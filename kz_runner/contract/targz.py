@@ -13,7 +13,7 @@ import io
 import tarfile
 from typing import Mapping
 
-from .tarball import normalized_mode
+from kz_runner.contract.tarball import normalized_mode
 
 __all__ = ["deterministic_targz"]
 

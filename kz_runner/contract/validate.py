@@ -23,16 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .codes import problem
-from .layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, CONTRACT_FILES, DESC, HARNESS_FILES
-from .kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id,
-                        kernel_id_from_path, path_ends_with)
-from .problems import ERROR, WARNING, Problem, Report
-from .rules import REJECT, RULES_BY_ID, check_sources
-from .pysource import check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas  # noqa: F401
-from .schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
-from .tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
-from .yamlio import YAMLError, load_yaml, yaml_error_text
+from kz_runner.contract.codes import problem
+from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, CONTRACT_FILES, DESC, HARNESS_FILES
+from kz_runner.contract.kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id, kernel_id_from_path, path_ends_with)
+from kz_runner.contract.problems import ERROR, WARNING, Problem, Report
+from kz_runner.contract.rules.engine import REJECT, RULES_BY_ID, check_sources
+from kz_runner.contract.rules.pysource import (check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas)  # noqa: F401
+from kz_runner.contract.schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
+from kz_runner.contract.tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
+from kz_runner.contract.yamlio import YAMLError, load_yaml, yaml_error_text
 
 BUILD_ENV = BUILD_TEST_ENV
 _SUBMITTED_FILES = HARNESS_FILES

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from kz_daemon.config import Config
-from kz_daemon.service import Zoo
+from kz_daemon.config.settings import Config
+from kz_daemon.ops.service import Zoo
 
 
 def main(argv: list[str]) -> int:

@@ -79,13 +79,13 @@ class LiveServer:
     def start(cls, tmp: Path, *, kernels: list[str] | None = None, runners: tuple[str, ...] = ("r1", "r2"),
               settings: dict[str, Any] | None = None, config_yaml: str | None = None) -> "LiveServer":
         """Initialise ``tmp/state`` and serve it."""
-        from kz_daemon.auth import TokenStore
-        from kz_daemon.history import KernelHistory
+        from kz_daemon.config.tokens import TokenStore
+        from kz_daemon.storage.history import KernelHistory
         from kz_daemon.http.app import create_app, make_server
         from kz_daemon.http.serve import bind
-        from kz_daemon.http.settings import from_config
-        from kz_daemon.runtime import init_state_dir
-        from kz_daemon.service import Zoo
+        from kz_daemon.api.shim_settings import from_config
+        from kz_daemon.ops.runtime import init_state_dir
+        from kz_daemon.ops.service import Zoo
 
         state = tmp / "state"
         state.mkdir(parents=True, exist_ok=True)

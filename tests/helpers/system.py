@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from kz_daemon.auth import TokenStore
-from kz_daemon.gitstore import GitStore
-from kz_daemon.runtime import init_state_dir
+from kz_daemon.config.tokens import TokenStore
+from kz_daemon.storage.gitstore import GitStore
+from kz_daemon.ops.runtime import init_state_dir
 from kz_events.replay import replay_dir
 from kz_events.status import TERMINAL
 from tests.helpers.daemon import AXPY_ID, ROOT, axpy_result, axpy_tarball, wait_for

@@ -1,0 +1,1 @@
+"""The accept saga (two commits), revocation, and index.json."""

@@ -1,0 +1,147 @@
+"""Revocation: an admin takes an accepted record back, append-only (history is never rewritten).
+
+The revocation is a small saga keyed by the submission uuid, like the accept saga;
+each step looks at what already happened and does only what is missing:
+
+1. ``submission.revoked`` (uuid, by, reason): the submission goes from ``accepted`` to
+   the terminal ``revoked``;
+2. the revocation commit on the branch: the kernel's ``bench_result.yaml`` with each
+   case's ``metrics_best`` rebuilt from the remaining accepted, non-revoked records
+   (:func:`restored_card`); ``metrics_current`` and the source area stay as they are.
+   It is made even when the best does not change (then it changes no file), so every
+   revocation is in git history. Trailers: ``Revokes: <uuid>``, ``Revoked-By: <who>``,
+   ``Kz-Submission``, ``Kz-Submitter``, ``Kz-Runner``, ``Kz-Step: revoke``;
+3. index.json updated for the kernel, then ``revoke.committed`` (uuid, sha, best_changed).
+
+A kill between the steps is finished at the next start-up (:func:`recover`): the commit
+is found by its ``Revokes`` trailer after the accept's scorecard commit, so it is never
+made twice. ``KZ_CRASH_AT=after_revoke_event|after_revoke_commit`` kills the process
+there (the crash tests' fault injection).
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from kz_daemon.core import scorecard
+from kz_daemon.core.errors import ZooError
+from kz_daemon.storage.gitstore import format_message
+from kz_daemon.config.ports import Daemon
+from kz_events import events as ev
+from kz_events.status import Status
+from kz_runner.contract.layout import BENCH_RESULT, KP
+
+__all__ = ["CRASH_POINTS", "revocation", "revoke", "finish", "restored_card", "recover"]
+
+CRASH_POINTS = ("after_revoke_event", "after_revoke_commit")
+REVOKE_STEP = "revoke"
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get("KZ_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def revocation(sub: Any) -> dict | None:
+    """The revocation entry of a submission's reasons ({by, message, seq, sha, ...}), or None."""
+    return next((r for r in reversed(sub.reasons) if r.get("stage") == "revoke"), None)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())[:200] or "unknown"
+
+
+def revoke(zoo: Daemon, sub_uuid: str, by: str, reason: str) -> str:
+    """Revoke an accepted submission and finish its saga; returns the revocation commit's SHA.
+
+    NOT_FOUND for an unknown uuid; CONFLICT unless it is ``accepted`` (a ``revoked`` one is
+    finished again and answers with its commit: the call is idempotent); VALIDATION_ERROR
+    without a reason.
+    """
+    if not str(reason).strip():
+        raise ZooError("VALIDATION_ERROR", "a revocation needs a reason", {"field": "reason"})
+    with zoo.lock, zoo.store.lock:
+        sub = zoo.store.state.submissions.get(sub_uuid)
+        if sub is None:
+            raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
+        if sub.status not in (Status.ACCEPTED, Status.REVOKED):
+            raise ZooError("CONFLICT", f"submission {sub_uuid} is {sub.status}; only an accepted record "
+                           "can be revoked", {"uuid": sub_uuid, "status": sub.status})
+        if sub.status == Status.ACCEPTED:
+            zoo.store.emit(ev.SubmissionRevoked(uuid=sub_uuid, by=_one_line(by), reason=str(reason).strip()))
+    _crash_point("after_revoke_event")
+    return finish(zoo, sub_uuid)
+
+
+def finish(zoo: Daemon, sub_uuid: str) -> str:
+    """Drive the revocation saga of a ``revoked`` submission to its end; its commit SHA. Idempotent."""
+    with zoo.git_lock:
+        sub = zoo.store.state.submissions[sub_uuid]
+        entry = revocation(sub)
+        if entry is None:
+            raise ZooError("CONFLICT", f"submission {sub_uuid} was not revoked", {"uuid": sub_uuid})
+        if entry.get("sha"):
+            return entry["sha"]
+        kid = sub.kernel_id
+        path = f"{kid}/{KP}/{BENCH_RESULT}"
+        found = zoo.git.find_commits("Revokes", sub_uuid, since=sub.sha_br)
+        if found:
+            sha = found[-1].sha
+            parents = zoo.git.commit_info(sha).parents
+            changed = zoo.git.read_file(path, sha) != zoo.git.read_file(path, parents[0] if parents else None)
+        else:
+            head = zoo.git.head()
+            card = restored_card(zoo, sub)
+            changed = card is not None and card != zoo.git.read_file(path, head)
+            trailers = {"Kz-Submission": sub_uuid, "Kz-Submitter": sub.submitter_id,
+                        "Kz-Runner": sub.runner_id or "unknown", "Kz-Step": REVOKE_STEP,
+                        "Revokes": sub_uuid, "Revoked-By": _one_line(entry.get("by", "admin"))}
+            message = format_message(f"revoke {kid} (submission {sub_uuid[:8]})", trailers,
+                                     body=str(entry.get("message", "")))
+            sha = zoo.git.commit_changes({path: card} if changed else {}, message, zoo.config.repo.author, head)
+            _crash_point("after_revoke_commit")
+        zoo.indexer.update([kid])
+        zoo.store.emit(ev.RevokeCommitted(uuid=sub_uuid, sha=sha, best_changed=bool(changed)))
+    zoo.after_accept(sha)
+    return sha
+
+
+def _accept_seq(sub: Any) -> int:
+    return next((seq for seq, status, _ts in sub.history if status == Status.ACCEPTED), 0)
+
+
+def restored_card(zoo: Daemon, sub: Any) -> bytes | None:
+    """The kernel's bench_result.yaml at HEAD with metrics_best as if ``sub`` had never been accepted.
+
+    The remaining records are the scorecards the kernel's other accepted, non-revoked
+    submissions committed (their ``metrics_current`` at each SHA_br, in accept order);
+    the baseline is the scorecard before the kernel's first logged accept (commit 1 of an
+    accept keeps the old card). None when the kernel has no scorecard at HEAD.
+    """
+    kid = sub.kernel_id
+    path = f"{kid}/{KP}/{BENCH_RESULT}"
+    current = scorecard.load(zoo.git.read_file(path))
+    if current is None:
+        return None
+    with zoo.store.lock:
+        ever = sorted((s for s in zoo.store.state.submissions.values()
+                       if s.kernel_id == kid and s.sha_br and s.status in (Status.ACCEPTED, Status.REVOKED)),
+                      key=_accept_seq)
+    baseline = scorecard.load(zoo.git.read_file(path, ever[0].sha_src)) if ever else None
+    runs = [scorecard.load(zoo.git.read_file(path, s.sha_br)) for s in ever if s.status == Status.ACCEPTED]
+    try:
+        metas = zoo.pending.metas(sub.uuid)
+    except (OSError, ValueError):
+        metas = []  # without the METAS every metric of the card is taken as lower_better
+    return scorecard.dump(scorecard.recompute_best(current, metas, baseline, runs))
+
+
+def recover(zoo: Daemon) -> list[str]:
+    """Finish every revocation a crash left without its ``revoke.committed``; the uuids finished."""
+    with zoo.store.lock:
+        unfinished = [s.uuid for s in zoo.store.state.submissions.values()
+                      if s.status == Status.REVOKED and not (revocation(s) or {}).get("sha")]
+    for sub_uuid in unfinished:
+        finish(zoo, sub_uuid)
+    return unfinished

@@ -1,0 +1,117 @@
+"""Who is calling: runner tokens for runner endpoints, submitter identity for submissions."""
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from kz_daemon.config.tokens import Principal, bearer_token
+from kz_daemon.core.errors import ZooError
+from kz_runner.contract import upload
+
+
+def token_principal(request: Request) -> Principal | None:
+    """The principal of the request's bearer token; None without one; 401 for an unknown token."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    token = bearer_token(header)
+    if token is None:
+        raise ZooError("UNAUTHORIZED", "the Authorization header must be 'Bearer <token>'")
+    principal = request.app.state.tokens.verify(token)
+    if principal is None:
+        raise ZooError("UNAUTHORIZED", "the token is not known to this server; ask the operator for one")
+    return principal
+
+
+def require_runner(request: Request) -> str:
+    """The runner id of a runner-token request: 401 without a valid token, 403 for a non-runner token."""
+    principal = token_principal(request)
+    if principal is None:
+        raise ZooError("UNAUTHORIZED", "runner endpoints need 'Authorization: Bearer <runner token>'")
+    if principal.kind != "runner":
+        raise ZooError("FORBIDDEN", f"a {principal.kind} token cannot call runner endpoints")
+    return principal.id
+
+
+def check_submitter_id(value: str, where: str) -> str:
+    """A well-formed submitter id, else 400 VALIDATION_ERROR naming ``where`` it came from."""
+    if not upload.is_submitter_id(value):
+        raise ZooError("VALIDATION_ERROR",
+                       f"{where} {value!r} is not a valid submitter id ({upload.SUBMITTER_RULE})",
+                       {"field": where})
+    return value
+
+
+def header_submitter(request: Request) -> tuple[Principal | None, str | None]:
+    """The token principal and the submitter id known before the body is read (for rate limiting).
+
+    Raises 401 when the policy requires a token and none is given, 403 when the
+    token belongs to a runner or disagrees with ``X-Submitter-Id``.
+    """
+    principal = token_principal(request)
+    header = request.headers.get("x-submitter-id")
+    if header is not None:
+        header = check_submitter_id(header.strip(), "X-Submitter-Id")
+    settings = request.app.state.settings
+    if principal is None:
+        if settings.submissions_require_token:
+            raise ZooError("UNAUTHORIZED",
+                           "this server needs 'Authorization: Bearer <submitter token>' to submit")
+        return None, header
+    if principal.kind == "runner":
+        raise ZooError("FORBIDDEN", "a runner token cannot submit; use a submitter token")
+    if principal.kind == "submitter":
+        if header is not None and header != principal.id:
+            raise ZooError("FORBIDDEN",
+                           f"X-Submitter-Id {header!r} does not match the token's submitter {principal.id!r}",
+                           {"token_submitter": principal.id})
+        return principal, principal.id
+    return principal, header  # admin: may submit as anyone
+
+
+def final_submitter(principal: Principal | None, header: str | None, field: str | None) -> str:
+    """Reconcile token, header and form field into one submitter id (403 on disagreement)."""
+    if field is not None and field != "":
+        field = check_submitter_id(field.strip(), "submitter_id")
+    else:
+        field = None
+    if principal is not None and principal.kind == "submitter":
+        if field is not None and field != principal.id:
+            raise ZooError("FORBIDDEN",
+                           f"submitter_id {field!r} does not match the token's submitter {principal.id!r}",
+                           {"token_submitter": principal.id})
+        return principal.id
+    if header is not None and field is not None and header != field:
+        raise ZooError("FORBIDDEN",
+                       f"X-Submitter-Id {header!r} and the form field submitter_id {field!r} disagree",
+                       {"header": header, "field": field})
+    chosen = header or field
+    if chosen is None:
+        if principal is not None:
+            return principal.id
+        raise ZooError("VALIDATION_ERROR",
+                       "say who submits: the X-Submitter-Id header and/or the form field submitter_id",
+                       {"field": "submitter_id"})
+    return chosen
+
+
+def cancel_by(request: Request, submitter_id: str) -> str:
+    """Who cancels a submission of ``submitter_id``: the id written into ``job.cancelled``.
+
+    An admin token may cancel any submission, a submitter token its own. Without a
+    token (only where the policy lets submissions in without one) the caller must
+    send the same ``X-Submitter-Id`` as the submission, and only for an id that no
+    submitter token is bound to: once an id has a token, a header alone can name it
+    but never act for it. 401 when the policy needs a token, 403 otherwise.
+    """
+    principal, header = header_submitter(request)
+    if principal is not None:
+        if principal.kind == "admin" or principal.id == submitter_id:
+            return principal.id
+        raise ZooError("FORBIDDEN", "only the submitter's token (or an admin token) can cancel this submission")
+    if request.app.state.tokens.has("submitter", submitter_id):
+        raise ZooError("FORBIDDEN", f"submitter {submitter_id!r} has a token: cancel with "
+                       "'Authorization: Bearer <submitter token>'", {"submitter_id": submitter_id})
+    if header is None or header != submitter_id:
+        raise ZooError("FORBIDDEN", "only the submitter (the same X-Submitter-Id as the submission) or an "
+                       "admin token can cancel this submission")
+    return header

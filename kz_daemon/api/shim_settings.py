@@ -1,0 +1,70 @@
+"""The HTTP shim's own knobs, read from the daemon's Config with safe defaults.
+
+``Config.http`` (kz_daemon/config/settings.py, the ``http:`` section of ``kz.yaml``) carries
+the listen address and every limit below that shares a name with a field here;
+the upload cap comes from ``limits.max_compressed_bytes``, lease and timeouts from
+``queue`` and ``timeouts``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ShimSettings:
+    """Limits and policies of the HTTP layer."""
+
+    #: Largest upload (the tar.gz) accepted by POST /api/submissions, enforced while streaming.
+    max_upload_bytes: int = 64 * MIB
+    #: Any other JSON POST body (claim, renew, release, cancel).
+    max_json_bytes: int = 1 * MIB
+    #: POST /api/submissions/{uuid}/result (benchmark JSON + base64 logs).
+    max_result_bytes: int = 48 * MIB
+    #: Per-submitter token bucket: sustained submissions per second and burst size.
+    submit_rate_per_s: float = 0.5
+    submit_burst: int = 20
+    #: Per client address (never below the per-submitter figures), and the proxies whose
+    #: X-Forwarded-For names the client (addresses or CIDR ranges; none by default).
+    submit_rate_per_address_per_s: float = 2.0
+    submit_burst_per_address: int = 60
+    trusted_proxies: tuple = ()
+    #: Submissions need a submitter (or admin) token.
+    submissions_require_token: bool = False
+    #: Upper bounds of the long polls' ``wait`` (seconds).
+    status_max_wait_s: float = 60.0
+    claim_max_wait_s: float = 60.0
+    #: How long POST /api/submissions waits for intake before answering 202 as ``received``.
+    intake_wait_s: float = 30.0
+    #: Lease length reported to runners when the claim does not carry it.
+    lease_seconds: float = 300.0
+    #: Timeouts handed to runners with each claim.
+    build_s: float = 600.0
+    benchmark_s: float = 1800.0
+
+
+def from_config(config: object | None, **overrides: object) -> ShimSettings:
+    """ShimSettings from a ``kz_daemon.config.settings.Config`` (any missing key keeps its default)."""
+    values: dict[str, object] = {}
+    if config is not None:
+        http = getattr(config, "http", None)
+        for name in ShimSettings.__dataclass_fields__:
+            if http is not None and hasattr(http, name):
+                values[name] = getattr(http, name)
+        limits = getattr(config, "limits", None)
+        if limits is not None and hasattr(limits, "max_compressed_bytes"):
+            values.setdefault("max_upload_bytes", limits.max_compressed_bytes)
+        policy = getattr(config, "policy", None)
+        if policy is not None and hasattr(policy, "submissions_require_token"):
+            values.setdefault("submissions_require_token", policy.submissions_require_token)
+        queue = getattr(config, "queue", None)
+        if queue is not None and hasattr(queue, "lease_seconds"):
+            values.setdefault("lease_seconds", queue.lease_seconds)
+        timeouts = getattr(config, "timeouts", None)
+        if timeouts is not None:
+            for name in ("build_s", "benchmark_s"):
+                if hasattr(timeouts, name):
+                    values.setdefault(name, getattr(timeouts, name))
+    values.update(overrides)
+    return ShimSettings(**values)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""What a package must pass besides the contract: the static rules, the physics floor, the locked harness."""

@@ -1,0 +1,113 @@
+"""Setting up a state directory and running a Zoo until a signal: shared by ``kz daemon`` and ``kz up``.
+
+``init_state_dir(DIR, seed_from=examples/)`` makes a state directory ready to run:
+the documented default ``kz.yaml`` (kept when present), the spool and the other
+folders, and the kernel repo, created and seeded with a first commit holding
+every package under ``seed_from`` when the repo has no commit yet. It is
+idempotent: calling it again on a running installation changes nothing.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Callable
+
+from kz_daemon.config.settings import Config, write_default
+from kz_daemon.storage.gitstore import GitStore, file_mode, format_message
+from kz_daemon.ops.service import Zoo
+from kz_events.log import CorruptLog, LogError, LogLocked
+
+SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache"}
+SKIP_SUFFIXES = (".pyc", ".pyo")
+
+
+def seed_files(seed_from: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``seed_from`` as {repo path: (bytes, git mode)} (caches and .git skipped)."""
+    out: dict[str, tuple[bytes, int]] = {}
+    seed_from = Path(seed_from)
+    for base, dirs, files in os.walk(seed_from):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            if name.endswith(SKIP_SUFFIXES):
+                continue
+            path = Path(base) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            rel = path.relative_to(seed_from).as_posix()
+            out[rel] = (path.read_bytes(), file_mode(path.stat().st_mode))
+    return out
+
+
+def init_state_dir(state_dir: str | Path, seed_from: str | Path | None = None,
+                   config_file: str | Path | None = None, repo: str | Path | None = None) -> Config:
+    """Create (or complete) a state directory and return its Config.
+
+    Writes the default ``kz.yaml`` unless ``config_file`` is given or one exists,
+    creates the folders, initialises the repo and, when it has no commit yet and
+    ``seed_from`` is given, commits every file under ``seed_from`` as the first
+    commit (subject ``seed: packages from <name>``) and checks it out.
+    """
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if config_file is None:
+        write_default(state_dir / "kz.yaml")
+    config = Config.load(state_dir, config_file)
+    if repo is not None:
+        config = config.with_paths(repo=repo)
+    config.ensure_dirs()
+    for sub in ("tmp", "inbox", "work", "rejected"):
+        (config.paths.spool / sub).mkdir(parents=True, exist_ok=True)
+    git = GitStore.open_or_init(config.paths.repo, config.repo.branch, config.repo.fsync)
+    try:
+        if git.head() is None and seed_from is not None:
+            files = seed_files(Path(seed_from))
+            if files:
+                message = format_message(f"seed: packages from {Path(seed_from).name}",
+                                         {"Kz-Step": "seed"})
+                git.commit_changes(files, message, config.repo.author, None)
+                git.sync_worktree()
+    finally:
+        git.close()
+    return config
+
+
+def run_until_signal(config: Config, on_ready: Callable[[object], None] | None = None,
+                     stop_event: threading.Event | None = None) -> int:
+    """Start a Zoo, wait for SIGTERM/SIGINT (or ``stop_event``), stop it; returns 0."""
+    stop = stop_event or threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    zoo = Zoo(config)
+    try:
+        zoo.start()
+        if on_ready is not None:
+            on_ready(zoo)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        zoo.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def open_failure(prog: str, state_dir: Path, exc: BaseException) -> str | None:
+    """One line telling the operator why the event log cannot be opened, or None for any other error.
+
+    A log that fails its checks at open (a hash link broken by an edit, a seq gap,
+    an unreadable line) is not something a restart fixes: the line names the seq and
+    the file, and says to run ``kz audit`` and to move the events folder aside.
+    """
+    if isinstance(exc, CorruptLog):
+        return (f"{prog}: the event log is corrupt at seq {exc.seq} in {exc.path} "
+                f"(byte offset {exc.offset}: {exc.reason}); nothing was started. "
+                f"Run `kz audit --state-dir {state_dir}` for the full report, then move "
+                f"{state_dir / 'events'} aside (quarantine) and restore it from a backup")
+    if isinstance(exc, LogError) and not isinstance(exc, LogLocked):
+        return (f"{prog}: the event log cannot be opened: {exc}; nothing was started. "
+                f"Run `kz audit --state-dir {state_dir}` for the full report")
+    return None

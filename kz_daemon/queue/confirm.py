@@ -1,0 +1,271 @@
+"""Confirmation runs: a result far ahead of the recorded best is run a second time before it is committed.
+
+A reported result that accepts is compared with the kernel's scorecard at HEAD. When a
+case's primary metric beats that case's recorded best (a non-seed ``metrics_best``
+record, in the metric's declared direction) by more than the margin of the
+submission's lane (``confirmation.margin`` for GPU arches, ``confirmation.cpu_margin``
+for ``cpu``; relative: new/best beyond 1 + margin for ``higher_better``, best/new for
+``lower_better``), nothing is committed yet: ``job.confirmation_requested`` puts the
+job back in the queue as a new attempt of the same submission, and the runner of the
+first result may not claim it for ``confirmation.exclusive_s`` seconds (then any
+runner of the arch may, so a zoo with one runner still makes progress).
+
+The second report is the confirmation run, stored beside the first
+(``runs/<uuid>/confirm-result.json``; the first stays ``runs/<uuid>/result.json``).
+The two agree when both accept, every case's correctness is ``passed`` in both (the
+case's own correctness tolerance, applied by the package's benchmark, governs the
+outputs), and each case's primary metric differs by at most ``confirmation.agreement``
+relative to the first run's value (this governs the timings). Otherwise the
+submission is rejected with ``CONFIRMATION_MISMATCH`` and both results are kept.
+When they agree the accept saga commits the slower of the two (see
+:func:`committed_choice`): the conservative record.
+
+Everything here decides from the log and the stored files, so start-up recovery
+(:func:`recover`) takes the same decision for a report whose verdict a crash lost.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kz_daemon.core import scorecard
+from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
+from kz_daemon.config.ports import Daemon
+from kz_events import events as ev
+from kz_events.status import Status
+from kz_runner.contract.layout import BENCH_RESULT, KP, is_seed_sha
+
+__all__ = ["CONFIRM_RESULT_FILE", "MISMATCH", "is_confirmation_run", "beyond_margin", "disagreement",
+           "committed_choice", "store_run", "load_confirm_result", "committed_result", "verdict_events",
+           "excluded", "recover"]
+
+CONFIRM_PREFIX = "confirm-"  # a confirmation run's files sit beside the first run's, so prefixed
+CONFIRM_RESULT_FILE = CONFIRM_PREFIX + RESULT_FILE
+MISMATCH = "CONFIRMATION_MISMATCH"
+
+
+def is_confirmation_run(sub: Any) -> bool:
+    """Whether the next report of ``sub`` is its confirmation run (requested, not yet reported)."""
+    result = sub.result or {}
+    return "confirmation" in result and "first" not in result
+
+
+def _directions(metas: list[dict]) -> dict[str, tuple[str | None, str]]:
+    """test_case_id -> (primary metric, its direction)."""
+    out = {}
+    for meta in metas or []:
+        primary = meta.get("primary_metric")
+        direction = next((m.get("direction", "lower_better") for m in meta.get("metrics", [])
+                          if m.get("name") == primary), "lower_better")
+        out[meta.get("test_case_id")] = (primary, direction)
+    return out
+
+
+def _ahead(value: float, best: float, direction: str) -> float:
+    """How many times better ``value`` is than ``best`` (inf when the ratio has no finite value)."""
+    num, den = (best, value) if direction == "lower_better" else (value, best)
+    if den <= 0:
+        return math.inf if num > 0 else 1.0
+    return num / den
+
+
+def beyond_margin(card: dict | None, metas: list[dict], cases: list[dict], margin: float) -> str | None:
+    """Why the run needs a confirmation (the first case beyond the margin), or None.
+
+    ``cases`` are the run's per-case summaries (``accept.case_summary``); ``card`` is the
+    scorecard at HEAD. Seed records and cases without a value never trigger one.
+    """
+    if margin <= 0 or not card:
+        return None
+    primaries = _directions(metas)
+    bests = {c.get("test_case_id"): c.get("metrics_best") or {} for c in card.get("cases", []) or []}
+    for case in cases:
+        cid = case["test_case_id"]
+        primary, direction = primaries.get(cid, (None, "lower_better"))
+        record = bests.get(cid, {}).get(primary) if primary else None
+        value = case.get("value")
+        if not isinstance(record, dict) or is_seed_sha(str(record.get("commit_sha", ""))) or value is None:
+            continue
+        try:
+            best = float(record["value"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        ratio = _ahead(float(value), best, direction)
+        if ratio > 1.0 + margin:
+            return (f"{cid}: {primary} {value} against the recorded best {best} "
+                    f"({ratio:.3g}x, more than the {margin:g} margin)")
+    return None
+
+
+def disagreement(first: list[dict], second: list[dict], metas: list[dict], agreement: float) -> list[str]:
+    """What keeps two runs' case summaries from agreeing (empty: they agree)."""
+    problems = []
+    primaries = _directions(metas)
+    seconds = {c["test_case_id"]: c for c in second}
+    for case in first:
+        cid = case["test_case_id"]
+        other = seconds.get(cid)
+        if other is None:
+            problems.append(f"{cid}: missing from the confirmation run")
+            continue
+        for label, run in (("first", case), ("confirmation", other)):
+            if run.get("correctness") != "passed":
+                problems.append(f"{cid}: correctness {run.get('correctness')} in the {label} run")
+        a, b = case.get("value"), other.get("value")
+        primary = primaries.get(cid, (case.get("primary_metric"),))[0]
+        if a is None or b is None:
+            problems.append(f"{cid}: {primary} not measured in both runs")
+        elif a == b:
+            continue
+        elif a == 0 or abs(b - a) / abs(a) > agreement:
+            spread = abs(b - a) / abs(a) if a else math.inf
+            problems.append(f"{cid}: {primary} {a} then {b} ({spread:.3g} apart, agreement {agreement:g})")
+    return problems
+
+
+def committed_choice(first: list[dict], second: list[dict], metas: list[dict]) -> str:
+    """'first' or 'confirm': the slower run, whose record is the conservative one.
+
+    Slower means: the geometric mean over cases of its primary metric against the
+    other run's, in each metric's direction, is worse; a tie keeps the first run.
+    """
+    primaries = _directions(metas)
+    seconds = {c["test_case_id"]: c for c in second}
+    log_sum = 0.0
+    for case in first:
+        other = seconds.get(case["test_case_id"])
+        a, b = case.get("value"), (other or {}).get("value")
+        if a is None or b is None or a <= 0 or b <= 0:
+            continue
+        direction = primaries.get(case["test_case_id"], (None, "lower_better"))[1]
+        worse = b / a if direction == "lower_better" else a / b   # > 1: the confirmation is slower
+        log_sum += math.log(worse)
+    return "confirm" if log_sum > 0 else "first"
+
+
+# -- the stored runs ----------------------------------------------------------------------
+def store_run(pending: PendingStore, sub: Any, result: dict | None, logs: bytes, env: dict,
+              failure: dict | None) -> StoredRun:
+    """Store a report: the first run as ``result.json``, the confirmation run beside it."""
+    prefix = CONFIRM_PREFIX if is_confirmation_run(sub) else ""
+    return pending.store_run(sub.uuid, result, logs, env, failure, prefix)
+
+
+def load_confirm_result(pending: PendingStore, sub_uuid: str) -> Any:
+    """The stored confirmation result (FileNotFoundError when there is none)."""
+    return pending.load_result(sub_uuid, CONFIRM_PREFIX)
+
+
+def committed_result(pending: PendingStore, sub_uuid: str, metas: list[dict],
+                     summarize: Any = None) -> Any:
+    """The result the accept saga commits: the first, or the slower of the two when confirmed.
+
+    A pure function of the two stored files, so a restarted saga commits the same bytes.
+    ``summarize(result, metas)`` is ``accept.case_summary`` (passed in: accept imports this module).
+    """
+    first = pending.load_result(sub_uuid)
+    try:
+        second = load_confirm_result(pending, sub_uuid)
+    except FileNotFoundError:
+        return first
+    if summarize is None:
+        return first
+    choice = committed_choice(summarize(first, metas), summarize(second, metas), metas)
+    return second if choice == "confirm" else first
+
+
+# -- the decision after a report -----------------------------------------------------------
+def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], metas: list[dict],
+                   verdict: tuple, runner_id: str, lease_id: str, confirming: bool,
+                   summarize: Any) -> list:
+    """The events that follow ``result.reported``: accept.started, a confirmation request or a rejection.
+
+    ``verdict`` is ``accept.verdict_of``'s (accepted, code, message, details, invalid) for this
+    run; ``cases`` its case summaries; ``confirming`` whether it is the confirmation run.
+    Call with ``zoo.lock`` held.
+    """
+    accepted, code, message, details, _invalid = verdict
+    settings = zoo.config.confirmation
+    if confirming:
+        first = pending_first(zoo, sub.uuid, metas, summarize)
+        problems = [] if accepted else [f"the confirmation run did not accept: {code}: {message}"]
+        problems += disagreement(first, cases, metas, settings.agreement) if first is not None \
+            else ["the first result is no longer stored"]
+        if problems:
+            return [ev.SubmissionRejected(
+                uuid=sub.uuid, stage="result", code=MISMATCH,
+                message="the confirmation run does not agree with the first run: " + "; ".join(problems[:5]),
+                details={"problems": problems, "confirmation_code": code or None,
+                         "results": ["result.json", CONFIRM_RESULT_FILE]})]
+    elif not accepted:
+        return [ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
+                                      message=message, details=details)]
+    else:
+        with zoo.git_lock:
+            card = scorecard.load(zoo.git.read_file(f"{sub.kernel_id}/{KP}/{BENCH_RESULT}"))
+        arch = sub.arch or sub.kernel_id.split("/", 1)[0]  # the kernel id starts with the arch
+        reason = beyond_margin(card, metas, cases, settings.margin_for(arch))
+        if reason is not None:
+            return [ev.JobConfirmationRequested(
+                uuid=sub.uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=run.sha256,
+                reason=reason, exclusive_until=float(zoo.clock()) + settings.exclusive_s)]
+    with zoo.git_lock:
+        base = zoo.git.head()
+    return [ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base)]
+
+
+def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Any) -> list[dict] | None:
+    """The case summaries of the first run (None when its file is gone)."""
+    try:
+        return summarize(zoo.pending.load_result(sub_uuid), metas)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# -- the queue -------------------------------------------------------------------------------
+def excluded(state: Any, runner_id: str, now: float) -> list[str]:
+    """Pending uuids ``runner_id`` may not claim now: kernels whose confirmation run is not yet its to take.
+
+    A confirmation job is back at the front of its kernel's line (its place is its first
+    queueing), so only the first pending job of each waiting kernel is looked at.
+    """
+    out: list[str] = []
+    subs = state.submissions
+    for kid in state.queue.waiting_kernels:
+        pending = state.kernels[kid].pending
+        result = subs[pending[0]].result
+        if not result or "confirmation" not in result or "first" in result:
+            continue
+        conf = result["confirmation"]
+        if conf["runner_id"] == runner_id and now < conf["exclusive_until"]:
+            out.extend(pending)
+    return out
+
+
+# -- start-up recovery --------------------------------------------------------------------------
+def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
+    """Give every result logged without its verdict (a torn append) the verdict a live report gives.
+
+    ``judge(zoo, sub, result, failure, metas, facts)`` is ``accept.verdict_of`` (the hard checks
+    and the physics floor; passed in: accept imports this module). Step 4 of start-up
+    recovery (``kz_daemon.ops.recovery``), before the sagas are finished; returns the uuids decided.
+    """
+    decided = []
+    with zoo.store.lock:
+        state = zoo.store.state
+        waiting = [s for s in state.submissions.values()
+                   if s.status == Status.RUNNING and s.result is not None and s.uuid not in state.queue.in_flight]
+    for sub in waiting:
+        confirming = "first" in sub.result
+        facts = zoo.pending.read_submission(sub.uuid)  # read once: the judge's physics floor needs it too
+        metas = facts.get("metas") or []
+        run = zoo.pending.load_run(sub.uuid, CONFIRM_PREFIX if confirming else "")
+        run = StoredRun(run.result, sub.result["result_sha256"], run.failure)
+        verdict = judge(zoo, sub, run.result, run.failure, metas if not run.failure else [], facts)
+        cases = summarize(run.result, metas) if isinstance(run.result, dict) else []
+        with zoo.lock:
+            events = verdict_events(zoo, sub, run, cases, metas, verdict, sub.runner_id, sub.lease_id,
+                                    confirming, summarize)
+            zoo.store.emit(*events)
+        decided.append(sub.uuid)
+    return decided

@@ -1,0 +1,241 @@
+"""A kernel's accepted history, read from git with dulwich (read-only).
+
+Every accept ends with a commit that changes only the kernel's
+``.kernel_package/bench_result.yaml`` (commit 2 of the two-commit model), so
+walking the commits that touch that file and reading ``metrics_current`` at each
+gives the primary metric over time. The seed scorecard (``commit_sha: "0000000"``)
+is not an accept and is left out. Results are cached per branch head. The harness
+of a package (its ``benchmark.py``) is identified by its blob SHA at the head, and
+its declared metrics (unit, direction) are read from that blob's METAS literal.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dulwich.object_store import tree_lookup_path
+from dulwich.repo import Repo
+
+from kz_daemon.core import scorecard
+from kz_runner.contract.layout import BENCHMARK, KP, is_seed_sha
+from kz_runner.contract.rules.pysource import read_metas
+from kz_runner.contract.yamlio import YAMLError, load_yaml
+
+
+@dataclass(frozen=True)
+class Harness:
+    """A package's ``benchmark.py`` at the head: its blob SHA and the metrics its METAS declare."""
+
+    blob: str | None  # git blob SHA (hex), None when the file is missing
+    metrics: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # case -> metric -> unit, direction
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One accepted run: when, by whom, which source commit, and each case's current metrics."""
+
+    commit: str  # the bench_result commit (SHA_br)
+    commit_sha: str  # the source commit the scorecard names (SHA_src)
+    time: int  # commit time, epoch seconds
+    recorded_at: str
+    submitter: str
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # case -> metric -> value
+
+
+class KernelHistory:
+    """Reads package files at the branch head and the accepted history of a kernel."""
+
+    def __init__(self, repo_path: str | Path, branch: str = "main", max_points: int = 500,
+                 cache_size: int = 256) -> None:
+        self.repo_path = Path(repo_path)
+        self.branch = branch.encode()
+        self.max_points = max_points
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[bytes, list[HistoryPoint]]] = OrderedDict()
+        self._cache_size = cache_size
+        self._harness: dict[bytes, Harness] = {}
+
+    def _repo(self) -> Repo | None:
+        try:
+            return Repo(str(self.repo_path))
+        except Exception:
+            return None
+
+    def _head(self, repo: Repo) -> bytes | None:
+        for ref in (b"refs/heads/" + self.branch, b"HEAD"):
+            try:
+                return repo.refs[ref]
+            except KeyError:
+                continue
+        return None
+
+    def head(self) -> str | None:
+        """The branch head's SHA, or None for an empty or missing repo."""
+        repo = self._repo()
+        if repo is None:
+            return None
+        with repo:
+            head = self._head(repo)
+        return head.decode() if head else None
+
+    @staticmethod
+    def _read(repo: Repo, commit_id: bytes, path: str) -> bytes | None:
+        try:
+            tree = repo[commit_id].tree
+            _mode, sha = tree_lookup_path(repo.object_store.__getitem__, tree, path.encode())
+            return repo[sha].data
+        except KeyError:
+            return None
+
+    def read_head(self, path: str) -> bytes | None:
+        """A file's bytes at the branch head, or None."""
+        repo = self._repo()
+        if repo is None:
+            return None
+        with repo:
+            head = self._head(repo)
+            return self._read(repo, head, path) if head else None
+
+    def harness(self, kernel_id: str) -> Harness:
+        """The kernel's ``benchmark.py`` at the head: blob SHA and declared metrics (cached per blob)."""
+        repo = self._repo()
+        if repo is None:
+            return Harness(None)
+        with repo:
+            head = self._head(repo)
+            blob = _blob_id(repo, repo[head].tree, f"{kernel_id}/{KP}/{BENCHMARK}".encode()) if head else None
+            if blob is None:
+                return Harness(None)
+            with self._lock:
+                cached = self._harness.get(blob)
+            if cached is not None:
+                return cached
+            data = repo[blob].data
+        metas, _problems = read_metas(data)
+        metrics: dict[str, dict[str, dict[str, str]]] = {}
+        for meta in metas or []:
+            if isinstance(meta, dict) and isinstance(meta.get("metrics"), list):
+                metrics[str(meta.get("test_case_id"))] = {
+                    str(m.get("name")): {"unit": str(m.get("unit") or ""), "direction": str(m.get("direction") or "")}
+                    for m in meta["metrics"] if isinstance(m, dict)}
+        found = Harness(blob.decode(), metrics)
+        with self._lock:
+            self._harness[blob] = found
+            while len(self._harness) > self._cache_size:
+                self._harness.pop(next(iter(self._harness)))
+        return found
+
+    def package_docs(self, kernel_id: str) -> tuple[dict | None, dict | None]:
+        """``(desc.yaml, bench_result.yaml)`` of a kernel at the head, parsed as the contract reads
+        them (None where absent, unreadable or not a mapping)."""
+        out = []
+        for name in ("desc.yaml", "bench_result.yaml"):
+            raw = self.read_head(f"{kernel_id}/.kernel_package/{name}")
+            try:
+                doc = load_yaml(raw) if raw is not None else None
+            except YAMLError:
+                doc = None
+            out.append(doc if isinstance(doc, dict) else None)
+        return out[0], out[1]
+
+    def accepted(self, kernel_id: str) -> list[HistoryPoint]:
+        """The kernel's accepted runs, oldest first (at most ``max_points``, the newest ones).
+
+        Cached per kernel; when the branch moved, only the commits since the cached
+        head are walked (the branch only moves forward), so a page load after an
+        accept costs the new commits, not the whole history.
+        """
+        repo = self._repo()
+        if repo is None:
+            return []
+        with repo:
+            head = self._head(repo)
+            if head is None:
+                return []
+            with self._lock:
+                cached = self._cache.get(kernel_id)
+            if cached is not None and cached[0] == head:
+                return cached[1]
+            path = f"{kernel_id}/.kernel_package/bench_result.yaml"
+            stop = cached[0] if cached is not None and cached[0] in repo.object_store else None
+            newest_first: list[HistoryPoint] = []
+            for commit, blob in _changes(repo, head, stop, path.encode()):
+                point = _point(commit.id.decode(), commit.commit_time, repo[blob].data)
+                if point is not None:
+                    newest_first.append(point)
+                    if len(newest_first) >= self.max_points:
+                        break
+            exclude = stop is not None
+        points = (list(cached[1]) if exclude else []) + list(reversed(newest_first))
+        points = points[-self.max_points:]
+        with self._lock:
+            self._cache[kernel_id] = (head, points)
+            self._cache.move_to_end(kernel_id)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return points
+
+
+def _blob_id(repo: Repo, tree: bytes, path: bytes) -> bytes | None:
+    try:
+        _mode, sha = tree_lookup_path(repo.object_store.__getitem__, tree, path)
+    except KeyError:
+        return None
+    return sha
+
+
+def _changes(repo: Repo, head: bytes, stop: bytes | None, path: bytes):
+    """``(commit, blob id)`` of each first-parent commit from ``head`` (down to ``stop``) that changed ``path``.
+
+    Two tree lookups per commit (its version of the file and its parent's) instead of a
+    full tree diff, which for the seed commit of a 10,000-package repo means 50,000 files.
+    """
+    sha: bytes | None = head
+    commit = repo[sha]
+    blob = _blob_id(repo, commit.tree, path)
+    while sha is not None and sha != stop:
+        parent_sha = commit.parents[0] if commit.parents else None
+        parent = repo[parent_sha] if parent_sha is not None else None
+        parent_blob = _blob_id(repo, parent.tree, path) if parent is not None else None
+        if blob is not None and blob != parent_blob:
+            yield commit, blob
+        sha, commit, blob = parent_sha, parent, parent_blob
+
+
+def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
+    """A history point from one scorecard version, or None for the seed or an unreadable file."""
+    if raw is None:
+        return None
+    try:
+        doc = scorecard.load(raw)  # None unless a mapping
+    except YAMLError:
+        return None
+    if doc is None:
+        return None
+    metrics: dict[str, dict[str, float]] = {}
+    source, submitter, recorded = "", "", ""
+    for case in doc.get("cases") or []:
+        if not isinstance(case, dict):
+            continue
+        current = case.get("metrics_current") or {}
+        values: dict[str, float] = {}
+        for name, record in current.items():
+            if not isinstance(record, dict):
+                continue
+            sha = str(record.get("commit_sha", ""))
+            if is_seed_sha(sha) or sha == "":
+                continue
+            value = record.get("value")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[str(name)] = float(value)
+                source = source or sha
+                submitter = submitter or str(record.get("submitter", ""))
+                recorded = recorded or str(record.get("recorded_at", ""))
+        if values:
+            metrics[str(case.get("test_case_id"))] = values
+    if not metrics:
+        return None
+    return HistoryPoint(commit=commit, commit_sha=source, time=int(when), recorded_at=recorded,
+                        submitter=submitter, metrics=metrics)

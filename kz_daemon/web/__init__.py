@@ -1,0 +1,1 @@
+"""The web pages: templates, rendering, charts, commit and operator views."""

@@ -1,0 +1,147 @@
+"""One commit of the kernel repo as the web shows it: message, trailers, changed files, diff.
+
+Read-only through dulwich. The diff against the first parent is written by
+``dulwich.patch.write_tree_diff`` into a bounded buffer: a seed commit of thousands
+of packages stops at ``MAX_DIFF_BYTES`` (the page says so) instead of reading every
+blob, and binary files appear as dulwich's one-line summary, never as bytes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dulwich.diff_tree import tree_changes
+from dulwich.objects import Commit
+from dulwich.patch import write_tree_diff
+from dulwich.repo import Repo
+
+from kz_daemon.storage.gitstore import parse_trailers
+
+MAX_DIFF_BYTES = 256 * 1024
+MAX_FILES = 400
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One changed path: ``add``, ``modify`` or ``delete`` (dulwich's change types)."""
+
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True)
+class DiffLine:
+    """One line of the unified diff with its display class (add, del, hunk, file or ctx)."""
+
+    cls: str
+    text: str
+
+
+@dataclass(frozen=True)
+class CommitView:
+    """What the commit page shows."""
+
+    sha: str
+    parents: tuple[str, ...]
+    author: str
+    time: int
+    subject: str
+    body: str
+    trailers: tuple[tuple[str, str], ...]
+    files: tuple[FileChange, ...]
+    files_truncated: bool
+    diff: tuple[DiffLine, ...]
+    diff_truncated: bool
+
+
+class _Full(Exception):
+    """Raised by the bounded buffer once the diff reached its size limit."""
+
+
+class _Bounded:
+    """A write-only byte sink that keeps at most ``limit`` bytes, then raises :class:`_Full`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        room = self.limit - self.size
+        self.chunks.append(data[:room])
+        self.size += min(len(data), room)
+        if len(data) > room:
+            raise _Full
+
+    def writelines(self, lines) -> None:  # write_tree_diff calls this for each hunk
+        for line in lines:
+            self.write(line)
+
+
+def _line_class(line: str) -> str:
+    if line.startswith(("+++", "---", "diff --git", "index ", "new file", "deleted file", "Binary files")):
+        return "file"
+    if line.startswith("@@"):
+        return "hunk"
+    if line.startswith("+"):
+        return "add"
+    if line.startswith("-"):
+        return "del"
+    return "ctx"
+
+
+def split_message(message: str) -> tuple[str, str, dict[str, str]]:
+    """``(subject, body without the trailer paragraph, trailers)`` of a commit message."""
+    trailers = parse_trailers(message)
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    subject = paragraphs[0].split("\n", 1)[0] if paragraphs else ""
+    rest = paragraphs[1:-1] if trailers else paragraphs[1:]
+    first_extra = paragraphs[0].split("\n", 1)[1:] if paragraphs else []
+    return subject, "\n\n".join(first_extra + rest).strip(), trailers
+
+
+def read_commit(repo_path: str | Path, sha: str, *, max_diff: int = MAX_DIFF_BYTES,
+                max_files: int = MAX_FILES) -> CommitView | None:
+    """The commit ``sha`` (40 hex digits) of the repo, or None when it is not a commit there."""
+    if not FULL_SHA.match(sha):
+        return None
+    try:
+        repo = Repo(str(repo_path))
+    except Exception:  # no repo (yet): nothing to show
+        return None
+    with repo:
+        try:
+            commit = repo[sha.encode()]
+        except KeyError:
+            return None
+        if not isinstance(commit, Commit):
+            return None
+        old_tree = repo[commit.parents[0]].tree if commit.parents else None
+        files: list[FileChange] = []
+        files_truncated = False
+        for change in tree_changes(repo.object_store, old_tree, commit.tree):
+            if len(files) >= max_files:
+                files_truncated = True
+                break
+            path = (change.new.path or change.old.path or b"").decode("utf-8", "replace")
+            files.append(FileChange(str(change.type), path))
+        sink = _Bounded(max_diff)
+        try:
+            write_tree_diff(sink, repo.object_store, old_tree, commit.tree)
+            diff_truncated = False
+        except _Full:
+            diff_truncated = True
+        text = b"".join(sink.chunks).decode("utf-8", "replace")
+        lines = text.splitlines()
+        if diff_truncated and lines:
+            lines = lines[:-1]  # the cut line is partial
+        message = commit.message.decode("utf-8", "replace")
+        subject, body, trailers = split_message(message)
+        return CommitView(sha=sha, parents=tuple(p.decode() for p in commit.parents),
+                          author=commit.author.decode("utf-8", "replace"), time=int(commit.commit_time),
+                          subject=subject, body=body, trailers=tuple(trailers.items()), files=tuple(files),
+                          files_truncated=files_truncated,
+                          diff=tuple(DiffLine(_line_class(line), line) for line in lines),
+                          diff_truncated=diff_truncated)

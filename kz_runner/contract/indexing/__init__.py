@@ -1,0 +1,1 @@
+"""index.json from a kernel repo: the entries and the content cache."""

@@ -1,0 +1,1 @@
+"""The static rules: what a package's sources may not do, read with ``ast`` and the literal scanner."""

@@ -1,0 +1,500 @@
+"""Job execution: one package tarball in, one :class:`JobOutcome` out.
+
+This is deliberately one small, replaceable step (:func:`execute_job`): the runner
+loop knows nothing of how a package is run, only what came out.
+
+Steps:
+
+1. safe unpack into a fresh job directory (the daemon intake's rules and limits);
+   the package files are made read-only and ``.kernel_package/`` is hashed;
+2. ``python .kernel_package/build_test_env.py WORKDIR`` with cwd = the package root;
+3. everything the build wrote into WORKDIR is hashed and made read-only
+   (:mod:`kz_runner.worker.seal`);
+4. ``python .kernel_package/benchmark.py WORKDIR`` with the trial seed and result
+   pipes of :mod:`kz_runner.worker.result_channel`; the result comes from the harness's result
+   channel, or from stdout (exactly one JSON document) when the harness sent none;
+5. the hashes are checked again: any change is ``INTEGRITY_ERROR`` naming the files.
+
+Each step runs in its own process group with a timeout (the whole group is killed),
+a scrubbed environment built from an allow-list (never the runner's token or
+server address), only the runner's GPU visible, caps on captured output, and the
+containment of :mod:`kz_runner.worker.contain` (network namespace, unprivileged user,
+resource limits). ``PYTHONPATH`` holds only a read-only staged copy of the harness
+library (:mod:`kz_runner.worker.harnesslib`). Expected failures are values:
+``JobOutcome.failure_code`` is one of the codes in :data:`FAILURE_CODES` or one of
+the harness library's integrity codes (:data:`kz_runner.worker.result_channel.LIBRARY_CODES`).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from kz_runner.worker import result_channel as channel
+from kz_runner.worker import contain
+from kz_runner.worker import harnesslib
+from kz_runner.worker import seal as integrity
+from kz_runner.contract import tarball
+from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP
+from kz_runner.contract.rules.pysource import read_metas
+from kz_runner.worker.logtail import Redactor, tail
+from kz_runner.worker.procs import StepResult, run_step
+
+MiB = 1024 * 1024
+
+# Failure codes a job can end with (the wire protocol's runner failure codes, plus
+# CANCELLED, which is never reported: the runner releases the lease instead).
+UNPACK_FAILED = "UNPACK_FAILED"
+BUILD_FAILED = "BUILD_FAILED"
+BUILD_TIMEOUT = "BUILD_TIMEOUT"
+BENCHMARK_TIMEOUT = "BENCHMARK_TIMEOUT"
+BENCHMARK_CRASHED = "BENCHMARK_CRASHED"
+BAD_OUTPUT = channel.BAD_OUTPUT
+INTEGRITY_ERROR = channel.INTEGRITY_ERROR
+CANCELLED = "CANCELLED"
+FAILURE_CODES = (UNPACK_FAILED, BUILD_FAILED, BUILD_TIMEOUT, BENCHMARK_TIMEOUT, BENCHMARK_CRASHED, BAD_OUTPUT,
+                 INTEGRITY_ERROR, CANCELLED)
+
+BUILD_SCRIPT = f"{KP}/{BUILD_TEST_ENV}"
+BENCHMARK_SCRIPT = f"{KP}/{BENCHMARK}"
+
+# Variables copied from the runner's environment into the steps' environment, when set.
+# Everything else (tokens, server URLs, credentials, the systemd credentials
+# directory, proxies) stays behind.
+PASS_THROUGH = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDA_CACHE_MAXSIZE",
+    "ROCM_PATH", "ROCM_HOME", "HIP_PATH", "HIP_PLATFORM", "HSA_OVERRIDE_GFX_VERSION",
+    "NVIDIA_DRIVER_CAPABILITIES",
+)
+PASS_THROUGH_PREFIXES = ("CUPY_",)
+# Visibility variables: copied only when the runner was not given a GPU index.
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """How to run one job; the runner fills it from its options and the claim."""
+
+    # seconds build_test_env.py may run
+    build_timeout_s: float = 600.0
+    # seconds benchmark.py may run
+    benchmark_timeout_s: float = 1800.0
+    # GPU index the steps may see (CUDA/HIP_VISIBLE_DEVICES), None to leave visibility alone
+    gpu: str | None = None
+    # the runner's arch, passed to the steps as KZ_ARCH and used in synthesized results
+    arch: str = "cpu"
+    # the runner's id, passed to the steps as KZ_RUNNER_ID
+    runner_id: str = "local"
+    # the kernel_id the tarball must hold (the claim's), None to accept the one found
+    kernel_id: str | None = None
+    # bytes of benchmark stdout kept; more is BAD_OUTPUT
+    stdout_cap: int = 1 * MiB
+    # bytes of logs kept (each step's stderr gets half); more is cut with a marker
+    log_cap: int = 1 * MiB
+    # seconds between SIGTERM and SIGKILL when a step's group is killed
+    kill_grace_s: float = 5.0
+    # the interpreter the steps run with
+    python: str = sys.executable
+    # unpack limits (the daemon intake's defaults)
+    unpack_limits: tarball.Limits = tarball.Limits()
+    # extra variables for the steps, set by the operator (never secrets)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    # values that must never reach a step's environment (the runner token); not shown in repr
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    # keep the job directory afterwards (debugging)
+    keep_workdir: bool = False
+    # how the steps are contained (kz_runner.worker.contain); contain.OFF runs them directly
+    containment: contain.Containment = contain.Containment()
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What came out of one job."""
+
+    # the document to report: benchmark stdout, or a synthesized build_ok=false one; None otherwise
+    result: dict[str, Any] | None
+    # None on success, else one of FAILURE_CODES
+    failure_code: str | None
+    # human-readable failure reason, None on success
+    failure_message: str | None
+    # runner notes + each step's stderr (and offending stdout), capped at JobSettings.log_cap
+    logs: bytes
+    # seconds per step: unpack_s, build_s, benchmark_s, total_s (steps that ran)
+    timings: dict[str, float]
+    # kernel_id found in the tarball, None when unpacking failed
+    kernel_id: str | None = None
+    # the job directory when kept (JobSettings.keep_workdir), else None (it was removed)
+    workdir: Path | None = None
+    # facts for the report's env: containment, integrity (counts and hash times), result_channel
+    env: dict[str, Any] = field(default_factory=dict)
+    # redacted stderr tails {"build", "benchmark"} of the steps that ran (kz_runner.worker.logtail)
+    log_tails: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failure(self) -> dict[str, str] | None:
+        """The wire form ``{"code", "message"}``, None on success."""
+        if self.failure_code is None:
+            return None
+        return {"code": self.failure_code, "message": self.failure_message or self.failure_code}
+
+    @property
+    def cancelled(self) -> bool:
+        """True when the job was stopped from outside (lease lost, runner stopping)."""
+        return self.failure_code == CANCELLED
+
+
+def _now_rfc3339() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def child_env(settings: JobSettings, job_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The steps' environment: an allow-list of ``base`` plus the job's own variables."""
+    base = os.environ if base is None else base
+    env: dict[str, str] = {}
+    for key, value in base.items():
+        if key in PASS_THROUGH or key.startswith(PASS_THROUGH_PREFIXES):
+            env[key] = value
+        elif key in VISIBILITY and settings.gpu is None:
+            env[key] = value
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("LANG", "C.UTF-8")
+    home, tmp = job_dir / "home", job_dir / "tmp"
+    env.update({
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        # only the staged copy of the harness library (kz_runner.worker.harnesslib)
+        "PYTHONPATH": str(job_dir / "lib"),
+        "KZ_RUNNER_ID": settings.runner_id,
+        "KZ_ARCH": settings.arch,
+    })
+    if settings.gpu is not None:
+        env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(settings.gpu),
+                    "HIP_VISIBLE_DEVICES": str(settings.gpu)})
+    env.update(settings.extra_env)
+    for secret in settings.secrets:
+        if secret:
+            for key in [k for k, v in env.items() if secret in v or secret in k]:
+                del env[key]
+    return env
+
+
+def synthesize_build_failure(package_dir: Path, kernel_id: str, settings: JobSettings, error: str) -> dict[str, Any]:
+    """A ``benchmark_output`` document for a failed build: build_ok=false, every METAS case skipped."""
+    try:
+        source = (package_dir / BENCHMARK_SCRIPT).read_bytes()
+        metas, _ = read_metas(source)
+    except OSError:
+        metas = None
+    case_ids = []
+    for meta in metas or []:
+        if isinstance(meta, dict) and isinstance(meta.get("test_case_id"), str) and meta["test_case_id"] not in case_ids:
+            case_ids.append(meta["test_case_id"])
+    return {
+        "schema_version": "1.0.0",
+        "kernel_id": kernel_id,
+        "ran_at": _now_rfc3339(),
+        "runner_id": settings.runner_id,
+        "arch": settings.arch,
+        "overall": {"accept": False, "accept_reason": f"build failed: {error}", "build_ok": False},
+        "cases": [
+            {"test_case_id": cid, "correctness": "skipped", "accept": False, "metrics": [],
+             "accept_reason": "not run: the build failed", "error": f"build failed: {error}"}
+            for cid in case_ids
+        ],
+    }
+
+
+class _Logs:
+    """Runner notes and step output, assembled into one capped byte string."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def note(self, text: str) -> None:
+        self.parts.append(f"[kz-runner {_now_rfc3339()}] {text}\n".encode("utf-8"))
+
+    def section(self, title: str, data: bytes, dropped: int = 0) -> None:
+        self.parts.append(f"===== {title} ({len(data) + dropped} bytes) =====\n".encode("utf-8"))
+        self.parts.append(data)
+        if data and not data.endswith(b"\n"):
+            self.parts.append(b"\n")
+        if dropped:
+            self.parts.append(f"[kz-runner: truncated, {dropped} more bytes dropped]\n".encode("utf-8"))
+
+    def value(self, cap: int) -> bytes:
+        data = b"".join(self.parts)
+        if len(data) <= cap:
+            return data
+        marker = f"\n[kz-runner: logs truncated, {len(data) - cap} bytes dropped]\n".encode("utf-8")
+        return data[: max(0, cap - len(marker))] + marker
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a job directory even where the package made parts of it read-only."""
+    def onerror(func, target, _exc):
+        try:
+            parent = os.path.dirname(target)
+            os.chmod(parent, stat.S_IRWXU)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, stat.S_IRWXU)
+            func(target)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=onerror)
+
+
+def _step_note(name: str, res: StepResult) -> str:
+    if res.start_error:
+        return f"{name} could not start: {res.start_error}"
+    how = "timed out and its process group was killed" if res.timed_out else (
+        "was cancelled and its process group was killed" if res.cancelled else f"exited with status {res.returncode}")
+    return f"{name} {how} after {res.duration_s:.2f} s"
+
+
+def _prepare_user(settings: JobSettings, job_dir: Path, env: dict[str, str]) -> tuple[bool, list[dict[str, Any]]]:
+    """Hand the job directory to the job's user when the runner may drop to it and the user can
+    work there (probed); (user drop on, the runner's own containment facts)."""
+    c = settings.containment
+    measure = "unprivileged user"
+    if not c.enabled:
+        return False, [{"measure": "containment", "applied": False, "reason": "disabled by the runner's options"}]
+    if not c.wants_user():
+        why = ("the runner does not run as root" if os.geteuid() != 0 else "no job user configured")
+        return False, [{"measure": measure, "applied": False, "reason": why}]
+    uid, gid = int(c.uid), int(c.gid)
+    # The job directory is the runner's, listable by the job's group only; the job's user cannot
+    # rename the package or the staged library inside it. work/, home/ and tmp/ are the job's.
+    os.chown(job_dir, os.geteuid(), gid)
+    os.chmod(job_dir, 0o750)
+    for sub in ("work", "home", "tmp"):
+        os.chown(job_dir / sub, uid, gid)
+        os.chmod(job_dir / sub, 0o700)
+    problem = contain.probe_user(c, settings.python, job_dir / "work", env)
+    if problem is None:
+        return True, [{"measure": "job directory", "applied": True,
+                       "detail": f"work/, home/, tmp/ owned by uid {uid}, mode 0700; the rest read-only"}]
+    for sub in ("work", "home", "tmp"):
+        os.chown(job_dir / sub, os.geteuid(), os.getegid())
+    os.chown(job_dir, os.geteuid(), os.getegid())
+    os.chmod(job_dir, 0o700)
+    return False, [{"measure": measure, "applied": False, "reason": problem}]
+
+
+class _Steps:
+    """Starts the steps of one job: through the launcher when contained, collecting its reports."""
+
+    def __init__(self, settings: JobSettings, package_dir: Path, env: dict[str, str], user: bool,
+                 cancel: threading.Event | None) -> None:
+        self.settings = settings
+        self.package_dir = package_dir
+        self.env = env
+        self.user = user
+        self.cancel = cancel
+        self.reports: list[list[dict[str, Any]]] = []
+
+    def run(self, script: str, work: Path, timeout_s: float, pipes: channel.Pipes | None = None) -> StepResult:
+        """Run one step; ``pipes`` (the benchmark's) are handed over and drained."""
+        s = self.settings
+        argv = [s.python, script, str(work)]
+        env = dict(self.env)
+        pass_fds: list[int] = []
+        reads: dict[str, tuple[int, int]] = {}
+        if pipes is not None:
+            env.update(pipes.env())
+            pass_fds.extend(pipes.child_fds)
+            reads["result"] = (pipes.result_read, channel.RESULT_CAP)
+        if s.containment.enabled:
+            report_read, report_write = os.pipe()
+            os.set_inheritable(report_read, False)
+            pass_fds.append(report_write)
+            reads["containment"] = (report_read, 64 * 1024)
+            argv = contain.wrap(argv, contain.spec(s.containment, timeout_s=timeout_s, report_fd=report_write,
+                                                   user=self.user))
+        res = run_step(argv, cwd=self.package_dir, env=env, timeout_s=timeout_s, stdout_cap=s.stdout_cap,
+                       stderr_cap=max(1, s.log_cap // 2), kill_grace_s=s.kill_grace_s, cancel=self.cancel,
+                       pass_fds=pass_fds, reads=reads)
+        if pipes is not None:  # run_step closed every end it was given
+            pipes.control_read = pipes.result_write = pipes.result_read = -1
+        if "containment" in reads:
+            report = contain.parse_report(res.extra.get("containment", b""))
+            if report is not None:
+                self.reports.append(report)
+        return res
+
+
+def execute_job(
+    package_tarball: Path,
+    workdir_root: Path,
+    settings: JobSettings,
+    *,
+    cancel: threading.Event | None = None,
+) -> JobOutcome:
+    """Run one job (see the module docstring); never raises for anything the package does.
+
+    ``cancel``, when set from another thread, stops the running step (its group is
+    killed) and the outcome is ``CANCELLED``.
+    """
+    start = time.monotonic()
+    Path(workdir_root).mkdir(parents=True, exist_ok=True)
+    job_dir = Path(tempfile.mkdtemp(prefix="job-", dir=workdir_root))
+    redactor = Redactor(settings.secrets, job_dir)
+    logs = _Logs()
+    timings: dict[str, float] = {}
+    facts: dict[str, Any] = {}
+    tails: dict[str, str] = {}
+    state: dict[str, Any] = {"kernel_id": None, "steps": None, "runner_facts": []}
+
+    def done(result, code, message) -> JobOutcome:
+        timings["total_s"] = round(time.monotonic() - start, 6)
+        if state["steps"] is not None or state["runner_facts"]:
+            reports = state["steps"].reports if state["steps"] is not None else []
+            facts["containment"] = contain.merge(reports, state["runner_facts"])
+        if code is not None:
+            logs.note(f"job failed: {code}: {message}")
+        else:
+            logs.note("job finished; result document captured")
+        kept = job_dir if settings.keep_workdir else None
+        if not settings.keep_workdir:
+            _rmtree(job_dir)
+        return JobOutcome(result, code, message, redactor.data(logs.value(settings.log_cap)), timings,
+                          state["kernel_id"], kept, facts, tails)
+
+    try:
+        logs.note(f"runner {settings.runner_id} arch {settings.arch} gpu {settings.gpu}; job dir {job_dir}")
+        t0 = time.monotonic()
+        report = tarball.safe_unpack(package_tarball, job_dir / "pkg", settings.unpack_limits,
+                                     expected_kernel_id=settings.kernel_id)
+        timings["unpack_s"] = round(time.monotonic() - t0, 6)
+        if not report.valid:
+            text = "; ".join(p.render() for p in report.errors[:10])
+            return done(None, UNPACK_FAILED, f"the package tarball was refused: {text}")
+        package_dir = Path(report.facts["package_dir"])
+        state["kernel_id"] = kernel_id = report.facts["kernel_id"]
+        work = job_dir / "work"
+        for sub in (work, job_dir / "home", job_dir / "tmp"):
+            sub.mkdir()
+        harnesslib.stage(job_dir / "lib")
+        env = child_env(settings, job_dir)
+        user = False
+        if settings.containment.enabled:
+            integrity.seal(job_dir / "pkg")
+            user, state["runner_facts"] = _prepare_user(settings, job_dir, env)
+            state["runner_facts"].insert(0, {"measure": "staged harness library", "applied": True,
+                                             "detail": "PYTHONPATH holds only a read-only copy of kz_runner.bench"})
+        else:
+            state["runner_facts"] = [{"measure": "containment", "applied": False,
+                                      "reason": "disabled by the runner's options"}]
+        contract_dir = package_dir / KP
+        contract_before = integrity.snapshot(contract_dir)
+        steps = state["steps"] = _Steps(settings, package_dir, env, user, cancel)
+
+        build = steps.run(BUILD_SCRIPT, work, settings.build_timeout_s)
+        timings["build_s"] = round(build.duration_s, 6)
+        tails["build"] = tail(build.stderr_tail, redactor)
+        logs.note(_step_note(BUILD_TEST_ENV, build))
+        logs.section(f"{BUILD_TEST_ENV} stderr", build.stderr, build.stderr_dropped)
+        if build.stdout:
+            logs.section(f"{BUILD_TEST_ENV} stdout", build.stdout, build.stdout_dropped)
+        if build.cancelled:
+            return done(None, CANCELLED, "stopped during build_test_env.py")
+        if build.timed_out:
+            return done(None, BUILD_TIMEOUT, f"build_test_env.py ran past {settings.build_timeout_s:g} s")
+        if not build.ok:
+            why = build.start_error or f"build_test_env.py exited with status {build.returncode}"
+            return done(synthesize_build_failure(package_dir, kernel_id, settings, why), BUILD_FAILED, why)
+        tampered = _contract_changes(contract_before, contract_dir)
+        if tampered:
+            return done(None, INTEGRITY_ERROR, f"the package's contract files changed during the build: {tampered}")
+
+        sealed = integrity.snapshot(work)
+        integrity.seal(work, (os.geteuid(), os.getegid()) if user else None)
+        facts["integrity"] = {"files": sealed.files, "bytes": sealed.bytes, "hash_s": sealed.seconds,
+                              "workers": sealed.workers}
+        logs.note(f"sealed {sealed.files} file(s) of the build ({sealed.bytes} bytes) in {sealed.seconds:.3f} s")
+
+        pipes = channel.open_pipes()
+        try:
+            bench = steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes)
+        finally:
+            pipes.close()
+        timings["benchmark_s"] = round(bench.duration_s, 6)
+        tails["benchmark"] = tail(bench.stderr_tail, redactor)
+        logs.note(_step_note(BENCHMARK, bench))
+        logs.section(f"{BENCHMARK} stderr", bench.stderr, bench.stderr_dropped)
+        if bench.cancelled:
+            return done(None, CANCELLED, "stopped during benchmark.py")
+        after = integrity.snapshot(work)
+        facts["integrity"]["verify_s"] = after.seconds
+        changes = integrity.compare(sealed, after)
+        tampered = _contract_changes(contract_before, contract_dir)
+        if changes or tampered:
+            if changes:
+                logs.section("files build_test_env.py produced that changed during the benchmark",
+                             "\n".join(changes).encode())
+                message = f"files build_test_env.py produced changed during the benchmark: {integrity.describe(changes)}"
+            else:
+                message = f"the package's contract files changed during the benchmark: {tampered}"
+            facts["result_channel"] = "harness" if bench.extra.get("result", b"").strip() else "stdout"
+            return done(None, INTEGRITY_ERROR, message)
+        return done(*_judge_benchmark(bench, settings, logs, facts))
+    except Exception as exc:  # a bug or an I/O failure of the runner host, not the package's doing
+        logs.note(f"runner error: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if job_dir.exists() and not settings.keep_workdir:
+            _rmtree(job_dir)
+
+
+def _contract_changes(before: integrity.Snapshot, contract_dir: Path) -> str:
+    """The changed contract files (``.kernel_package/``) as one line, "" when none changed."""
+    after = integrity.snapshot(contract_dir)
+    lines = set(integrity.compare(before, after))
+    lines.update(f"added: {rel}" for rel in set(after.entries) - set(before.entries))
+    return integrity.describe(sorted(lines))
+
+
+def _judge_benchmark(bench: StepResult, settings: JobSettings, logs: _Logs,
+                     facts: dict[str, Any]) -> tuple[Any, str | None, str | None]:
+    """(result, failure code, message) for a finished benchmark step (not cancelled)."""
+    channel_data = bench.extra.get("result", b"")
+    facts["result_channel"] = "harness" if channel_data.strip() else "stdout"
+    if bench.timed_out:
+        logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
+        return None, BENCHMARK_TIMEOUT, f"benchmark.py ran past {settings.benchmark_timeout_s:g} s"
+    if channel_data.strip() and not bench.extra_dropped.get("result"):
+        doc, _problem = channel.parse_channel(channel_data)
+        if doc is not None and doc.get("kind") == "integrity":
+            # The library found tampering: that is the finding, whatever the exit status.
+            verdict = channel.integrity_verdict(doc)
+            logs.note(verdict.note)
+            logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
+            return None, verdict.code, verdict.message
+    if not bench.ok:
+        logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
+        why = bench.start_error or f"benchmark.py exited with status {bench.returncode}"
+        if bench.returncode == -signal.SIGXCPU:
+            why += " (its CPU-time limit)"
+        return None, BENCHMARK_CRASHED, why
+    if bench.stdout_dropped and not channel_data.strip():
+        logs.section("benchmark.py stdout (offending)", bench.stdout, bench.stdout_dropped)
+        return None, BAD_OUTPUT, (f"stdout is larger than the {settings.stdout_cap} byte cap "
+                                  f"({len(bench.stdout) + bench.stdout_dropped} bytes)")
+    verdict = channel.judge(bench.stdout, channel_data, channel_dropped=bench.extra_dropped.get("result", 0))
+    facts["result_channel"] = verdict.channel
+    if verdict.note:
+        logs.section(f"benchmark.py {verdict.note}", bench.stdout)
+    return verdict.result, verdict.code, verdict.message

@@ -168,9 +168,10 @@ _ROWS = [
      "A member name contains a '..' segment.",
      "Use member names under <kernel_id>/ without '..'."),
     ("TARBALL_BAD_NAME", ERROR, "tarball",
-     "A member name contains a backslash, a NUL, an empty segment or bytes that are not UTF-8, or is too long "
-     "(a component over 255 bytes, a path over 1024).",
-     "Rename the file with plain POSIX names."),
+     "A member name contains a backslash, a control character (a newline, tab, NUL or any other C0/C1 "
+     "control, DEL, U+2028/U+2029), an empty segment or bytes that are not UTF-8, or is too long (a component "
+     "over 255 bytes, a path over 1024).",
+     "Rename the file with plain POSIX names (the problem's file shows the character escaped)."),
     ("GIT_PATH_REFUSED", ERROR, "tarball",
      "A member path has a component git refuses in a tree (.git in any case or with trailing dots/spaces, git~1, "
      "HFS+-ignorable variants, or a .gitmodules symbolic link): the kernel repo could not hold it.",

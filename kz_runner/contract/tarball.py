@@ -12,8 +12,10 @@ Three operations, all streaming (the archive is read front to back once per call
 - :func:`read_member` returns one member's bytes.
 
 Rules for members: only regular files and directories (no symbolic or hard links,
-devices, FIFOs, sparse files), relative names without ``..``, backslashes, NUL
-bytes, empty segments or non-UTF-8 bytes, each name once, no component over 255
+devices, FIFOs, sparse files), relative names without ``..``, backslashes, control
+characters (C0, DEL, C1, the Unicode line and paragraph separators: a name is shown on
+pages and in diffs, where a newline in it would start a forged line), empty segments or
+non-UTF-8 bytes, each name once, no component over 255
 bytes and no name over 1024; no component git refuses in a tree (``.git`` in any
 disguise, a ``.gitmodules`` link: ``GIT_PATH_REFUSED``, see :mod:`.gitpath`), since an
 accepted package is committed to the kernel repo. Breaking a rule or a
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import stat
 import tarfile
 import zlib
@@ -42,6 +45,21 @@ MAX_PROBLEMS = 50
 MAX_NAME_BYTES = 255
 #: the longest member path: leaves room below PATH_MAX (4096) for the unpacking directory
 MAX_MEMBER_PATH_BYTES = 1024
+#: characters no name may hold: C0 controls, DEL, C1 controls and the two Unicode line breaks
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def control_character_problem(name: str, path: str | None = None) -> Problem | None:
+    """TARBALL_BAD_NAME when ``name`` holds a control character (named as ``U+XXXX``), else None.
+
+    The problem's ``file`` is ``path`` (default ``name``) with such characters escaped, so
+    the report itself cannot be split into forged lines.
+    """
+    found = CONTROL_CHARACTERS.search(name)
+    if found is None:
+        return None
+    return problem("TARBALL_BAD_NAME", f"the name contains the control character U+{ord(found.group()):04X}",
+                   file=repr(name if path is None else path)[1:-1])
 
 
 @dataclass(frozen=True)
@@ -150,6 +168,9 @@ def normalize_member_name(raw: str) -> tuple[str | None, Problem | None]:
         raw.encode("utf-8")
     except UnicodeEncodeError:
         return None, problem("TARBALL_BAD_NAME", "member name is not UTF-8", file=ascii(raw))
+    bad = control_character_problem(raw)
+    if bad is not None:
+        return None, bad
     if "\\" in raw:
         return None, problem("TARBALL_BAD_NAME", "member name contains a backslash", file=raw)
     if raw.startswith("/"):

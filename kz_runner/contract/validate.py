@@ -30,7 +30,8 @@ from kz_runner.contract.problems import ERROR, WARNING, Problem, Report
 from kz_runner.contract.rules.engine import REJECT, RULES_BY_ID, check_sources
 from kz_runner.contract.rules.pysource import (check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas)  # noqa: F401
 from kz_runner.contract.schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
-from kz_runner.contract.tarball import KERNEL_PACKAGE_DIR, Limits, MiB, find_package_root, scan_tarball
+from kz_runner.contract.tarball import (KERNEL_PACKAGE_DIR, Limits, MiB, control_character_problem, find_package_root,
+                                        scan_tarball)
 from kz_runner.contract.yamlio import YAMLError, load_yaml, yaml_error_text
 
 BUILD_ENV = BUILD_TEST_ENV
@@ -328,9 +329,9 @@ def _read_contract_file(entry: os.DirEntry, name: str, out: list[Problem]) -> by
 
 def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | None = None,
                  top: list[os.DirEntry] | None = None) -> list[Problem]:
-    """Links, special files and nested packages inside a package directory (caches ignored).
+    """Links, special files, names with control characters and nested packages in a package directory.
 
-    ``listings`` (optional) receives each directory's entries by relative path, so a
+    Caches are ignored. ``listings`` (optional) receives each directory's entries by relative path, so a
     caller can read ``.kernel_package/`` without listing it a second time; ``top`` is
     the package directory's own entries when the caller has listed it already.
     """
@@ -353,6 +354,9 @@ def walk_package(package_dir: str | os.PathLike, listings: dict[str, list] | Non
             name = entry.name
             if name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES):
                 continue
+            bad = control_character_problem(name, f"{rel}/{name}" if rel else name)
+            if bad is not None:  # the packed tarball would be refused for it: say so here already
+                out.append(bad)
             if entry.is_dir(follow_symlinks=False):
                 sub = f"{rel}/{name}" if rel else name
                 if name == KERNEL_PACKAGE_DIR and rel:

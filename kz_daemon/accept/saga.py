@@ -52,7 +52,7 @@ from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.durable import FULL_ERRNOS
 from kz_events.store import StorageError
-from kz_runner.contract.checks import check_result
+from kz_runner.contract.checks import check_result, unencodable_paths
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.tarball import scan_tarball
 
@@ -73,7 +73,13 @@ def crash_point(name: str) -> None:
 
 # -- results -------------------------------------------------------------------------
 def case_summary(result: dict, metas: list[dict]) -> list[dict]:
-    """Per case {test_case_id, correctness, accept, primary_metric, value} for result.reported."""
+    """Per case {test_case_id, correctness, accept, primary_metric, value} for result.reported.
+
+    Empty for a result holding text UTF-8 cannot encode (the hard checks call it BAD_OUTPUT):
+    none of it may reach the event log, which could not write it.
+    """
+    if unencodable_paths(result):
+        return []
     primary = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
     out = []
     for case in (result or {}).get("cases", []) if isinstance(result, dict) else []:
@@ -314,8 +320,11 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
                 zoo.git.clear_stale_locks()
             in_git = zoo.git.find_commits("Kz-Submission", sub_uuid, since=current.base_head)
             if not transient and not in_git and current.sha_src is None:
-                zoo.store.emit(ev.AcceptRolledBack(
-                    uuid=sub_uuid, reason=f"saga could not finish: {type(exc).__name__}: {exc}"[:500]))
+                # the exception goes to the operator (stderr, the event); the status shows a fixed text
+                zoo.log(f"accept saga of {sub_uuid} rolled back: {type(exc).__name__}: {exc}")
+                why = f"saga could not finish: {type(exc).__name__}: {exc}"[:500]
+                zoo.store.emit(ev.AcceptRolledBack(  # text the log can write, whatever the exception held
+                    uuid=sub_uuid, reason=why.encode("utf-8", "backslashreplace").decode("utf-8")))
                 return "rolled_back"
             message = f"accept saga of {sub_uuid} stopped half-way ({type(exc).__name__}: {exc}); retrying later"
     if stalls is not None:

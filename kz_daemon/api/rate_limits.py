@@ -12,6 +12,8 @@ from typing import Any
 from starlette.requests import Request
 
 from kz_daemon.core.errors import ZooError
+from kz_runner.contract.checks import unencodable_paths
+from kz_runner.contract.problems import clip
 
 
 def _too_large(limit: int, what: str) -> ZooError:
@@ -58,8 +60,16 @@ async def read_body(request: Request, limit: int, what: str = "the request body"
     return b"".join(parts)
 
 
-async def read_json_object(request: Request, limit: int, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The body parsed as one JSON object; 400 BAD_REQUEST naming what is wrong otherwise."""
+async def read_json_object(request: Request, limit: int, required: tuple[str, ...] = (),
+                           free: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The body parsed as one JSON object; 400 BAD_REQUEST naming what is wrong otherwise.
+
+    A string or key UTF-8 cannot encode (a lone surrogate: JSON's ``\\ud800`` escape, or
+    such raw bytes, which ``json.loads`` lets through) is refused too: the event log, a
+    commit or a status document could not hold it. The top-level fields named in
+    ``free`` are left to the caller (a result document goes to the hard checks, whose
+    code for it is BAD_OUTPUT).
+    """
     body = await read_body(request, limit)
     if not body.strip():
         if required:
@@ -75,6 +85,10 @@ async def read_json_object(request: Request, limit: int, required: tuple[str, ..
     missing = [key for key in required if key not in doc]
     if missing:
         raise ZooError("BAD_REQUEST", f"missing field(s): {', '.join(missing)}", {"missing": missing})
+    broken = unencodable_paths({k: v for k, v in doc.items() if k not in free})
+    if broken:
+        raise ZooError("BAD_REQUEST", f"the body holds text that is not valid Unicode (a lone surrogate) at "
+                       f"{clip(', '.join(broken[:5]), 200)}", {"fields": [clip(b, 120) for b in broken[:5]]})
     return doc
 
 

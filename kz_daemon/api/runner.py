@@ -131,7 +131,8 @@ async def result(request: Request) -> Response:
     """POST /api/submissions/{uuid}/result: the benchmark JSON, base64 logs, env, failure, log tails."""
     state = request.app.state
     runner_id = authz.require_runner(request)
-    doc = await limits.read_json_object(request, state.settings.max_result_bytes, required=("lease_id",))
+    doc = await limits.read_json_object(request, state.settings.max_result_bytes, required=("lease_id",),
+                                        free=("result",))
     lease_id = _str_field(doc, "lease_id")
     result_doc = doc.get("result")
     if result_doc is not None and not isinstance(result_doc, dict):

@@ -16,7 +16,7 @@ from typing import Any
 from kz_runner.contract.checks import HINTS as RESULT_HINTS
 from kz_runner.contract.codes import CODES
 
-__all__ = ["DAEMON_HINTS", "hint_for", "with_hint"]
+__all__ = ["DAEMON_HINTS", "PUBLIC_MESSAGES", "hint_for", "public_reason", "with_hint"]
 
 _INTEGRITY = ("Use kz_runner.bench.Harness as shipped and let it time, sync and check the kernel; "
               "run `kz dry-run` locally, which applies the same checks.")
@@ -82,6 +82,16 @@ DAEMON_HINTS: dict[str, str] = {
                    "when it repeats.",
 }
 
+#: code -> the one message a submission's reason shows for it, whatever the event recorded. These
+#: codes stand for the server's own trouble: the recorded text is an exception (a class name, a
+#: server path), which belongs in the operator's log (stderr, ``kz events show``), never in a
+#: public status document or page.
+PUBLIC_MESSAGES: dict[str, str] = {
+    "ROLLED_BACK": "the server could not commit the accepted result; nothing of it is in the repo, and the "
+                   "operator's log has the cause",
+    "INTAKE_FAILED": "the server's checks failed on this upload; the operator's log has the cause",
+}
+
 
 def hint_for(code: Any) -> str:
     """The fix hint for ``code`` (the contract's advice first, as ``kz dry-run`` gives it); '' if none."""
@@ -108,4 +118,14 @@ def with_hint(reason: Any) -> Any:
             hint = str(problem["hint"])
             break
     out["hint"] = hint or hint_for(out.get("code"))
+    return out
+
+
+def public_reason(reason: Any) -> Any:
+    """A ``reasons[]`` entry as the public may see it: the fixed message for a server-trouble code."""
+    if not isinstance(reason, Mapping) or reason.get("code") not in PUBLIC_MESSAGES:
+        return reason
+    out = dict(reason)
+    out["message"] = PUBLIC_MESSAGES[str(out["code"])]
+    out.pop("details", None)
     return out

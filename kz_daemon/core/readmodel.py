@@ -1,13 +1,16 @@
 """The read model of one submission: what the API, the CLI and the web pages show about it.
 
 Built only from the fold of the event log (a reducer ``Submission``), never from
-workflow fields kept elsewhere.
+workflow fields kept elsewhere. A reason whose code stands for the server's own trouble
+shows its fixed public message (``hints.PUBLIC_MESSAGES``), not the exception the event
+recorded.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from kz_daemon.core.hints import public_reason
 from kz_events.status import TERMINAL, Status
 
 __all__ = ["SubmissionView", "view_of"]
@@ -50,7 +53,7 @@ def view_of(sub: Any, seq: int) -> SubmissionView:
         source=sub.source, received_at=sub.received_at, arch=sub.arch, new_kernel=sub.new_kernel,
         harness_change=bool(getattr(sub, "harness_change", False)),
         warnings=list(sub.warnings), attempts=sub.attempts, runner_id=sub.runner_id,
-        lease_expires_at=sub.lease_expires_at, reasons=[dict(r) for r in sub.reasons],
+        lease_expires_at=sub.lease_expires_at, reasons=[dict(public_reason(r)) for r in sub.reasons],
         result=dict(sub.result) if sub.result else None, commit_sha=sub.sha_src, sha_br=sub.sha_br,
         history=[list(h) for h in sub.history], seq=seq)
 

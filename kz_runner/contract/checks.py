@@ -12,7 +12,10 @@ Stable codes (agents switch on them; the HTTP layer answers 422 for RESULT_INVAL
 code                       rule that was violated
 =========================  =============================================================
 BAD_OUTPUT                 stdout is not exactly one JSON document (empty, not JSON,
-                           not UTF-8, or anything but whitespace before/after it)
+                           not UTF-8, or anything but whitespace before/after it), or
+                           the document holds a string or key that is not valid
+                           Unicode (a lone surrogate such as ``"\\ud800"``): it could
+                           not be stored, committed or shown
 RESULT_NONFINITE           a NaN or Infinity anywhere in the document (``NaN``,
                            ``Infinity`` literals, or a number that overflows to inf)
 RESULT_SCHEMA              the document does not match schemas/benchmark_output.json
@@ -42,7 +45,8 @@ from kz_runner.contract.schema_check import nonfinite_paths
 # code -> what to do about it (the table above says what it means).
 HINTS: dict[str, str] = {
     "BAD_OUTPUT": "Print exactly one JSON document on stdout and send every log line to stderr "
-                  "(print(..., file=sys.stderr)); kz_runner.bench.Harness guards stdout for you.",
+                  "(print(..., file=sys.stderr)); kz_runner.bench.Harness guards stdout for you. Every "
+                  "string in it must be valid Unicode (no lone surrogates such as \\ud800).",
     "RESULT_NONFINITE": "Report finite numbers only; drop a metric you could not measure and set the case's error.",
     "RESULT_SCHEMA": "Fix the field named in the problem; see schemas/benchmark_output.json.",
     "RESULT_KERNEL_ID": "Print the package's kernel_id (its path in the kernel repo), e.g. from bench_result.yaml.",
@@ -153,6 +157,42 @@ def _starts_json(text: str) -> bool:
 
 
 
+def _shown_key(key: Any) -> str:
+    """A dict key as a path segment that is itself valid UTF-8 (a surrogate is written as ``\\udXXX``)."""
+    return str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def unencodable_paths(value: Any, path: str = "") -> list[str]:
+    """JSON paths of every string (value or key) inside ``value`` that UTF-8 cannot encode.
+
+    Such a string (a lone surrogate, which JSON's ``\\ud800`` escape produces) passes
+    ``json.loads`` but breaks every later write: the event log, a commit message, the
+    status document. The paths are themselves encodable.
+    """
+    if not path:
+        try:  # the common case in one C pass: nothing to name
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            return []
+        except (UnicodeEncodeError, TypeError, ValueError):
+            pass
+    out: list[str] = []
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            out.append(path or "$")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{_shown_key(key)}" if path else _shown_key(key)
+            if isinstance(key, str) and unencodable_paths(key, where):
+                out.append(where + " (the key)")
+            out.extend(unencodable_paths(item, where))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            out.extend(unencodable_paths(item, f"{path}[{index}]"))
+    return out
+
+
 def _schema_problems(doc: Any) -> list[Problem]:
     from kz_runner.contract.schema_check import json_path, validator
 
@@ -168,6 +208,13 @@ def _schema_problems(doc: Any) -> list[Problem]:
 
 def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdict:
     """Apply every hard check to a parsed result; ``case_ids`` is the METAS id set."""
+    unencodable = unencodable_paths(doc)
+    if unencodable:  # checked alone: the other checks' messages would quote the broken strings
+        found = _problem("BAD_OUTPUT", clip("the document holds text that is not valid Unicode (a lone surrogate) "
+                                            "at " + ", ".join(unencodable[:10])
+                                            + (f" and {len(unencodable) - 10} more" if len(unencodable) > 10 else ""),
+                                            300), clip(unencodable[0], 120))
+        return Verdict(False, (found,), None, f"BAD_OUTPUT: {found.message}", None)
     problems: list[Problem] = []
     bad = list(nonfinite_paths(doc))
     if bad:

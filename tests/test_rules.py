@@ -40,6 +40,23 @@ def findings(source: str, path: str = "src/kernel.py", **kw):
     ("import sys\nf = getattr(sys, '_get' + 'frame')\n", "dynamic-code", HOLD),
     ("g = __builtins__\n", "dynamic-code", HOLD),
     ("import sys\nm = sys.modules['kz_runner.bench.pristine']\n", "dynamic-code", HOLD),
+    ("import numpy as np\nlib = np.ctypeslib.load_library('k', '.')\n", "dynamic-code", HOLD),
+    ("from numpy import ctypeslib\n", "dynamic-code", HOLD),
+    ("import sys\nf = sys.__dict__['_get' + 'frame']\n", "dynamic-code", HOLD),
+    ("import sys\nns = vars(sys)\n", "dynamic-code", HOLD),
+    ("import __main__\n", "dynamic-code", HOLD),
+    ("from __main__ import REGRESSION_TOLERANCE\n", "dynamic-code", HOLD),
+    ("import os\nrun = getattr(os, 'sys' + 'tem')\n", "dynamic-code", HOLD),
+    ("import os\nrun = getattr(os, 'system')\n", "dynamic-code", HOLD),
+    ("import importlib\nb = importlib.import_module('kz_runner.bench')\n", "dynamic-code", HOLD),
+    ("s = __import__('kz_schemas')\n", "dynamic-code", HOLD),
+    ("import importlib\nm = importlib.import_module('__main__')\n", "dynamic-code", HOLD),
+    ("import runpy\n", "dynamic-code", HOLD),
+    ("import importlib.util\ns = importlib.util.spec_from_file_location('m', 'k.txt')\n", "dynamic-code", HOLD),
+    ("import importlib\np = importlib.import_module('kz_runner.bench._pristine')\n", "introspection", REJECT),
+    ("__import__('os').system('ls')\n", "network-subprocess", HOLD),
+    ("import importlib\nsp = importlib.import_module('subprocess')\n", "network-subprocess", HOLD),
+    ("import os\ngetattr(os, 'system')('ls')\n", "network-subprocess", HOLD),
     ("import threading\n", "concurrency", HOLD),
     ("from concurrent.futures import ThreadPoolExecutor\n", "concurrency", HOLD),
     ("import multiprocessing as mp\n", "concurrency", HOLD),
@@ -139,3 +156,43 @@ def test_the_rule_table_lists_every_rule():
     table = rule_table_markdown()
     for rule in RULES:
         assert f"| `{rule.id}` | {rule.action} |" in table
+
+
+def test_python_is_decoded_by_its_coding_declaration():
+    source = "# -*- coding: latin-1 -*-\n# r\u00e9sum\u00e9\nimport sys\nf = sys._getframe(1)\n".encode("latin-1")
+    (hit,) = check_sources({"src/k.py": source})
+    assert (hit.rule, hit.line, hit.text) == ("introspection", 4, "f = sys._getframe(1)")
+    utf7 = b"# coding: utf-7\nimport sys\n+AGY- = sys._getframe\n"  # '+AGY-' is 'f' in UTF-7
+    assert [(f.rule, f.line) for f in check_sources({"src/k.py": utf7})] == [("introspection", 3)]
+
+
+@pytest.mark.parametrize("source, why", [
+    (b"x = '\xe9'\n", "invalid or missing encoding declaration"),
+    (b"# coding: rot13\nx = 1\n", "not a text encoding"),
+    (b"# coding: no-such-codec\nx = 1\n", "unknown encoding"),
+    (b"\xef\xbb\xbf# coding: latin-1\nx = 1\n", "encoding problem"),
+    (b"# coding: ascii\nx = '\xe9'\n", "not ascii at byte"),
+])
+def test_a_python_file_that_does_not_decode_is_held(source, why):
+    (hit,) = check_sources({"src/k.py": source})
+    assert (hit.rule, hit.action, hit.file) == ("unreadable-source", HOLD, "src/k.py") and why in hit.text
+
+
+def test_native_sources_in_another_encoding_are_still_matched():
+    found = check_sources({"src/k.cu": b"// caf\xe9\nsystem(\"curl x\");\n"})
+    assert [(f.rule, f.line) for f in found] == [("network-subprocess", 2)]
+
+
+@pytest.mark.parametrize("path", ["deps.zip", "lib/x.whl", "vendor/a.egg", "src/app.pyz", "b.tar", "b.tar.gz",
+                                  "b.tgz", "b.tar.xz", "src/_k.cpython-311-x86_64-linux-gnu.so", "libk.so.1",
+                                  "k.pyd", "k.dylib", "k.dll", "k.o", "libk.a", "src/k.pyc", "src/k.pyo",
+                                  "src/__pycache__/k.cpython-311.pyc", "src/__pycache__/notes.txt"])
+def test_binaries_and_caches_in_the_submission_are_held_by_name(path):
+    (hit,) = check_sources({path: b"\x00\x01binary"})
+    assert (hit.rule, hit.action, hit.file) == ("prebuilt-binary", HOLD, path)
+
+
+def test_sources_of_the_same_names_are_not_binaries():
+    files = {"src/zipper.py": b"import zipfile\n", "src/so.py": b"x = 1\n", "src/k.cu": b"// .so .zip\n",
+             "docs/a.tar.md": b"notes\n"}
+    assert check_sources(files) == []

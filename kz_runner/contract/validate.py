@@ -27,7 +27,7 @@ from kz_runner.contract.codes import problem
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, CONTRACT_FILES, DESC, HARNESS_FILES
 from kz_runner.contract.kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id, kernel_id_from_path, path_ends_with)
 from kz_runner.contract.problems import ERROR, WARNING, Problem, Report
-from kz_runner.contract.rules.engine import REJECT, RULES_BY_ID, check_sources
+from kz_runner.contract.rules.engine import REJECT, RULES_BY_ID, SOURCE_SUFFIXES, check_sources
 from kz_runner.contract.rules.pysource import (check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas)  # noqa: F401
 from kz_runner.contract.schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
 from kz_runner.contract.tarball import (KERNEL_PACKAGE_DIR, Limits, MiB, control_character_problem, find_package_root,
@@ -548,8 +548,10 @@ def _source_area(package_dir: str | os.PathLike) -> dict[str, bytes]:
             if is_ignored(name) or os.path.islink(full) or not os.path.isfile(full):
                 continue
             rel = f"{rel_top}/{name}" if rel_top else name
-            # large files are binaries or data: only their names matter to the rules
-            files[rel] = b"" if os.path.getsize(full) > MAX_CONTRACT_FILE_BYTES else Path(full).read_bytes()
+            # large files are binaries or data: only their names matter to the rules; a source
+            # file is read whole however large (the server reads every submitted byte of it)
+            large = os.path.getsize(full) > MAX_CONTRACT_FILE_BYTES and not name.lower().endswith(SOURCE_SUFFIXES)
+            files[rel] = b"" if large else Path(full).read_bytes()
     return files
 
 

@@ -14,6 +14,12 @@ says, for each, the code that should stop it and the layer that does:
 
 Every source-area cheat computes honestly on its first call, which is the untimed
 correctness check, so it is the timed calls' checks that must catch it.
+
+Two more families live beside them. :func:`rule_cheat_packages` writes source areas that
+hide code from the static rules (a file in another encoding, binaries, names built at run
+time, a module's namespace taken whole): each must be held or rejected at intake, naming
+its file. :func:`input_cheat_packages` writes sources that are only wrong on inputs in
+the numerically hard range, which the harness's own inputs must reach.
 """
 from __future__ import annotations
 
@@ -529,3 +535,91 @@ def cheat_packages(tmp_dir: str | Path, *, gpu: bool = True) -> list[Cheat]:
         cheats.append(Cheat(name, pattern, pkg, code, layer))
     cheats.append(_harness_replacing(tmp_dir / "harness_replacing"))
     return cheats
+
+
+@dataclass(frozen=True)
+class RuleCheat:
+    """A source area the static rules must stop at intake."""
+
+    name: str
+    pattern: str
+    path: Path  # the package directory
+    rule: str  # the rule that stops it
+    action: str  # "reject" (RULE_VIOLATION) or "hold" (status held)
+    file: str  # the file the evidence names (relative to the package)
+
+
+_SOFTMAX_LATIN1 = ("# -*- coding: latin-1 -*-\n"
+                   "\"\"\"Softmax, r\u00e9sum\u00e9 in Latin-1: a UTF-8 reader skipped this file.\"\"\"\n"
+                   "import sys\n\nimport numpy as np\n\n\n"
+                   "def softmax_rows(x):\n"
+                   "    probe = sys._getframe(1).f_locals.get(\"probe\")  # the harness's trial state\n"
+                   "    if probe is not None:\n"
+                   "        probe.checked_calls = 10 ** 9\n"
+                   + _SOFTMAX_HONEST.lstrip("\n") + "    return shifted\n").encode("latin-1")
+
+_SOFTMAX_USING = """
+import numpy as np
+
+{prelude}
+
+
+def softmax_rows(x):
+{use}
+""" + _SOFTMAX_HONEST + """    return shifted
+"""
+
+# (name, pattern, example, {path: bytes written over the example's}, rule, action, the file the evidence names)
+_RULE_CHEATS: list[tuple[str, str, str, dict[str, bytes], str, str, str]] = [
+    ("latin1_declared", "a Latin-1 source (coding declaration) that walks up to the harness's trial state",
+     SOFTMAX, {"src/softmax.py": _SOFTMAX_LATIN1}, "introspection", "reject", "src/softmax.py"),
+    ("undecodable_source", "a helper whose bytes are not UTF-8 and that declares no encoding", SOFTMAX,
+     {"src/helper.py": b"x = '\xff\xfe'\n"}, "unreadable-source", "hold", "src/helper.py"),
+    ("prebuilt_module", "imports a compiled module shipped in the source area", SOFTMAX,
+     {"src/_fast.cpython-311-x86_64-linux-gnu.so": b"\x7fELF\x02\x01\x01" + bytes(57),
+      "src/softmax.py": _SOFTMAX_USING.format(prelude="import _fast", use="    _fast.prepare(x)").encode()},
+     "prebuilt-binary", "hold", "src/_fast.cpython-311-x86_64-linux-gnu.so"),
+    ("bytecode_cache", "ships a bytecode cache, which Python imports without reading the source", SOFTMAX,
+     {"src/__pycache__/softmax.cpython-311.pyc": b"\xa7\r\r\n" + bytes(12)}, "prebuilt-binary", "hold",
+     "src/__pycache__/softmax.cpython-311.pyc"),
+    ("zipped_code", "puts a zip archive of code on sys.path", SOFTMAX,
+     {"src/deps.zip": b"PK\x05\x06" + bytes(18),
+      "src/softmax.py": _SOFTMAX_USING.format(
+          prelude="import sys\nfrom pathlib import Path\n\nsys.path.insert(0, str(Path(__file__).with_name('deps.zip')))",
+          use="    pass").encode()},
+     "prebuilt-binary", "hold", "src/deps.zip"),
+    ("numpy_ctypeslib", "loads native code through numpy.ctypeslib (ctypes under another name)", SOFTMAX,
+     {"src/softmax.py": _SOFTMAX_USING.format(
+         prelude="_lib = np.ctypeslib.load_library('libfast', '.')", use="    pass").encode()},
+     "dynamic-code", "hold", "src/softmax.py"),
+    ("sys_dict", "builds _getframe's name and takes it from sys.__dict__", SOFTMAX,
+     {"src/softmax.py": _SOFTMAX_USING.format(
+         prelude="import sys", use="    sys.__dict__['_get' + 'frame'](1)").encode()},
+     "dynamic-code", "hold", "src/softmax.py"),
+    ("main_namespace", "imports __main__: the benchmark script's own globals, the harness among them", SOFTMAX,
+     {"src/softmax.py": _SOFTMAX_USING.format(
+         prelude="import __main__", use="    __main__.REGRESSION_TOLERANCE = 1e9").encode()},
+     "dynamic-code", "hold", "src/softmax.py"),
+    ("getattr_os", "takes a function of os by a name built at run time (os.system unseen)", SOFTMAX,
+     {"src/softmax.py": _SOFTMAX_USING.format(
+         prelude="import os", use="    getattr(os, 'sys' + 'tem')('true')").encode()},
+     "dynamic-code", "hold", "src/softmax.py"),
+    ("harness_import", "imports the harness's library by a literal name into a name the rules do not follow",
+     SOFTMAX, {"src/softmax.py": _SOFTMAX_USING.format(
+         prelude="import importlib\n\n_lib = importlib.import_module('kz_runner.bench')",
+         use="    _lib.trials.MAX_CHECKED = 0").encode()},
+     "dynamic-code", "hold", "src/softmax.py"),
+]
+
+
+def rule_cheat_packages(tmp_dir: str | Path) -> list[RuleCheat]:
+    """Write every source area the static rules must stop under ``tmp_dir`` (one folder each)."""
+    tmp_dir = Path(tmp_dir)
+    out = []
+    for name, pattern, example, files, rule, action, evidence in _RULE_CHEATS:
+        pkg = _copy_example(example, tmp_dir / name)
+        for rel, data in files.items():
+            (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+            (pkg / rel).write_bytes(data)
+        out.append(RuleCheat(name, pattern, pkg, rule, action, evidence))
+    return out

@@ -8,22 +8,29 @@ Each :class:`Rule` has an id, a reason, an action and the test it applies:
 - ``hold``: the submission waits in status ``held`` until an admin approves it
   (then it is queued) or rejects it.
 
-Python files are read with ``ast`` (never imported); other text files (C, C++,
-CUDA, HIP, shell) are matched line by line with simple patterns. The rules are
-pure: :func:`check_sources` takes ``{path: bytes}`` and returns :class:`Finding`
-values, one per rule, file and line. Import aliases are followed (``import cupy as
-cp`` makes ``cp.matmul`` read as ``cupy.matmul``); anything that hides a name
-behind ``getattr`` or ``exec`` is what the hold rules and an admin's review are for.
+Python files are decoded as Python decodes them (their PEP 263 coding declaration,
+else UTF-8) and read with ``ast`` (never imported); a Python file that cannot be
+decoded is itself a finding. Other text files (C, C++, CUDA, HIP, shell) are matched
+line by line with simple patterns (bytes that are not UTF-8 read as Latin-1, so an
+identifier is still seen). Files no rule can read (archives, compiled modules,
+bytecode caches) are findings by their names. The rules are pure:
+:func:`check_sources` takes ``{path: bytes}`` and returns :class:`Finding` values,
+one per rule, file and line. Import aliases are followed (``import cupy as cp``
+makes ``cp.matmul`` read as ``cupy.matmul``); anything that hides a name behind
+``getattr`` or ``exec`` is what the hold rules and an admin's review are for.
 """
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 __all__ = ["Rule", "Finding", "RULES", "RULES_BY_ID", "REJECT", "HOLD", "DEFAULT_VENDOR_CALLS",
-           "DEFAULT_GEMM_OP_CLASSES", "SHADOWED_MODULES", "check_sources", "rule_table_markdown"]
+           "DEFAULT_GEMM_OP_CLASSES", "SHADOWED_MODULES", "SOURCE_SUFFIXES", "check_sources", "decode_python",
+           "prebuilt_kind", "rule_table_markdown"]
 
 REJECT = "reject"
 HOLD = "hold"
@@ -63,7 +70,8 @@ RULES: tuple[Rule, ...] = (
     Rule("timing-patch", REJECT,
          "replacing a timing function or the harness's own objects falsifies every measurement",
          "an assignment to, setattr on, or del of an attribute of time, timeit, cupy.cuda, "
-         "torch.cuda, kz_runner or kz_events (e.g. time.perf_counter = ..., cupy.cuda.Event = ...)"),
+         "torch.cuda, kz_runner, kz_events or kz_schemas (e.g. time.perf_counter = ..., "
+         "cupy.cuda.Event = ...)"),
     Rule("expected-read", REJECT,
          "the expected outputs and the scorecard are for the harness; a kernel that reads them "
          "can copy the answer or tune to the record",
@@ -71,8 +79,8 @@ RULES: tuple[Rule, ...] = (
          "in a Python file; expected/ or bench_result in any other text file"),
     Rule("shadow-module", REJECT,
          "a module named like one the harness imports replaces it once src/ is on sys.path",
-         "a file or folder in the source area named time, numpy, cupy, kz_runner or kz_events "
-         "(time.py, numpy/, cupy.cpython-311-x86_64-linux-gnu.so ...)"),
+         "a file or folder in the source area named time, numpy, cupy, kz_runner, kz_events or "
+         "kz_schemas (time.py, numpy/, cupy.cpython-311-x86_64-linux-gnu.so ...)"),
     Rule("introspection", REJECT,
          "the harness's checks live in the benchmark's own process: code that walks up the call "
          "stack or through the garbage collector reaches them (a kernel that found the harness's "
@@ -81,7 +89,8 @@ RULES: tuple[Rule, ...] = (
          "(currentframe, stack, getouterframes, trace ...), gc.get_objects/get_referrers/get_referents; "
          "the frame and closure attributes f_back, f_locals, f_globals, tb_frame, gi_frame, cr_frame, "
          "ag_frame, __closure__, __globals__, cell_contents, also as string literals (getattr); a "
-         "private name (one starting with _) of kz_runner or kz_events; in native code "
+         "private name (one starting with _) of kz_runner, kz_events or kz_schemas, imported, "
+         "reached or named in a literal import; in native code "
          "PyEval_GetFrame, PyThreadState_GetFrame, PyFrame_*, PyEval_SetTrace/SetProfile, PyGC_*"),
     Rule("concurrency", HOLD,
          "work left running on other streams, threads or processes escapes the timed region",
@@ -93,10 +102,27 @@ RULES: tuple[Rule, ...] = (
          "import of socket, urllib, http, requests, subprocess or ctypes; os.system, os.popen, "
          "os.exec*, os.spawn*; in native code system(, popen(, <sys/socket.h>"),
     Rule("dynamic-code", HOLD,
-         "a name built at run time hides from the other rules what the code reaches; an admin reads it",
+         "a name built at run time, a module's namespace taken whole or code loaded from elsewhere "
+         "hides from the other rules what the code reaches; an admin reads it",
          "exec, eval or compile; __import__ or importlib.import_module of a name that is not a "
-         "string literal; getattr, setattr, delattr or hasattr with a computed name on sys, gc, "
-         "inspect, builtins, time, kz_runner or kz_events; sys.modules; __builtins__ or import of builtins"),
+         "string literal, or of a literal naming kz_runner, kz_events, kz_schemas or __main__; "
+         "runpy, importlib.machinery, importlib.util.spec_from_file_location/spec_from_loader; "
+         "getattr, setattr, delattr or hasattr with a computed name on sys, os, gc, inspect, builtins, "
+         "time, kz_runner, kz_events or kz_schemas, and getattr, setattr or delattr on os with any name; "
+         "sys.modules; the __dict__ or vars() of those modules; import of __main__ or a name read from "
+         "it; numpy.ctypeslib; __builtins__ or import of builtins"),
+    Rule("unreadable-source", HOLD,
+         "a Python file the rules cannot decode is code they cannot read; an admin reads it",
+         "a .py file that does not decode under its PEP 263 coding declaration (or as UTF-8 without "
+         "one): an unknown or non-text encoding, bytes invalid in it, a declaration that contradicts "
+         "a UTF-8 BOM"),
+    Rule("prebuilt-binary", HOLD,
+         "an archive, a compiled module or a bytecode cache runs code no rule has read; build "
+         "them from the package's sources in build_test_env.py instead (build outputs are not "
+         "checked, only what is submitted)",
+         "a submitted file named *.zip, *.whl, *.egg, *.pyz, *.tar, *.tar.gz, *.tgz, *.tar.bz2, "
+         "*.tar.xz, *.tar.zst; *.so (also versioned, *.so.1), *.pyd, *.dylib, *.dll, *.o, *.a; "
+         "*.pyc, *.pyo; anything under a __pycache__/ folder"),
     Rule("vendor-call", HOLD,
          "the zoo ranks kernels: calling a vendor library for an op that is not a GEMM ranks the library",
          "a call to a configured vendor function (cupy.matmul, cupy.linalg.*, torch.* ...) in a "
@@ -114,18 +140,26 @@ DEFAULT_VENDOR_CALLS: tuple[str, ...] = (
 #: op_class values (compared case-insensitively) for which matrix products are the kernel itself.
 DEFAULT_GEMM_OP_CLASSES: tuple[str, ...] = ("GEMM", "MatMul", "BatchedGEMM", "Linear", "GroupedGEMM")
 #: module names the harness imports; the source area must not provide them.
-SHADOWED_MODULES = frozenset({"time", "numpy", "cupy", "kz_runner", "kz_events"})
+SHADOWED_MODULES = frozenset({"time", "numpy", "cupy", "kz_runner", "kz_events", "kz_schemas"})
 
-_TIMING_ROOTS = ("time", "timeit", "cupy.cuda", "torch.cuda", "kz_runner", "kz_events")
+#: the harness's own packages: what a benchmark process imports besides the kernel
+_HARNESS_PACKAGES = ("kz_runner", "kz_events", "kz_schemas")
+_TIMING_ROOTS = ("time", "timeit", "cupy.cuda", "torch.cuda") + _HARNESS_PACKAGES
 _INTROSPECTION_NAMES = ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
                         "inspect.currentframe", "inspect.stack", "inspect.trace", "inspect.getouterframes",
                         "inspect.getinnerframes", "inspect.getframeinfo", "inspect.getclosurevars",
                         "gc.get_objects", "gc.get_referrers", "gc.get_referents")
-_HARNESS_PACKAGES = ("kz_runner", "kz_events")
 _CODE_CALLS = ("exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile")
 _IMPORT_CALLS = ("__import__", "builtins.__import__", "importlib.import_module", "importlib.__import__")
+#: loaders of a file or spec as a module: code reached without an import statement the rules read
+_LOADER_CALLS = ("runpy.*", "importlib.machinery.*", "importlib.util.spec_from_file_location",
+                 "importlib.util.spec_from_loader")
 _ATTR_CALLS = ("getattr", "setattr", "delattr", "hasattr")
-_GUARDED_MODULES = ("sys", "gc", "inspect", "builtins", "time", "kz_runner", "kz_events")
+_GUARDED_MODULES = ("sys", "os", "gc", "inspect", "builtins", "time") + _HARNESS_PACKAGES
+#: literal module names whose import into an untracked name is held: the harness's packages
+#: (their attributes, private ones included, then escape the alias tracking) and the
+#: benchmark script's own namespace
+_HELD_IMPORT_LITERALS = _HARNESS_PACKAGES + ("__main__",)
 _INTROSPECTION_ATTRS = frozenset({"f_back", "f_locals", "f_globals", "f_builtins", "tb_frame", "gi_frame",
                                   "cr_frame", "ag_frame", "__closure__", "__globals__", "cell_contents",
                                   "_getframe", "_current_frames"})
@@ -143,7 +177,43 @@ _NATIVE_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
     ("concurrency", re.compile(r"\b(cudaStreamCreate\w*|hipStreamCreate\w*|pthread_create|fork\s*\()|std::thread")),
     ("network-subprocess", re.compile(r"\b(system|popen|execv\w*|execl\w*)\s*\(|<sys/socket\.h>")),
 )
+#: files the rules read as source (everything else only by its name)
+SOURCE_SUFFIXES = (".py",) + _TEXT_SUFFIXES
 MAX_TEXT = 200
+_ARCHIVE = re.compile(r"\.(zip|whl|egg|pyz|tar|tgz|tbz2?|txz|tar\.(gz|bz2|xz|zst|lz4))$", re.IGNORECASE)
+_COMPILED = re.compile(r"\.(so(\.\d+)*|pyd|dylib|dll|o|a)$", re.IGNORECASE)
+_BYTECODE = re.compile(r"\.py[co]$", re.IGNORECASE)
+
+
+def prebuilt_kind(path: str) -> str | None:
+    """What kind of file the rules cannot read ``path`` is (archive, compiled module, bytecode), or None."""
+    name = path.rsplit("/", 1)[-1]
+    if "__pycache__" in path.split("/")[:-1] or _BYTECODE.search(name):
+        return "bytecode cache"
+    if _ARCHIVE.search(name):
+        return "archive"
+    if _COMPILED.search(name):
+        return "compiled module"
+    return None
+
+
+def decode_python(data: bytes) -> str:
+    """The text of a Python file as Python decodes it: its PEP 263 declaration, else UTF-8.
+
+    Raises ``ValueError`` saying why Python would not read it either: an unknown or
+    non-text encoding, a declaration that contradicts a UTF-8 BOM, bytes invalid in
+    the encoding.
+    """
+    try:
+        encoding, _lines = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:  # an unknown encoding, a declaration against a BOM, no declaration
+        raise ValueError(exc.msg) from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not {encoding} at byte {exc.start}") from None
+    except LookupError as exc:  # a codec that is not a text encoding (rot13 ...): Python refuses it too
+        raise ValueError(str(exc)) from None
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -164,15 +234,49 @@ def _harness_private(name: str) -> bool:
 
 
 def _dotted(node: ast.AST, aliases: Mapping[str, str]) -> str | None:
-    """``a.b.c`` of a Name/Attribute chain with its root alias resolved, else None."""
+    """``a.b.c`` of a Name/Attribute chain with its root alias resolved, else None.
+
+    A chain may start at a call whose result the rules can name (:func:`_call_target`):
+    ``__import__("os").system`` reads as ``os.system``.
+    """
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    if not isinstance(node, ast.Name):
+    if isinstance(node, ast.Name):
+        parts.append(aliases.get(node.id, node.id))
+    elif isinstance(node, ast.Call):
+        root = _call_target(node, aliases)
+        if root is None:
+            return None
+        parts.append(root)
+    else:
         return None
-    parts.append(aliases.get(node.id, node.id))
     return ".".join(reversed(parts))
+
+
+def _literal_str(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _call_target(node: ast.Call, aliases: Mapping[str, str]) -> str | None:
+    """The dotted name of what a call returns, where a literal says it, else None.
+
+    ``importlib.import_module("a.b")`` is ``a.b``; ``__import__("a.b")`` is ``a`` (``a.b``
+    with a fromlist); ``getattr(x, "name")`` is ``x.name``: the same object as a plain
+    import or attribute, so the same rules apply to it.
+    """
+    func = _dotted(node.func, aliases)
+    first = _literal_str(node.args[0]) if node.args else None
+    if func in _IMPORT_CALLS and first:
+        if func.endswith("__import__") and len(node.args) < 4 and not node.keywords:
+            return first.split(".")[0]
+        return first
+    if func == "getattr" and len(node.args) >= 2:
+        base, attr = _dotted(node.args[0], aliases), _literal_str(node.args[1])
+        if base is not None and attr:
+            return f"{base}.{attr}"
+    return None
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:
@@ -223,7 +327,7 @@ class _PyChecker:
                     self.hit("expected-read", node)
                 if node.value in _INTROSPECTION_ATTRS:
                     self.hit("introspection", node)
-            if isinstance(node, ast.Name) and node.id == "__builtins__":
+            if isinstance(node, ast.Name) and node.id in ("__builtins__", "__main__"):
                 self.hit("dynamic-code", node)
             if isinstance(node, ast.Attribute) and node.attr in _INTROSPECTION_ATTRS:
                 self.hit("introspection", node)
@@ -231,7 +335,7 @@ class _PyChecker:
                 name = _dotted(node, aliases) or ""
                 if _matches(name, _INTROSPECTION_NAMES) or _harness_private(name):
                     self.hit("introspection", node)
-                elif name == "sys.modules":
+                elif _held_name(name):
                     self.hit("dynamic-code", node)
         return self.found
 
@@ -243,13 +347,19 @@ class _PyChecker:
             names = [node.module or ""] if not node.level else []
         else:
             names = [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names += [f"{node.module}.{a.name}" for a in node.names]  # from numpy import ctypeslib
         for name in names:
-            if _matches(name, ("builtins",)):
-                self.hit("dynamic-code", node)
-            if _matches(name, _CONCURRENCY_IMPORTS):
-                self.hit("concurrency", node)
-            if _matches(name, _NETWORK_IMPORTS):
-                self.hit("network-subprocess", node)
+            self._imported(name, node)
+
+    def _imported(self, name: str, node: ast.AST) -> None:
+        """The rules on importing the module ``name`` (an import statement or a literal import call)."""
+        if _matches(name, ("builtins", "__main__", "runpy", "importlib.machinery")) or _held_name(name):
+            self.hit("dynamic-code", node)
+        if _matches(name, _CONCURRENCY_IMPORTS):
+            self.hit("concurrency", node)
+        if _matches(name, _NETWORK_IMPORTS):
+            self.hit("network-subprocess", node)
 
     def _call(self, node: ast.Call, aliases: Mapping[str, str]) -> None:
         name = _dotted(node.func, aliases)
@@ -259,10 +369,22 @@ class _PyChecker:
             base = _dotted(node.args[0], aliases)
             if base is not None and _matches(base, _TIMING_ROOTS):
                 self.hit("timing-patch", node)
-        literal = bool(node.args) and isinstance(node.args[0], ast.Constant)
-        if name in _CODE_CALLS or (name in _IMPORT_CALLS and not literal):
+        module = _literal_str(node.args[0]) if node.args and name in _IMPORT_CALLS else None
+        if name in _CODE_CALLS or (name in _IMPORT_CALLS and not module) or _matches(name, _LOADER_CALLS):
             self.hit("dynamic-code", node)
-        if name in _ATTR_CALLS and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant):
+        if module:  # a literal import: the rules of an import statement, and the harness's packages held
+            self._imported(module, node)
+            if _harness_private(module):
+                self.hit("introspection", node)
+            elif _matches(module, _HELD_IMPORT_LITERALS):
+                self.hit("dynamic-code", node)
+        if name in _ATTR_CALLS and len(node.args) >= 2:
+            base = _dotted(node.args[0], aliases)
+            computed = not isinstance(node.args[1], ast.Constant)
+            if base is not None and ((computed and _matches(base, _GUARDED_MODULES))
+                                     or (base == "os" and name != "hasattr")):
+                self.hit("dynamic-code", node)
+        if name == "vars" and node.args:
             base = _dotted(node.args[0], aliases)
             if base is not None and _matches(base, _GUARDED_MODULES):
                 self.hit("dynamic-code", node)
@@ -272,6 +394,13 @@ class _PyChecker:
             self.hit("network-subprocess", node)
         if self.vendor and _matches(name, self.vendor):
             self.hit("vendor-call", node)
+
+
+def _held_name(name: str) -> bool:
+    """A dotted name dynamic-code holds: sys.modules, a guarded module's ``__dict__``, numpy.ctypeslib."""
+    if name == "sys.modules" or _matches(name, ("numpy.ctypeslib",)):
+        return True
+    return name.endswith(".__dict__") and _matches(name[:-len(".__dict__")], _GUARDED_MODULES)
 
 
 def _shadowing(path: str) -> bool:
@@ -300,21 +429,31 @@ def check_sources(files: Mapping[str, bytes], *, op_class: str = "",
             continue
         if _shadowing(path):
             found.append(Finding("shadow-module", REJECT, path, 0, f"{path} shadows a module the harness imports"))
+        kind = prebuilt_kind(path)
+        if kind is not None:
+            found.append(Finding("prebuilt-binary", HOLD, path, 0,
+                                 f"{path}: a submitted {kind}, which no rule reads"))
+            continue
         data = files[path]
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            continue  # binaries: only their names are checked
-        lines = text.splitlines()
         if path.endswith(".py"):
+            try:
+                text = decode_python(data)
+            except ValueError as exc:
+                found.append(Finding("unreadable-source", HOLD, path, 0,
+                                     f"{path} cannot be decoded as Python source: {exc}"[:MAX_TEXT]))
+                continue
             try:
                 tree = ast.parse(text, filename=path)
             except (SyntaxError, ValueError):
-                continue  # it fails at build time; nothing here to judge
-            checker = _PyChecker(path, lines, vendor if path not in references else ())
+                continue  # Python cannot compile it either: it fails at build time, nothing to judge
+            checker = _PyChecker(path, text.splitlines(), vendor if path not in references else ())
             found.extend(sorted(checker.run(tree), key=lambda f: f.line))  # ast.walk goes breadth first
         elif path.lower().endswith(_TEXT_SUFFIXES):
-            for number, line in enumerate(lines, 1):
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:  # a compiler reads bytes: the identifiers are still ASCII
+                text = data.decode("latin-1")
+            for number, line in enumerate(text.splitlines(), 1):
                 for rule, pattern in _NATIVE_PATTERNS:
                     if pattern.search(line):
                         found.append(Finding(rule, RULES_BY_ID[rule].action, path, number,

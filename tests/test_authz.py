@@ -58,18 +58,24 @@ def test_submission_routes_by_principal(tokens):
     assert _code(lambda: authz.header_submitter(_request(tokens, tokens["submitter"], "bob"))) == "FORBIDDEN"
     admin = Principal("admin", "admin")
     assert authz.header_submitter(_request(tokens, tokens["admin"], "bob")) == (admin, "bob")  # as anyone
+    for bound in ("alice", "admin"):  # ids a submitter or admin token is bound to: not without it
+        assert _code(lambda: authz.header_submitter(_request(tokens, submitter=bound))) == "SUBMITTER_ID_BOUND"
     assert _code(lambda: authz.header_submitter(_request(tokens, submitter="no spaces"))) == "VALIDATION_ERROR"
 
 
-def test_final_submitter_reconciles_token_header_and_field():
+def test_final_submitter_reconciles_token_header_and_field(tokens):
     alice = Principal("submitter", "alice")
-    assert authz.final_submitter(alice, "alice", None) == "alice"
-    assert _code(lambda: authz.final_submitter(alice, "alice", "bob")) == "FORBIDDEN"
-    assert authz.final_submitter(None, "bob", "bob") == "bob"
-    assert _code(lambda: authz.final_submitter(None, "bob", "carol")) == "FORBIDDEN"
-    assert authz.final_submitter(None, None, "carol") == "carol"
-    assert authz.final_submitter(Principal("admin", "admin"), None, "") == "admin"
-    assert _code(lambda: authz.final_submitter(None, None, None)) == "VALIDATION_ERROR"
+    bound = tokens["store"].bound
+    assert authz.final_submitter(alice, "alice", None, bound=bound) == "alice"
+    assert _code(lambda: authz.final_submitter(alice, "alice", "bob", bound=bound)) == "FORBIDDEN"
+    assert authz.final_submitter(None, "bob", "bob", bound=bound) == "bob"
+    assert _code(lambda: authz.final_submitter(None, "bob", "carol", bound=bound)) == "FORBIDDEN"
+    assert authz.final_submitter(None, None, "carol", bound=bound) == "carol"
+    assert authz.final_submitter(Principal("admin", "admin"), None, "", bound=bound) == "admin"
+    assert _code(lambda: authz.final_submitter(None, None, None, bound=bound)) == "VALIDATION_ERROR"
+    # an id a token is bound to: the form field alone cannot name it without that token
+    assert _code(lambda: authz.final_submitter(None, None, "alice", bound=bound)) == "SUBMITTER_ID_BOUND"
+    assert authz.final_submitter(Principal("admin", "admin"), None, "alice", bound=bound) == "alice"
 
 
 def test_runner_auth(anon, live):

@@ -79,12 +79,12 @@ def test_submission_errors(live, anon):
     # not multipart
     api_error(anon.post("/api/submissions", json={"kernel_id": CPU_AXPY}), 400, "BAD_REQUEST")
     # package missing
-    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
-                     data={"kernel_id": CPU_AXPY, "submitter_id": "alice"},
+    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "carol"},
+                     data={"kernel_id": CPU_AXPY, "submitter_id": "carol"},
                      files={"other": ("x.txt", b"x", "text/plain")})
     assert api_error(resp, 400, "VALIDATION_ERROR")["details"]["field"] == "package"
     # kernel_id missing / malformed
-    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "carol"},
                      files={"package": ("p.tar.gz", data, "application/gzip")})
     api_error(resp, 400, "VALIDATION_ERROR")
     api_error(live.submit(anon, "cpu/../etc", data), 400, "VALIDATION_ERROR")
@@ -93,7 +93,7 @@ def test_submission_errors(live, anon):
                      files={"package": ("p.tar.gz", data, "application/gzip")})
     api_error(resp, 400, "VALIDATION_ERROR")
     # header and field disagree
-    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "alice"},
+    resp = anon.post("/api/submissions", headers={"X-Submitter-Id": "carol"},
                      data={"kernel_id": CPU_AXPY, "submitter_id": "mallory"},
                      files={"package": ("p.tar.gz", data, "application/gzip")})
     api_error(resp, 403, "FORBIDDEN")

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from kz_daemon.config.tokens import TokenStore
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 
 
@@ -29,7 +30,7 @@ def _code(resp) -> str:
 def test_token_required_by_policy(strict):
     data = package_tarball(CPU_AXPY)
     with strict.client() as anon:
-        resp = strict.submit(anon, CPU_AXPY, data)
+        resp = strict.submit(anon, CPU_AXPY, data, submitter="bob")
         assert resp.status_code == 401 and _code(resp) == "UNAUTHORIZED"
     with strict.client("submitter:alice") as alice:
         resp = strict.submit(alice, CPU_AXPY, data, submitter="bob")
@@ -89,17 +90,20 @@ def test_json_body_cap_on_runner_posts(strict):
         assert resp.status_code == 413 and _code(resp) == "PAYLOAD_TOO_LARGE"
 
 
-def test_rate_limit_per_submitter(strict):
+def test_rate_limit_per_token_holder(strict):
     data = package_tarball("cpu/Elementwise/Axpy/fp32/rl", CPU_AXPY)
-    with strict.client("admin") as admin:
-        codes = [strict.submit(admin, "cpu/Elementwise/Axpy/fp32/rl", data, submitter="erin").status_code
+    store = TokenStore(strict.state_dir / "auth.yaml")
+    for who in ("erin", "frank"):  # submit() sends each its own token
+        strict.tokens[f"submitter:{who}"] = store.issue("submitter", who)
+    with strict.client() as http:
+        codes = [strict.submit(http, "cpu/Elementwise/Axpy/fp32/rl", data, submitter="erin").status_code
                  for _ in range(3)]
         assert codes[:2] == [202, 202] or codes[0] == 202
-        last = strict.submit(admin, "cpu/Elementwise/Axpy/fp32/rl", data, submitter="erin")
+        last = strict.submit(http, "cpu/Elementwise/Axpy/fp32/rl", data, submitter="erin")
         assert last.status_code == 429 and _code(last) == "RATE_LIMITED"
         assert int(last.headers["Retry-After"]) >= 1
-        # another submitter has its own bucket
-        assert strict.submit(admin, "cpu/Elementwise/Axpy/fp32/rl", data, submitter="frank").status_code == 202
+        # another token holder has its own bucket
+        assert strict.submit(http, "cpu/Elementwise/Axpy/fp32/rl", data, submitter="frank").status_code == 202
 
 
 def test_drain_answers_long_polls(tmp_path):

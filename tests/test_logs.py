@@ -63,7 +63,7 @@ def _broken_package(tmp_path: Path) -> Path:
 def test_a_failing_build_shows_its_traceback_everywhere(live, tmp_path):
     package = _broken_package(tmp_path)
     code, out, serr = submit_with_one_runner(live.url, live.tokens["runner:loop-test"], package, KERNEL_ID,
-                                             tmp_path / "work")
+                                             tmp_path / "work", live.tokens["submitter:alice"])
     assert code == 1, out + serr
     assert MARKER in out and "Traceback" in out, out
 

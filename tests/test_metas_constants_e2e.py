@@ -52,7 +52,7 @@ def test_a_harness_with_a_metrics_constant_is_accepted_end_to_end(live, tmp_path
                               cwd=ROOT, capture_output=True, text=True)
     assert validate.returncode == 0, validate.stdout + validate.stderr
     code, out, serr = submit_with_one_runner(live.url, live.tokens["runner:loop-test"], package, KERNEL_ID,
-                                             tmp_path / "work")
+                                             tmp_path / "work", live.tokens["submitter:alice"])
     assert code == 0, out + serr
     sub = next(s for s in live.zoo.store.state.submissions.values() if s.kernel_id == KERNEL_ID)
     assert sub.status == "accepted", sub.reasons

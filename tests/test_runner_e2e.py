@@ -51,8 +51,8 @@ def submit(live, name: str, tmp_path: Path) -> str:
     """Upload fixture ``name`` like `kz submit` does; returns the submission uuid."""
     tarball = pack_fixture(name, tmp_path, with_scorecard=False)
     client = ZooClient(live.url, None)
-    resp = client.upload_multipart("/api/submissions", {"kernel_id": f"{PREFIX}/{name}", "submitter_id": "alice"},
-                                   "package", tarball, headers={"X-Submitter-Id": "alice"})
+    resp = client.upload_multipart("/api/submissions", {"kernel_id": f"{PREFIX}/{name}", "submitter_id": "carol"},
+                                   "package", tarball, headers={"X-Submitter-Id": "carol"})
     assert resp.status == 202, resp.body
     return resp.body["uuid"]
 

@@ -244,13 +244,14 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
 
 
 def submit_with_one_runner(server_url: str, token: str, package: Path, kernel_id: str,
-                           work_root: Path) -> tuple[int, str, str]:
+                           work_root: Path, submitter_token: str | None = None) -> tuple[int, str, str]:
     """``kz submit PACKAGE`` (as alice, no KZ_* from the caller's environment) while one real
     ``kz runner --once`` serves the job; the runner must exit 0. Returns submit's exit code,
-    stdout and stderr."""
+    stdout and stderr. ``submitter_token`` is alice's token where one is bound to her id."""
     env = {k: v for k, v in os.environ.items() if k not in ("KZ_TOKEN", "KZ_SERVER", "KZ_SUBMITTER")}
+    auth = ["--token", submitter_token] if submitter_token else []
     submit = subprocess.Popen([sys.executable, "-m", "kz_daemon", "submit", str(package), "--server", server_url,
-                               "--submitter", "alice", "--kernel-id", kernel_id, "--timeout", "120"],
+                               "--submitter", "alice", "--kernel-id", kernel_id, "--timeout", "120", *auth],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runner = start_runner(server_url, work_root, "--once", "--wait", "60", token=token)
     code, err = finish(runner, timeout=120)

@@ -1,6 +1,8 @@
 """Who is calling: runner tokens for runner endpoints, submitter identity for submissions."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.requests import Request
 
 from kz_daemon.config.tokens import Principal, bearer_token
@@ -41,12 +43,29 @@ def check_submitter_id(value: str, where: str) -> str:
     return value
 
 
+def bound_id_error(submitter_id: str, where: str) -> ZooError:
+    """403 SUBMITTER_ID_BOUND: ``submitter_id`` has a token, and a request without it named the id."""
+    return ZooError("SUBMITTER_ID_BOUND",
+                    f"{where} {submitter_id!r} is bound to a token: send that token "
+                    "('Authorization: Bearer <submitter token>', kz submit --token) to submit as it, "
+                    "or use an id of your own", {"submitter_id": submitter_id, "field": where})
+
+
 def header_submitter(request: Request) -> tuple[Principal | None, str | None]:
-    """The token principal and the submitter id known before the body is read (for rate limiting).
+    """The token principal and the submitter id known before the body is read (checked before any cost).
 
     Raises 401 when the policy requires a token and none is given, 403 when the
-    token belongs to a runner or disagrees with ``X-Submitter-Id``.
+    token belongs to a runner or disagrees with ``X-Submitter-Id``, and 403
+    SUBMITTER_ID_BOUND when a request without a token names an id bound to one.
     """
+    principal, header = _caller(request)
+    if principal is None and header is not None and request.app.state.tokens.bound(header):
+        raise bound_id_error(header, "X-Submitter-Id")
+    return principal, header
+
+
+def _caller(request: Request) -> tuple[Principal | None, str | None]:
+    """Token principal and X-Submitter-Id, with the policy's and the token's own checks."""
     principal = token_principal(request)
     header = request.headers.get("x-submitter-id")
     if header is not None:
@@ -68,12 +87,19 @@ def header_submitter(request: Request) -> tuple[Principal | None, str | None]:
     return principal, header  # admin: may submit as anyone
 
 
-def final_submitter(principal: Principal | None, header: str | None, field: str | None) -> str:
-    """Reconcile token, header and form field into one submitter id (403 on disagreement)."""
+def final_submitter(principal: Principal | None, header: str | None, field: str | None, *,
+                    bound: Callable[[str], bool]) -> str:
+    """Reconcile token, header and form field into one submitter id (403 on disagreement).
+
+    ``bound(id)`` says whether a token owns ``id`` (``TokenStore.bound``): without a
+    token such a form field is 403 SUBMITTER_ID_BOUND, as such a header already was.
+    """
     if field is not None and field != "":
         field = check_submitter_id(field.strip(), "submitter_id")
     else:
         field = None
+    if principal is None and field is not None and bound(field):
+        raise bound_id_error(field, "submitter_id")
     if principal is not None and principal.kind == "submitter":
         if field is not None and field != principal.id:
             raise ZooError("FORBIDDEN",
@@ -103,12 +129,12 @@ def cancel_by(request: Request, submitter_id: str) -> str:
     submitter token is bound to: once an id has a token, a header alone can name it
     but never act for it. 401 when the policy needs a token, 403 otherwise.
     """
-    principal, header = header_submitter(request)
+    principal, header = _caller(request)
     if principal is not None:
         if principal.kind == "admin" or principal.id == submitter_id:
             return principal.id
         raise ZooError("FORBIDDEN", "only the submitter's token (or an admin token) can cancel this submission")
-    if request.app.state.tokens.has("submitter", submitter_id):
+    if request.app.state.tokens.bound(submitter_id):
         raise ZooError("FORBIDDEN", f"submitter {submitter_id!r} has a token: cancel with "
                        "'Authorization: Bearer <submitter token>'", {"submitter_id": submitter_id})
     if header is None or header != submitter_id:

@@ -124,8 +124,8 @@ async def create_submission(request: Request) -> Response:
     settings = state.settings
     cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
     try:
-        principal, early_id = authz.header_submitter(request)
-        state.submit_limits.check(request, early_id or (principal.id if principal else None))
+        principal, early_id = authz.header_submitter(request)  # who, before what it costs
+        state.submit_limits.check(request, principal)
         await run_in_threadpool(health.check_headroom, state.zoo)
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):
@@ -155,8 +155,8 @@ async def create_submission(request: Request) -> Response:
                            "the file field package is missing: add -F 'package=@package.tar.gz'",
                            {"field": "package"})
         field_id = form.get("submitter_id")
-        submitter = authz.final_submitter(principal, early_id,
-                                          field_id if isinstance(field_id, str) else None)
+        submitter = authz.final_submitter(principal, early_id, field_id if isinstance(field_id, str) else None,
+                                          bound=state.tokens.bound)
         problems = kernel_id_problems(kernel_id)
         if problems:
             shown = repr(kernel_id) if len(kernel_id) <= 120 else repr(kernel_id[:117] + "...")

@@ -1,5 +1,6 @@
 """Request body caps (enforced while the body streams in) and the submission rate limits
-(per submitter id and per client address, behind trusted proxies only)."""
+(per token holder, and per client address for requests without a token; X-Forwarded-For
+names the address behind trusted proxies only)."""
 from __future__ import annotations
 
 import ipaddress
@@ -162,11 +163,14 @@ def client_address(request: Request, trusted: tuple[ipaddress._BaseNetwork, ...]
 
 
 class SubmitLimits:
-    """The two token buckets of POST /api/submissions: per submitter id and per client address.
+    """The two token buckets of POST /api/submissions: per token holder and per client address.
 
-    The submitter id is whatever the client sends (``X-Submitter-Id`` under the open
-    policy), so one client could spread its uploads over many ids; the per-address
-    bucket bounds what one address sends, whichever ids it uses.
+    Identity is settled before anything is charged (``authz.header_submitter`` runs
+    first). A request with a submitter or admin token is charged to that token's
+    principal alone, so nobody else's requests can spend its allowance. A request
+    without a token is charged to its client address alone, never to the id it names:
+    naming a victim's id (20 junk posts as ``alice``) once used up the victim's own
+    bucket, and anonymous ids cost nothing to invent.
     """
 
     def __init__(self, per_submitter: TokenBucket, per_address: TokenBucket,
@@ -175,11 +179,17 @@ class SubmitLimits:
         self.per_address = per_address
         self.trusted = parse_networks(trusted_proxies)
 
-    def check(self, request: Request, submitter_key: str | None) -> None:
-        """Raise RATE_LIMITED when the address or the submitter has no token left."""
+    def check(self, request: Request, principal: Any) -> None:
+        """Raise RATE_LIMITED when the token holder (``principal``) or, without one, the address has no token left."""
+        if principal is not None:
+            wait = self.per_submitter.take(f"{principal.kind}:{principal.id}")
+            if wait is not None:
+                raise ZooError("RATE_LIMITED", f"too many submissions from {principal.id!r}; retry in {wait:.1f} s",
+                               {"retry_after_s": round(wait, 3), "scope": "submitter",
+                                "submitter_id": principal.id})
+            return
         address = client_address(request, self.trusted)
         wait = self.per_address.take(f"ip:{address}")
         if wait is not None:
             raise ZooError("RATE_LIMITED", f"too many submissions from this address; retry in {wait:.1f} s",
                            {"retry_after_s": round(wait, 3), "scope": "address"})
-        self.per_submitter.check(submitter_key or f"ip:{address}")

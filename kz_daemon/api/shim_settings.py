@@ -22,11 +22,12 @@ class ShimSettings:
     max_json_bytes: int = 1 * MIB
     #: POST /api/submissions/{uuid}/result (benchmark JSON + base64 logs).
     max_result_bytes: int = 48 * MIB
-    #: Per-submitter token bucket: sustained submissions per second and burst size.
+    #: Uploads with a token: a bucket per token holder, sustained submissions per second and burst.
     submit_rate_per_s: float = 0.5
     submit_burst: int = 20
-    #: Per client address (never below the per-submitter figures), and the proxies whose
-    #: X-Forwarded-For names the client (addresses or CIDR ranges; none by default).
+    #: Uploads without a token: a bucket per client address (never below the per-submitter
+    #: figures), and the proxies whose X-Forwarded-For names the client (addresses or CIDR
+    #: ranges; none by default).
     submit_rate_per_address_per_s: float = 2.0
     submit_burst_per_address: int = 60
     trusted_proxies: tuple = ()

@@ -78,10 +78,10 @@ http:                     # the HTTP shim (kz up, kz daemon)
   port: 8470
   max_json_bytes: 1048576       # body cap of claim/renew/release/cancel requests
   max_result_bytes: 50331648    # body cap of a result report (benchmark JSON + base64 logs)
-  submit_rate_per_s: 0.5        # per-submitter token bucket: sustained submissions per second ...
+  submit_rate_per_s: 0.5        # with a token: one bucket per token holder, submissions per second ...
   submit_burst: 20              # ... and burst; over it the API answers 429 with Retry-After
-  submit_rate_per_address_per_s: 2.0  # per client address, whatever submitter ids it sends (never
-  submit_burst_per_address: 60        # below the per-submitter figures)
+  submit_rate_per_address_per_s: 2.0  # uploads without a token: a bucket per client address, whatever
+  submit_burst_per_address: 60        # ids they name (never below the per-submitter figures)
   trusted_proxies: []           # addresses/CIDRs whose X-Forwarded-For names the client (default: none)
   status_max_wait_s: 60         # upper bound of the status long poll's ?wait=
   claim_max_wait_s: 60          # upper bound of a runner claim's wait

@@ -2,8 +2,9 @@
 
 Three kinds of principal: ``runner`` (a runner token maps to a runner id; the id is
 never taken from a request body), ``submitter`` (a token maps to a submitter id;
-``X-Submitter-Id`` must agree with it) and ``admin`` (may submit as anyone and
-cancel). The file holds, per token, a random salt and ``sha256(salt || token)``;
+``X-Submitter-Id`` must agree with it, and once an id has a token no request without
+that token may name it: :meth:`TokenStore.bound`) and ``admin`` (may submit as anyone
+and cancel; its own id is bound the same way). The file holds, per token, a random salt and ``sha256(salt || token)``;
 plaintext tokens exist only where ``kz up`` writes them for the operator
 (``DIR/tokens/*.token``, mode 0600). Lookups compare digests with
 :func:`hmac.compare_digest` and pick the file up again when it changes on disk,
@@ -136,6 +137,12 @@ class TokenStore:
         with self._lock:
             self._load()
             return sorted({Principal(e.kind, e.id) for e in self._entries}, key=lambda p: (p.kind, p.id))
+
+    def bound(self, principal_id: str) -> bool:
+        """Whether a submitter or admin token maps to ``principal_id``: only that token may submit as it."""
+        with self._lock:
+            self._load()
+            return any(e.id == principal_id and e.kind in ("submitter", "admin") for e in self._entries)
 
     def has(self, kind: str, principal_id: str) -> bool:
         """Whether a token for ``(kind, principal_id)`` is stored."""

@@ -18,6 +18,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "VALIDATION_ERROR": 400,
     "UNAUTHORIZED": 401,
     "FORBIDDEN": 403,
+    "SUBMITTER_ID_BOUND": 403,
     "NOT_FOUND": 404,
     "CONFLICT": 409,
     "LEASE_LOST": 409,

@@ -3,7 +3,8 @@
 ``LiveServer.start(tmp_path)`` initialises a state directory (repo seeded from the
 given example packages), starts the real ``Zoo``, builds the app, binds a free port
 and serves it; ``stop()`` drains long polls and stops everything. Tokens: one
-runner token per runner id asked for, an admin token and a submitter token.
+runner token per runner id asked for, an admin token and a submitter token for alice
+(an id bound to a token is refused without it, so ``submit`` sends it for her).
 """
 from __future__ import annotations
 
@@ -77,8 +78,9 @@ class LiveServer:
 
     @classmethod
     def start(cls, tmp: Path, *, kernels: list[str] | None = None, runners: tuple[str, ...] = ("r1", "r2"),
-              settings: dict[str, Any] | None = None, config_yaml: str | None = None) -> "LiveServer":
-        """Initialise ``tmp/state`` and serve it."""
+              settings: dict[str, Any] | None = None, config_yaml: str | None = None,
+              submitters: tuple[str, ...] = ("alice",)) -> "LiveServer":
+        """Initialise ``tmp/state`` and serve it (``submitters``: the ids given a submitter token)."""
         from kz_daemon.config.tokens import TokenStore
         from kz_daemon.storage.history import KernelHistory
         from kz_daemon.http.app import create_app, make_server
@@ -96,7 +98,7 @@ class LiveServer:
         store = TokenStore(state / "auth.yaml")
         tokens = {f"runner:{rid}": store.issue("runner", rid) for rid in runners}
         tokens["admin"] = store.issue("admin", "root")
-        tokens["submitter:alice"] = store.issue("submitter", "alice")
+        tokens.update({f"submitter:{sid}": store.issue("submitter", sid) for sid in submitters})
         zoo = Zoo(config)
         zoo.start()
         app = create_app(zoo, store, from_config(config, **(settings or {})),
@@ -126,8 +128,16 @@ class LiveServer:
 
     def submit(self, client: httpx.Client, kernel_id: str, data: bytes, submitter: str = "alice",
                **kwargs: Any) -> httpx.Response:
-        """POST /api/submissions the way the guide's curl line does."""
-        return client.post("/api/submissions", headers={"X-Submitter-Id": submitter, **kwargs.pop("headers", {})},
+        """POST /api/submissions the way the guide's curl line does.
+
+        An id bound to a token here (``submitter:alice``) is sent with that token when the
+        client holds none, as its owner does: the server refuses the id without it.
+        """
+        headers = {"X-Submitter-Id": submitter, **kwargs.pop("headers", {})}
+        owned = self.tokens.get(f"submitter:{submitter}")
+        if owned is not None and "authorization" not in client.headers and "Authorization" not in headers:
+            headers["Authorization"] = f"Bearer {owned}"
+        return client.post("/api/submissions", headers=headers,
                            data={"kernel_id": kernel_id, "submitter_id": submitter},
                            files={"package": ("package.tar.gz", data, "application/gzip")}, **kwargs)
 

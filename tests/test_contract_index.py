@@ -29,7 +29,7 @@ def repo(tmp_path):
     write_package(root, B, status="frozen", cases=("only",))
     broken = write_package(root, BAD)
     (broken / ".kernel_package" / "benchmark.py").unlink()
-    write_package(root, ODD, category=("cpu", "Reduce", "Add", "fp32"))  # category mismatch: a warning
+    write_package(root, ODD, category=("cpu", "Reduce", "Add", "fp32"))  # category mismatch: an error
     copy_newcomer(root)
     (root / ".git" / "objects" / "x" / ".kernel_package").mkdir(parents=True)  # never scanned
     return root
@@ -45,8 +45,8 @@ def test_index_matches_its_schema_and_content(repo):
     jsonschema.validate(doc, kz_schemas.load("index"))
     assert [k["kernel_id"] for k in doc["kernels"]] == sorted([A, B, BAD, ODD, NEWCOMER_ID])
     assert doc["head"] == "f" * 40 and doc["generated_at"] is None
-    assert doc["counts"] == {"kernels": 5, "valid": 4, "invalid": 1, "frozen": 1, "deprecated": 0,
-                             "with_warnings": 2, "cases": 8}
+    assert doc["counts"] == {"kernels": 5, "valid": 3, "invalid": 2, "frozen": 1, "deprecated": 0,
+                             "with_warnings": 1, "cases": 8}
     kernels = by_id(doc)
     case = kernels[A]["cases"][0]
     assert case == {"test_case_id": "small", "primary_metric": "latency_ms", "direction": "lower_better",
@@ -58,8 +58,8 @@ def test_index_matches_its_schema_and_content(repo):
     assert kernels[NEWCOMER_ID]["cases"][0]["best"]["seed"] is True
     assert kernels[BAD]["valid"] is False
     assert [p["code"] for p in kernels[BAD]["problems"]] == ["FILE_MISSING"]
-    assert kernels[ODD]["valid"] is True
-    assert [(p["code"], p["severity"]) for p in kernels[ODD]["problems"]] == [("CATEGORY_MISMATCH", "warning")]
+    assert kernels[ODD]["valid"] is False  # the path decides the operator and the lane: a mismatch is an error
+    assert [(p["code"], p["severity"]) for p in kernels[ODD]["problems"]] == [("CATEGORY_MISMATCH", "error")]
     assert [p["code"] for p in kernels[B]["problems"]] == ["STATUS_FROZEN"] and kernels[B]["status"] == "frozen"
     assert kernels[A]["category"] == {"arch": "cpu", "op_class": "Elementwise", "sub_class": "Axpy", "quant": "fp32"}
 
@@ -161,7 +161,8 @@ def test_cli_honours_environment(repo, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert main(["index"]) == 0
     out = capsys.readouterr().out
-    assert "5 kernel(s), 4 valid, 1 invalid" in out and f"invalid {BAD}: FILE_MISSING" in out
+    assert "5 kernel(s), 3 valid, 2 invalid" in out and f"invalid {BAD}: FILE_MISSING" in out
+    assert f"invalid {ODD}: CATEGORY_MISMATCH" in out
     assert json.loads((tmp_path / "i.json").read_text()) == build_index(repo)
     assert list((tmp_path / "cache" / "kernel_zoo").iterdir())  # the cache was written
     # flags win over the environment; --json prints the document

@@ -9,7 +9,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from kz_daemon.cli import main
-from kz_runner.contract.kernel_id import (KERNEL_ID_PATTERN, MAX_DEPTH, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES,
+from kz_runner.contract.kernel_id import (KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES, SEGMENTS,
                                           check_kernel_id, kernel_id_errors, kernel_id_problems)
 from kz_runner.contract.pack import build_tarball
 from kz_runner.contract.tarball import scan_tarball
@@ -22,8 +22,10 @@ BASE = "cpu/Elementwise/Axpy/fp32"
 @pytest.mark.parametrize("kernel_id", [
     f"{BASE}/" + "k" * 256,                                # a segment no file system takes
     f"{BASE}/" + "k" * (MAX_SEGMENT_BYTES + 1),            # one byte over the segment limit
-    "/".join(["k" * 90] * 3),                              # every segment fine, the whole too long
-    "/".join(["a"] * (MAX_DEPTH + 1)),                     # too deep
+    "/".join(["k" * 60] * 5),                              # every segment fine, the whole too long
+    "/".join(["a"] * (SEGMENTS + 1)),                      # too deep
+    "/".join(["a"] * (SEGMENTS - 1)),                      # too shallow: no <name>
+    "wrong",                                               # one name: no operator at all
     f"{BASE}/impl\n",                                      # `$` would match before this newline
     f"{BASE}/impl\r",
     f"{BASE}/.GIT",
@@ -40,9 +42,9 @@ def test_bad_kernel_ids_are_refused_with_one_problem(kernel_id):
 
 def test_limits_are_inclusive():
     assert kernel_id_errors(f"{BASE}/" + "k" * MAX_SEGMENT_BYTES) == []
-    long_ok = "/".join(["k" * 63] * 4)
+    long_ok = "/".join(["k" * 51] + ["k" * 50] * 4)
     assert len(long_ok) == MAX_KERNEL_ID_BYTES and kernel_id_errors(long_ok) == []
-    assert kernel_id_errors("/".join(["a"] * MAX_DEPTH)) == []
+    assert kernel_id_errors("/".join(["a"] * SEGMENTS)) == []
     assert kernel_id_errors(f"{BASE}/.github") == [] and kernel_id_errors(f"{BASE}/git") == []
 
 
@@ -112,8 +114,8 @@ def test_validate_reports_one_clear_problem_for_a_bad_kernel_id(tmp_path, capsys
 
 SCHEMA_SAMPLES = [
     f"{BASE}/impl", f"{BASE}/.github", f"{BASE}/git", f"{BASE}/...", f"{BASE}/" + "k" * MAX_SEGMENT_BYTES,
-    "/".join(["k" * 63] * 4), "/".join(["a"] * MAX_DEPTH),
-    f"{BASE}/" + "k" * (MAX_SEGMENT_BYTES + 1), "/".join(["k" * 90] * 3), "/".join(["a"] * (MAX_DEPTH + 1)),
+    "/".join(["k" * 51] + ["k" * 50] * 4), "/".join(["a"] * SEGMENTS), "/".join(["a"] * (SEGMENTS - 1)), "wrong",
+    f"{BASE}/" + "k" * (MAX_SEGMENT_BYTES + 1), "/".join(["k" * 60] * 5), "/".join(["a"] * (SEGMENTS + 1)),
     f"{BASE}/impl\n", f"{BASE}/impl\r", f"{BASE}/.GIT", f"{BASE}/.git..", f"{BASE}/.git/x", f"{BASE}/..",
     f"{BASE}/./x", "..", ".", f"/{BASE}", f"{BASE}/", f"{BASE}//x", f"{BASE}/has space", "",
 ]
@@ -135,8 +137,32 @@ def test_kernel_id_problems_code_git_refused_segments_apart_from_the_rest():
     codes = [p.code for p in kernel_id_problems("cpu/.GIT/x y/.git./ok")]
     assert codes == ["KERNEL_ID_INVALID", "GIT_PATH_REFUSED", "GIT_PATH_REFUSED"]
     invalid, *git = kernel_id_problems("cpu/.GIT/x y/.git./ok")
-    assert "x y" in invalid.message and ".GIT" not in invalid.message
+    assert "x y" in invalid.message and ".GIT" not in invalid.message and "5" not in invalid.message
     assert [p.message.split(":")[0] for p in git] == ["git refuses segment 2", "git refuses segment 4"]
     assert all(p.field == "kernel_id" for p in [invalid, *git])
     # the plain sentences are the same reasons, in the same order
-    assert [r.split(":")[0] for r in kernel_id_errors("cpu/.GIT/x y")] == ["segment 2", "segment 'x y' has characters outside [A-Za-z0-9._-]"]
+    assert [r.split(":")[0] for r in kernel_id_errors("cpu/.GIT/x y")] == [
+        "kernel_id has 3 segments; it must have exactly 5", "segment 2",
+        "segment 'x y' has characters outside [A-Za-z0-9._-]"]
+
+
+def test_a_kernel_id_has_exactly_five_segments():
+    """<arch>/<op_class>/<sub_class>/<quant>/<name>: fewer names no implementation, more is not the shape."""
+    for depth in (1, 2, 3, 4, 6, 7):
+        kernel_id = "/".join(["cpu", "Elementwise", "Axpy", "fp32", "impl", "x", "y"][:depth])
+        [found] = check_kernel_id(kernel_id)
+        assert found.code == "KERNEL_ID_INVALID"
+        assert f"has {depth} segment" in found.message and "<arch>/<op_class>/<sub_class>/<quant>/<name>" in found.message
+    assert check_kernel_id("cpu/Elementwise/Axpy/fp32/impl") == []
+
+
+def test_a_tarball_whose_top_directory_is_one_name_is_refused(tmp_path):
+    """``wrong/.kernel_package/...``: TARBALL_TOP_DIR says the top directories must spell the kernel_id."""
+    pkg = write_package(mark_repo(tmp_path / "repo"))
+    data, _ = build_tarball(pkg, "wrong")
+    report = validate_tarball(io.BytesIO(data), "wrong.tar.gz")
+    assert [p.code for p in report.errors] == ["TARBALL_TOP_DIR"], [p.render() for p in report.problems]
+    assert "'wrong/'" in report.errors[0].message and "<arch>/<op_class>/<sub_class>/<quant>/<name>" in \
+        report.errors[0].message
+    deep, _ = build_tarball(pkg, f"{DEFAULT_ID}/extra")
+    assert [p.code for p in validate_tarball(io.BytesIO(deep), "deep.tar.gz").errors] == ["TARBALL_TOP_DIR"]

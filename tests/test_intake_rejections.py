@@ -137,7 +137,8 @@ CASES = [
     ("frozen_in_submission", lambda: edit(".kernel_package/desc.yaml", "status: normal", "status: frozen"),
      "PACKAGE_FROZEN"),
     ("frozen_at_head", lambda: axpy_tarball(FROZEN_ID), "PACKAGE_FROZEN"),
-    ("nested_in_existing", lambda: axpy_tarball(AXPY_ID + "/inner"), "NESTED_PACKAGE"),
+    # six segments: no kernel_id can lie inside another package's folder any more
+    ("nested_in_existing", lambda: axpy_tarball(AXPY_ID + "/inner"), "TARBALL_TOP_DIR"),
     ("git_dir_upper", lambda: with_member(f"{KID}/src/.GIT/hooks/post-commit", b"#!/bin/sh\n", mode=0o755),
      "GIT_PATH_REFUSED"),
     ("git_dir_mixed", lambda: with_member(f"{KID}/.Git/config", b"[core]\n"), "GIT_PATH_REFUSED"),

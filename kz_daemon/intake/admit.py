@@ -107,7 +107,10 @@ def validate_file(path: Path, filename: str, limits: Limits,
     warnings = [p.code for p in report.warnings]
     if "metas" not in facts:  # the validator gives them when they are plain JSON, as valid ones are
         facts["metas"] = read_package_metas(path, kernel_id, limits)
-    return Outcome(True, kernel_id, arch=str(facts.get("arch") or ""), warnings=warnings,
+    # the lane is the path's arch: the kernel_id is what git, the index and the runners see (desc.yaml's
+    # category must equal it, CATEGORY_MISMATCH otherwise, so a valid package has one arch either way)
+    lane = kernel_id.split("/", 1)[0] if kernel_id else str(facts.get("arch") or "")
+    return Outcome(True, kernel_id, arch=lane, warnings=warnings,
                    details={"problems": _problems_json(report.problems)}), facts
 
 
@@ -145,7 +148,7 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) 
                       "no new packages (policy.allow_new_packages is false)")
     outcome.new_kernel = not exists
     if not outcome.arch:
-        return reject(kid, "VALIDATION_ERROR", "desc.yaml has no category.arch")
+        return reject(kid, "VALIDATION_ERROR", "the kernel_id has no arch segment")
     return outcome
 
 

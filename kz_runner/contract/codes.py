@@ -26,9 +26,10 @@ class CodeInfo:
 _ROWS = [
     # area: kernel_id
     ("KERNEL_ID_INVALID", ERROR, "kernel_id",
-     "The kernel_id is not a relative POSIX path of segments made of [A-Za-z0-9._-] (at most 100 bytes each, "
-     "255 in all, 16 segments; no '.', '..' or .git-like segment).",
-     "Rename the directories: no spaces, Unicode, '.', '..', .git, empty segments, leading/trailing '/' or over-long names."),
+     "The kernel_id is not <arch>/<op_class>/<sub_class>/<quant>/<name>: exactly 5 segments made of [A-Za-z0-9._-] "
+     "(at most 100 bytes each, 255 in all; no '.', '..' or .git-like segment).",
+     "Put the package at <arch>/<op_class>/<sub_class>/<quant>/<name>/ (e.g. sm_90/Elementwise/Axpy/fp16/my_impl): "
+     "no spaces, Unicode, '.', '..', .git, empty segments, leading/trailing '/' or over-long names."),
     ("KERNEL_ID_UNKNOWN", WARNING, "kernel_id",
      "The kernel_id of a package directory could not be determined, so path checks were skipped.",
      "Pass --kernel-id, or validate the package inside a kernel repo (a directory with .git or .kernel_zoo_root)."),
@@ -64,9 +65,11 @@ _ROWS = [
     ("DESC_SCHEMA", ERROR, "desc.yaml",
      "desc.yaml does not match schemas/desc.json.",
      "Fix the field named in the problem; see docs/kernel_package_format.md for the desc.yaml fields."),
-    ("CATEGORY_MISMATCH", WARNING, "desc.yaml",
-     "desc.yaml category differs from the first four kernel_id segments <arch>/<op_class>/<sub_class>/<quant>.",
-     "Make category.{arch,op_class,sub_class,quant} equal the first four directory names (the web UI groups by them)."),
+    ("CATEGORY_MISMATCH", ERROR, "desc.yaml",
+     "desc.yaml category differs from the first four kernel_id segments <arch>/<op_class>/<sub_class>/<quant>: "
+     "the path decides the operator the package is ranked in and the runner lane (its arch) it runs on.",
+     "Make category.{arch,op_class,sub_class,quant} equal the first four directory names, or move the package "
+     "to the path its category names."),
     ("STATUS_FROZEN", WARNING, "desc.yaml",
      "status is frozen: the package is listed but never claimed, so a submission to it will not be run.",
      "Use status: normal for a package you want benchmarked."),

@@ -8,13 +8,13 @@ field, the HTTP routes) calls :func:`kernel_id_errors`. A kernel_id is:
   no leading or trailing ``/``;
 - no segment git refuses in a tree (``.git`` in any case, ``git~1``, ``.git.`` ...:
   see :mod:`.gitpath`);
-- at most ``MAX_SEGMENT_BYTES`` (100) per segment, ``MAX_KERNEL_ID_BYTES`` (255) in
-  all and ``MAX_DEPTH`` (16) segments: every common file system takes a name of 255
-  bytes, and the runner unpacks a package below a work directory of its own, so the
-  kernel_id leaves room for that prefix and for the package's own files beneath it.
-
-The first four segments are, by convention, ``<arch>/<op_class>/<sub_class>/<quant>``
-and should mirror ``desc.yaml``'s ``category``.
+- exactly ``SEGMENTS`` (5) segments, ``<arch>/<op_class>/<sub_class>/<quant>/<name>``:
+  the first four are the operator (``desc.yaml``'s ``category`` must equal them, and the
+  runner lane is the arch segment), the last names the implementation;
+- at most ``MAX_SEGMENT_BYTES`` (100) per segment and ``MAX_KERNEL_ID_BYTES`` (255) in
+  all: every common file system takes a name of 255 bytes, and the runner unpacks a
+  package below a work directory of its own, so the kernel_id leaves room for that
+  prefix and for the package's own files beneath it.
 
 >>> check_kernel_id("gfx928/Attention/MHA/fp16/reference_impl")
 []
@@ -34,7 +34,9 @@ from kz_runner.contract.gitpath import git_component_problem
 SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
 MAX_SEGMENT_BYTES = 100
 MAX_KERNEL_ID_BYTES = 255
-MAX_DEPTH = 16
+#: ``<arch>/<op_class>/<sub_class>/<quant>/<name>``
+SEGMENTS = 5
+SHAPE = "<arch>/<op_class>/<sub_class>/<quant>/<name>"
 #: The same rule as one JSON Schema ``pattern`` (with ``maxLength: MAX_KERNEL_ID_BYTES``; the
 #: characters are ASCII, so bytes and characters agree) for schemas and the OpenAPI document.
 #: It reads the same in ECMA 262 and Python's ``re.search`` (which jsonschema uses): ``$(?!\n)``
@@ -42,7 +44,7 @@ MAX_DEPTH = 16
 #: only names git refuses are ``.git`` in any case followed by dots, hence the lookahead.
 _SEGMENT_PATTERN = (r"(?!\.{1,2}(?:/|$))(?!\.[Gg][Ii][Tt]\.*(?:/|$))"
                     rf"[A-Za-z0-9._-]{{1,{MAX_SEGMENT_BYTES}}}")
-KERNEL_ID_PATTERN = rf"^{_SEGMENT_PATTERN}(?:/{_SEGMENT_PATTERN}){{0,{MAX_DEPTH - 1}}}$(?!\n)"
+KERNEL_ID_PATTERN = rf"^{_SEGMENT_PATTERN}(?:/{_SEGMENT_PATTERN}){{{SEGMENTS - 1}}}$(?!\n)"
 #: A file or directory whose presence marks a kernel repo root (nearest wins).
 REPO_MARKERS = (".kernel_zoo_root", ".git")
 CATEGORY_FIELDS = ("arch", "op_class", "sub_class", "quant")
@@ -63,8 +65,9 @@ def _reasons(kernel_id: object) -> list[tuple[bool, str]]:
     if size > MAX_KERNEL_ID_BYTES:
         reasons.append((False, f"kernel_id is {size} bytes long; at most {MAX_KERNEL_ID_BYTES} are allowed"))
     parts = kernel_id.strip("/").split("/")
-    if len(parts) > MAX_DEPTH:
-        reasons.append((False, f"kernel_id has {len(parts)} segments; at most {MAX_DEPTH} are allowed"))
+    if len(parts) != SEGMENTS:
+        reasons.append((False, f"kernel_id has {len(parts)} segment{'s' if len(parts) != 1 else ''}; it must "
+                               f"have exactly {SEGMENTS}: {SHAPE}"))
     for index, segment in enumerate(parts):
         if segment == "":
             reasons.append((False, f"segment {index + 1} is empty ('//')"))

@@ -35,6 +35,7 @@ from typing import BinaryIO, Callable, Iterable
 
 from kz_runner.contract.codes import problem
 from kz_runner.contract.gitpath import git_component_problem, git_symlink_problem
+from kz_runner.contract.kernel_id import SEGMENTS, SHAPE
 from kz_runner.contract.layout import KP
 from kz_runner.contract.problems import Problem, Report
 
@@ -364,6 +365,12 @@ def find_package_root(names: Iterable[str], expected: str | None = None) -> tupl
     if root == "":
         return None, problems + [problem("TARBALL_TOP_DIR", f"{KERNEL_PACKAGE_DIR}/ is at the archive root; "
                                          "the top-level directory must be the kernel_id")]
+    if root.count("/") + 1 != SEGMENTS:
+        # a bare ``wrong/`` (or any other depth) names no operator: say so instead of judging its files
+        depth = root.count("/") + 1
+        return None, problems + [problem("TARBALL_TOP_DIR", f"the package directory {root + '/'!r} has {depth} "
+                                         f"path segment{'s' if depth != 1 else ''}; a tarball's top directories "
+                                         f"must spell the kernel_id {SHAPE} (pack with `kz pack`)")]
     if expected is not None and root != expected:
         problems.append(problem("TARBALL_TOP_DIR", f"the package directory is {root!r}, "
                                 f"but the kernel_id is {expected!r}"))

@@ -17,6 +17,7 @@ import base64
 import binascii
 import functools
 import json
+import logging
 from typing import Any, Protocol
 
 import anyio
@@ -166,7 +167,16 @@ def ranking(entries: list[dict[str, Any]], operator: str) -> dict[str, Any]:
 
 def build_server(backend: Backend, *, name: str = NAME) -> MCPServer:
     """The MCP server with every tool over ``backend``."""
-    server = MCPServer(name, instructions=INSTRUCTIONS)
+    # The SDK's constructor calls logging.basicConfig(INFO) with its own handler, which would turn on
+    # every library's INFO lines in the daemon's output; a handler already on the root logger makes
+    # basicConfig a no-op, so the process keeps the logging it had.
+    root = logging.getLogger()
+    placeholder = logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        server = MCPServer(name, instructions=INSTRUCTIONS)
+    finally:
+        root.removeHandler(placeholder)
 
     @server.tool()
     async def list_operators(arch: str = "", op_class: str = "", sub_class: str = "", quant: str = "") -> dict[str, Any]:

@@ -31,7 +31,7 @@ def test_every_cpu_example_passes(pkg):
     result = dry_run(pkg, build_timeout_s=60, bench_timeout_s=120)
     assert result.ok, render_text(result)
     assert [s.name for s in result.steps] == ["validate", "build-1", "build-2", "idempotency", "benchmark",
-                                              "output", "checks", "verdict"]
+                                              "output", "checks", "floor", "verdict"]
     reported = [c["test_case_id"] for c in result.verdict.document["cases"]]
     assert [r["test_case_id"] for r in result.rows] == reported and len(reported) >= 2
     assert all(r["correctness"] == "passed" and r["accept"] and r["value"] > 0 for r in result.rows)
@@ -216,6 +216,30 @@ def test_a_library_finding_is_printed_whole_with_its_remedy(tmp_path):
     assert step.name == "verdict" and "WEAK_TRIALS" in step.detail
     verdict = render_text(result).splitlines()[-1]
     assert verdict.startswith("verdict: FAIL at step verdict") and "give vary= that changes the result" in verdict
+
+
+def test_a_figure_beyond_the_physics_floor_fails_at_the_floor_step(tmp_path):
+    """The server's floor, applied locally: 64 bytes cannot move in a femtosecond on any CPU."""
+    bench = BENCH.replace('c.metric("latency_us", c.time(lambda: x * 2).median_us)',
+                          'c.time(lambda: x * 2)\n    c.metric("latency_us", 1e-9)')
+    result = dry_run(make_package(tmp_path, benchmark=bench))
+    step = failed(result)
+    assert step.name == "floor" and step.problems[0].code == "IMPLAUSIBLE_RESULT", render_text(result)
+    assert "below the physics floor" in step.detail and "c1" in step.detail
+    assert "verdict: FAIL at step floor" in render_text(result)
+
+
+def test_a_reject_rule_fails_validate_and_a_hold_rule_is_a_warning(tmp_path):
+    pkg = make_package(tmp_path)
+    (pkg / "src" / "impl.py").write_text("import threading\n\n\ndef double(x):\n    return 2 * x\n")
+    held = dry_run(pkg)
+    assert held.ok, render_text(held)  # the server would hold it for an admin: the dry run says so
+    assert [(p.code, p.file, p.field) for p in held.warnings] == [("concurrency", "src/impl.py", "1")]
+    assert "concurrency src/impl.py:1" in render_text(held)
+    (pkg / "src" / "impl.py").write_text("import sys\n\n\ndef double(x):\n    sys._getframe(1)\n    return 2 * x\n")
+    refused = dry_run(pkg)
+    step = failed(refused)
+    assert step.name == "validate" and [p.code for p in step.problems] == ["introspection"], render_text(refused)
 
 
 def test_guide_tarball_is_unpacked_and_seeded(tmp_path):

@@ -120,8 +120,9 @@ def verdict_of(zoo: Daemon, sub: Any, result: Any, failure: dict | None, metas: 
     """``judge`` and then the physics floor: the one verdict of a live report and of a start-up re-judge.
 
     A result that accepts but has a figure no device of the arch can reach becomes
-    IMPLAUSIBLE_RESULT (``kz_daemon.guards.physics``). ``facts`` is the submission record when
-    the caller already read it (read from the pending store otherwise).
+    IMPLAUSIBLE_RESULT, and one with a case nothing bounds NO_FLOOR
+    (``kz_daemon.guards.physics``). ``facts`` is the submission record when the caller
+    already read it (read from the pending store otherwise).
     """
     verdict = judge(sub, result, failure, metas)
     if not verdict[0]:
@@ -131,8 +132,7 @@ def verdict_of(zoo: Daemon, sub: Any, result: Any, failure: dict | None, metas: 
     refused = physics.check_result(result, metas, facts.get("io_signature"), sub.arch or "", zoo.config.physics)
     if refused is None:
         return verdict
-    message, details = refused
-    return False, "IMPLAUSIBLE_RESULT", message, details, False
+    return False, refused.code, refused.message, refused.details, False
 
 
 def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,

@@ -52,8 +52,6 @@ DAEMON_HINTS: dict[str, str] = {
                      "inputs you pass to kz_runner.bench and run `kz dry-run`.",
     "HARNESS_LOCKED": "Keep the harness files of an existing package as they are in the repo (or ask "
                       "the operator to review a change to them).",
-    "IMPLAUSIBLE_RESULT": "The timing is not physically plausible for the case: time the whole kernel "
-                          "through the harness and report the measured values unchanged.",
     "RULE_VIOLATION": "The package breaks one of the zoo's rules named in the message: fix the code it "
                       "points at and run `kz dry-run`.",
     "CONFIRMATION_MISMATCH": "A second run did not confirm the first one's figures: make the benchmark "

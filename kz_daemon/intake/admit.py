@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kz_daemon.guards import harness_lock
+from kz_daemon.guards import harness_lock, physics
 from kz_daemon.intake import idempotency
 from kz_daemon.intake import spool
 from kz_daemon.guards.static_rules import screen
@@ -158,7 +158,8 @@ def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore,
 
     Call with the git lock held (HEAD's harness files are read). Sets
     ``harness_change`` for a maintainer's change, ``held`` for findings an admin must
-    review; rejects HARNESS_LOCKED or RULE_VIOLATION. Records the desc's
+    review; rejects HARNESS_LOCKED, RULE_VIOLATION, or NO_FLOOR for a case the physics
+    floor cannot bound on this server (nothing it reported could be accepted). Records the desc's
     ``io_signature`` in ``facts`` for the physics floor.
     """
     kid = outcome.kernel_id
@@ -167,6 +168,9 @@ def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore,
     desc = load_yaml(submitted[DESC] or b"") if submitted[DESC] else None
     desc = desc if isinstance(desc, dict) else {}
     facts["io_signature"] = desc.get("io_signature")
+    no_floor = physics.floorless(facts.get("metas") or [], facts["io_signature"], outcome.arch, config.physics)
+    if no_floor is not None:
+        return reject(kid, no_floor.code, no_floor.message, **no_floor.details)
     if not outcome.new_kernel:
         changed = harness_lock.changed_files(harness_lock.head_harness(git, kid), submitted)
         if changed and not harness_lock.is_maintainer(kid, verified, config.maintainers):

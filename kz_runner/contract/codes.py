@@ -82,6 +82,20 @@ _ROWS = [
     ("REFERENCE_SOURCE_OUTSIDE", ERROR, "desc.yaml",
      "A path in reference_sources leaves the package or points into .kernel_package/.",
      "Reference files of the source area only (beside .kernel_package/), without '..' or links that leave the package."),
+    # area: the physics floor (desc.yaml's io_signature with each case's params; a reported result)
+    ("NO_FLOOR", ERROR, "floor",
+     "A case has no physics floor: an io_signature dtype the floor does not know, a shape dim that does not "
+     "resolve against the case's params (an integer, or a params key whose value is an integer), a case that "
+     "moves no byte, a primary metric the floor cannot read, or an arch the server has no ceiling for. "
+     "A result nothing bounds is not accepted.",
+     "Name every shape dim after a key of each case's params (shape: [rows, cols] with params {rows: 64, "
+     "cols: 128}), use a known dtype, and make the primary metric a time (lower_better) or a bandwidth or "
+     "compute figure (higher_better); for an arch, the operator sets physics.<arch> in kz.yaml."),
+    ("IMPLAUSIBLE_RESULT", ERROR, "floor",
+     "A reported figure beats what any device of the arch can do (the bytes the case must move over the "
+     "arch's bandwidth, or its peak compute, times the margin): the measurement is broken.",
+     "Time the whole kernel through the harness and report the measured values unchanged; an unsynchronised "
+     "timer, skipped or cached work gives such figures."),
     # area: bench_result.yaml
     ("BENCH_RESULT_SCHEMA", ERROR, "bench_result.yaml",
      "bench_result.yaml does not match schemas/bench_result.json.",

@@ -28,6 +28,7 @@ from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, C
 from kz_runner.contract.kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id, kernel_id_from_path, path_ends_with)
 from kz_runner.contract.problems import ERROR, WARNING, Problem, Report
 from kz_runner.contract.rules.engine import REJECT, RULES_BY_ID, SOURCE_SUFFIXES, check_sources
+from kz_runner.contract.rules.floor import signature_problems
 from kz_runner.contract.rules.pysource import (check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas)  # noqa: F401
 from kz_runner.contract.schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
 from kz_runner.contract.tarball import (KERNEL_PACKAGE_DIR, Limits, MiB, control_character_problem, find_package_root,
@@ -258,6 +259,9 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
         an.metas = metas
         an.problems.extend(problems)
     _check_cases_match(an, raw_bench_cases)
+    if an.desc is not None and an.metas is not None:  # every case must have a physics floor
+        an.problems.extend(signature_problems(an.desc.get("io_signature"), an.metas, contract_path(DESC),
+                                              contract_path(BENCHMARK)))
     if exists is not None and an.desc is not None:
         an.problems.extend(check_reference_sources(an.desc.get("reference_sources"), exists))
     return an

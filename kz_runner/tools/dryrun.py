@@ -2,8 +2,10 @@
 
 Steps, in order; the first that fails ends the run and names itself:
 
-1. ``validate``    static checks (:mod:`kz_runner.contract.validate`); for a tarball the
-                   tarball rules too;
+1. ``validate``    static checks (:mod:`kz_runner.contract.validate`) and the static source
+                   rules with the server's defaults (a reject rule fails the step, a hold
+                   rule is a warning: the server would hold it for an admin); for a
+                   tarball the tarball rules too;
 2. ``unpack``      (tarballs only) safe unpack, then a seed ``bench_result.yaml`` is
                    added as the server does for a package it has never seen;
 3. ``build-1``, ``build-2``  ``python .kernel_package/build_test_env.py WORKDIR`` in two
@@ -12,7 +14,9 @@ Steps, in order; the first that fails ends the run and names itself:
 5. ``benchmark``   ``python .kernel_package/benchmark.py WORKDIR`` (workdir of build 1);
 6. ``output``      stdout is exactly one JSON document;
 7. ``checks``      the schema and the server's hard checks (:mod:`.checks`);
-8. ``verdict``     the package's own ``overall.accept`` is true.
+8. ``floor``       the physics floor (:mod:`kz_runner.contract.rules.floor`) with the default
+                   ceilings of desc.yaml's arch: ``IMPLAUSIBLE_RESULT`` or ``NO_FLOOR`` fail it;
+9. ``verdict``     the package's own ``overall.accept`` is true.
 
 Build values first, print last: :func:`dry_run` returns a :class:`DryRun`;
 :func:`render_text` and :meth:`DryRun.to_json` format it.
@@ -35,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from kz_runner.contract.checks import Verdict, check_result, parse_output
-from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, KP, seed_scorecard
+from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, DESC, KP, seed_scorecard
 from kz_runner.contract.problems import Problem, clip
 
-STEPS = ("validate", "unpack", "build-1", "build-2", "idempotency", "benchmark", "output", "checks", "verdict")
+STEPS = ("validate", "unpack", "build-1", "build-2", "idempotency", "benchmark", "output", "checks", "floor",
+         "verdict")
 COMPARED = ("inputs", "expected", "build_manifest.json")
 STDOUT_CAP = 16 * 1024 * 1024
 STDERR_CAP = 1024 * 1024
@@ -293,9 +298,9 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
     t0 = time.monotonic()
     is_tarball = src.is_file()
     if is_tarball:
-        report = validate_tarball(src, src.name, kernel_id=kernel_id)
+        report = validate_tarball(src, src.name, kernel_id=kernel_id, rules=True)
     else:
-        report = validate_package_dir(src, kernel_id=kernel_id)
+        report = validate_package_dir(src, kernel_id=kernel_id, rules=True)
     run.kernel_id = report.facts.get("kernel_id")
     run.warnings = report.warnings
     n_warn = f" ({len(report.warnings)} warnings)" if report.warnings else ""
@@ -370,8 +375,25 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
         run.steps.append(Step("checks", False, 0.0, verdict.reason, verdict.problems))
         return
     run.steps.append(Step("checks", True, 0.0, "schema and every server-side hard check passed"))
+    if verdict.accepted:  # the server bounds only a result that would be accepted
+        refused = _floor(package_dir, doc, metas)
+        if refused is not None:
+            run.steps.append(Step("floor", False, 0.0, refused.message, (refused.to_problem(),)))
+            return
+        run.steps.append(Step("floor", True, 0.0, "every figure within the physics of the arch"))
     run.steps.append(Step("verdict", verdict.accepted, 0.0,
                           ("accepted: " if verdict.accepted else "") + verdict.reason))
+
+
+def _floor(package_dir: Path, doc: Any, metas: list[dict]):
+    """The physics floor's refusal of the result (server defaults, desc.yaml's arch), or None."""
+    from kz_runner.contract.rules.floor import check_result as floor_check
+    from kz_runner.contract.yamlio import load_yaml
+
+    desc = load_yaml((package_dir / KP / DESC).read_bytes())
+    desc = desc if isinstance(desc, dict) else {}
+    category = desc.get("category") if isinstance(desc.get("category"), dict) else {}
+    return floor_check(doc, metas, desc.get("io_signature"), str(category.get("arch") or ""))
 
 
 def _copy_package(package_dir: Path, dest: Path) -> Path:

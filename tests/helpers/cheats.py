@@ -19,7 +19,7 @@ Two more families live beside them. :func:`rule_cheat_packages` writes source ar
 hide code from the static rules (a file in another encoding, binaries, names built at run
 time, a module's namespace taken whole): each must be held or rejected at intake, naming
 its file. :func:`input_cheat_packages` writes sources that are only wrong on inputs in
-the numerically hard range, which the harness's own inputs must reach.
+the numerically hard range (layer ``inputs``), which the harness's own inputs must reach.
 """
 from __future__ import annotations
 
@@ -622,4 +622,36 @@ def rule_cheat_packages(tmp_dir: str | Path) -> list[RuleCheat]:
             (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
             (pkg / rel).write_bytes(data)
         out.append(RuleCheat(name, pattern, pkg, rule, action, evidence))
+    return out
+
+
+# Sources that are right on easy inputs and wrong in the numerically hard range; the harness's
+# own inputs must reach that range (the Softmax example's r64_c128 rows are shifted by up to ±1000).
+_INPUT_CHEATS: list[tuple[str, str, str, str, str | None, str, str]] = [
+    ("no_max_subtraction", "softmax without subtracting the row max (one pass fewer): exact for small logits, "
+     "NaN once exp overflows or every term underflows", SOFTMAX, "softmax.py", "PACKAGE_REJECTED", "inputs", """
+import numpy as np
+
+
+def softmax_rows(x):
+    e = np.exp(x)
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
+"""),
+]
+
+
+def input_cheat_packages(tmp_dir: str | Path) -> list[Cheat]:
+    """Write every source that only the hard-range inputs expose under ``tmp_dir`` (one folder each).
+
+    Their ``expected_code`` is the daemon's: the package's own correctness check fails a
+    case, so its benchmark does not accept (``PACKAGE_REJECTED``).
+    """
+    tmp_dir = Path(tmp_dir)
+    out = []
+    for name, pattern, example, src_file, code, layer, source in _INPUT_CHEATS:
+        pkg = _copy_example(example, tmp_dir / name)
+        (pkg / "src" / src_file).write_text(f'"""Cheat {name}: {pattern}."""\n' + source.lstrip("\n"),
+                                            encoding="utf-8")
+        out.append(Cheat(name, pattern, pkg, code, layer))
     return out

@@ -29,15 +29,20 @@ CACHE_FORMAT = 2
 _DESC_KEYS = ("reference_sources",)
 
 
+#: the whole contract package: validate, the rules, the floor ... (not the indexing folder alone)
+CONTRACT_DIR = Path(__file__).resolve().parent.parent
+
+
 @lru_cache(maxsize=None)
-def validator_fingerprint() -> str:
-    """SHA-256 over the contract modules' sources and the schemas: changes whenever verdicts may."""
+def validator_fingerprint(contract: Path = CONTRACT_DIR) -> str:
+    """SHA-256 over the contract package's sources and the schemas: changes whenever verdicts may."""
     import kz_schemas
 
-    here = Path(__file__).resolve().parent
     digest = hashlib.sha256(str(CACHE_FORMAT).encode())
-    for path in sorted(here.glob("*.py")) + sorted(Path(kz_schemas.SCHEMA_DIR).glob("*.json")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    sources = [(p.relative_to(contract).as_posix(), p) for p in sorted(contract.rglob("*.py"))]
+    schemas = [(p.name, p) for p in sorted(Path(kz_schemas.SCHEMA_DIR).glob("*.json"))]
+    for name, path in sources + schemas:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -9,13 +9,17 @@ from pathlib import Path
 
 import numpy as np
 
-# Must match KERNEL_ZOO_TEST_CASE_METAS in benchmark.py, one entry per case.
+# Must match KERNEL_ZOO_TEST_CASE_METAS in benchmark.py, one entry per case. logit_offset: each
+# row of the case is shifted by its own offset drawn from [-logit_offset, logit_offset]; at
+# 1000 most rows lie far outside the range where float32 exp neither overflows (above ~88)
+# nor underflows to 0 (below ~-103), so only a max-subtracted softmax gets them right.
 TEST_CASE_PARAMS = {
-    "r64_c128": {"rows": 64, "cols": 128},
-    "r512_c1024": {"rows": 512, "cols": 1024},
-    "r2048_c512": {"rows": 2048, "cols": 512},
+    "r64_c128": {"rows": 64, "cols": 128, "logit_offset": 1000.0},
+    "r512_c1024": {"rows": 512, "cols": 1024, "logit_offset": 0.0},
+    "r2048_c512": {"rows": 2048, "cols": 512, "logit_offset": 0.0},
 }
 SEED = 0x50F7  # fixed: never derive it from time or the environment
+OFFSET_SEED = SEED + 1  # its own stream: the other cases' inputs do not depend on the offsets
 
 
 def build_env(workdir: Path) -> None:
@@ -27,8 +31,12 @@ def build_env(workdir: Path) -> None:
     for folder in (inputs, expected, workdir / "build"):
         folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
+    offsets = np.random.default_rng(OFFSET_SEED)
     for case_id, params in TEST_CASE_PARAMS.items():
-        x = (3.0 * rng.standard_normal((params["rows"], params["cols"]))).astype(np.float32)
+        x = 3.0 * rng.standard_normal((params["rows"], params["cols"]))
+        if params["logit_offset"]:
+            x += offsets.uniform(-params["logit_offset"], params["logit_offset"], size=(params["rows"], 1))
+        x = x.astype(np.float32)
         x64 = x.astype(np.float64)
         e = np.exp(x64 - x64.max(axis=1, keepdims=True))
         out = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)

@@ -16,6 +16,7 @@ _REASONS = {200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad request", 4
             422: "Result invalid", 429: "Rate limited", 503: "Unavailable"}
 
 #: the kernel_id rule of kz_runner.contract.kernel_id, as a schema (the handlers apply the rule itself).
+KERNEL_ID_EXAMPLE = "cpu/Elementwise/Axpy/fp32/numpy_ref"
 _KERNEL_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_KERNEL_ID_BYTES,
                      "pattern": KERNEL_ID_PATTERN}
 
@@ -57,6 +58,9 @@ def build(ops: Iterable[Op], version: str) -> dict[str, Any]:
              "description": "kernel_id (contains slashes)" if name == "kernel_id" else f"the {name}"}
             for name in op.path_params
         ]
+        for parameter in parameters:  # the example also tells generators a slash is meant (five segments)
+            if parameter["name"] == "kernel_id":
+                parameter["example"] = KERNEL_ID_EXAMPLE
         parameters += [
             {"name": p.name, "in": "query", "required": p.required, "schema": p.schema,
              "description": p.description}

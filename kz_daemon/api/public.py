@@ -356,15 +356,6 @@ async def reject_review(request: Request) -> Response:
     return await _review(request, "reject")
 
 
-async def kernel_file(request: Request) -> Response:
-    """GET /api/kernels/{kernel_id}/files/{path}: one file of the kernel's package at HEAD, as bytes."""
-    kernel_id, path = request.path_params["kernel_id"], request.path_params["path"]
-    data = await run_in_threadpool(request.app.state.zoo.kernel_file, kernel_id, path)
-    media = "text/plain; charset=utf-8" if path.endswith((".py", ".yaml", ".yml", ".md", ".txt")) \
-        else "application/octet-stream"
-    return Response(data, media_type=media)
-
-
 async def revoke_submission(request: Request) -> Response:
     """POST /api/submissions/{uuid}/revoke: an admin takes an accepted record back (``{"reason": ...}``)."""
     state = request.app.state
@@ -446,9 +437,6 @@ OPS: list[Op] = [
                  "page size, default 100"),
        ),
        responses={200: "api_kernel_list", 400: "api_error"}),
-    Op("GET", "/api/kernels/{kernel_id:path}/files/{path:path}", kernel_file, "getKernelFile",
-       "One file of a kernel's package at HEAD (e.g. .kernel_package/benchmark.py)", "kernels",
-       responses={200: None, 400: "api_error", 404: "api_error"}, content_type="application/octet-stream"),
     Op("GET", "/api/kernels/{kernel_id:path}", get_kernel, "getKernel",
        "One kernel: index entry, desc.yaml and bench_result.yaml", "kernels",
        responses={200: "api_kernel", 404: "api_error"}),

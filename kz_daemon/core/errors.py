@@ -21,6 +21,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "SUBMITTER_ID_BOUND": 403,
     "NOT_FOUND": 404,
     "CONFLICT": 409,
+    "AMBIGUOUS_REV": 409,
     "LEASE_LOST": 409,
     "NOT_CLAIMABLE": 409,
     "PAYLOAD_TOO_LARGE": 413,

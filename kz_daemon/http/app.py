@@ -26,7 +26,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.api import public as api
 from kz_daemon.api import openapi
+from kz_daemon.browse import source_api
 from kz_daemon.web import pages
+from kz_daemon.web import source_pages
+from kz_daemon.mcp.in_process import McpEndpoint
 from kz_daemon.api import runner as runner_api
 from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
@@ -43,7 +46,7 @@ STATUS_INTERVAL_S = 10.0
 
 def api_ops() -> list[Op]:
     """Every documented API operation, in documentation order."""
-    return [*api.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
+    return [*source_api.OPS, *api.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
                                           "This OpenAPI document", "ops", responses={200: None})]
 
 
@@ -85,6 +88,7 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
     notifier = notifier or Notifier({})
     ops = api_ops()
     counters = HttpCounters()
+    mcp_endpoint = McpEndpoint()
 
     async def status_loop() -> None:
         """Keep systemd's STATUS line current (queue depth) while serving."""
@@ -101,7 +105,8 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(notifier.watchdog_loop()), asyncio.create_task(status_loop())]
         try:
-            yield
+            async with mcp_endpoint.running():
+                yield
         finally:
             app.state.draining.set()
             for task in tasks:
@@ -112,8 +117,10 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
 
     all_routes = [
         *routes(ops),
+        *source_pages.ROUTES,
         *pages.ROUTES,
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+        Mount("/mcp", app=mcp_endpoint, name="mcp"),
     ]
     app = Starlette(routes=all_routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.zoo = zoo
@@ -134,6 +141,7 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
     app.state.openapi = openapi.build(ops, version)
     app.state.ops = ops
     app.add_middleware(_CountRequests, counters=counters)
+    mcp_endpoint.bind(app)
     return app
 
 

@@ -47,7 +47,6 @@ from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.store import Store
 from kz_runner import __version__
-from kz_runner.contract.layout import DESC, KP
 
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...
 SYNC_MAX_DELAY_S = 30.0  # ... but no longer than this
@@ -352,20 +351,6 @@ class Zoo:
     def note_verified(self, sub_uuid: str, kind: str, principal_id: str) -> None:
         """Record that upload ``sub_uuid`` came with a token of ``(kind, principal_id)`` (maintainer checks)."""
         harness_lock.record_verified(self.config.state_dir, sub_uuid, kind, principal_id)
-
-    def kernel_file(self, kernel_id: str, path: str) -> bytes:
-        """A file of ``kernel_id``'s package at HEAD (NOT_FOUND when the package or the file is not there)."""
-        parts = path.split("/")
-        if not path or any(p in ("", ".", "..") for p in parts):
-            raise ZooError("BAD_REQUEST", f"{path!r} is not a plain relative path", {"path": path})
-        with self.git_lock:
-            if self.git.read_file(f"{kernel_id}/{KP}/{DESC}") is None:
-                raise ZooError("NOT_FOUND", f"no kernel {kernel_id!r} in the repo", {"kernel_id": kernel_id})
-            data = self.git.read_file(f"{kernel_id}/{path}")
-        if data is None:
-            raise ZooError("NOT_FOUND", f"{kernel_id} has no file {path!r} at HEAD",
-                           {"kernel_id": kernel_id, "path": path})
-        return data
 
     def revoke(self, sub_uuid: str, by: str, reason: str) -> SubmissionView:
         """Take an accepted record back (``kz_daemon.accept.revoke``): events, revocation commit, index; its view."""

@@ -102,6 +102,34 @@ def split_message(message: str) -> tuple[str, str, dict[str, str]]:
     return subject, "\n\n".join(first_extra + rest).strip(), trailers
 
 
+def tree_diff(repo: Repo, old_tree: bytes | None, new_tree: bytes | None, *, max_diff: int = MAX_DIFF_BYTES,
+              max_files: int = MAX_FILES) -> tuple[tuple[FileChange, ...], bool, tuple[DiffLine, ...], bool]:
+    """``(changed files, files cut, diff lines, diff cut)`` between two trees of ``repo``.
+
+    Paths are relative to the trees: a commit's root trees give repo paths, a package's
+    subtrees give paths inside the package (the kernel page's diff between two records).
+    """
+    files: list[FileChange] = []
+    files_truncated = False
+    for change in tree_changes(repo.object_store, old_tree, new_tree):
+        if len(files) >= max_files:
+            files_truncated = True
+            break
+        path = (change.new.path or change.old.path or b"").decode("utf-8", "replace")
+        files.append(FileChange(str(change.type), path))
+    sink = _Bounded(max_diff)
+    try:
+        write_tree_diff(sink, repo.object_store, old_tree, new_tree)
+        diff_truncated = False
+    except _Full:
+        diff_truncated = True
+    lines = b"".join(sink.chunks).decode("utf-8", "replace").splitlines()
+    if diff_truncated and lines:
+        lines = lines[:-1]  # the cut line is partial
+    return (tuple(files), files_truncated, tuple(DiffLine(_line_class(line), line) for line in lines),
+            diff_truncated)
+
+
 def read_commit(repo_path: str | Path, sha: str, *, max_diff: int = MAX_DIFF_BYTES,
                 max_files: int = MAX_FILES) -> CommitView | None:
     """The commit ``sha`` (40 hex digits) of the repo, or None when it is not a commit there."""
@@ -119,29 +147,12 @@ def read_commit(repo_path: str | Path, sha: str, *, max_diff: int = MAX_DIFF_BYT
         if not isinstance(commit, Commit):
             return None
         old_tree = repo[commit.parents[0]].tree if commit.parents else None
-        files: list[FileChange] = []
-        files_truncated = False
-        for change in tree_changes(repo.object_store, old_tree, commit.tree):
-            if len(files) >= max_files:
-                files_truncated = True
-                break
-            path = (change.new.path or change.old.path or b"").decode("utf-8", "replace")
-            files.append(FileChange(str(change.type), path))
-        sink = _Bounded(max_diff)
-        try:
-            write_tree_diff(sink, repo.object_store, old_tree, commit.tree)
-            diff_truncated = False
-        except _Full:
-            diff_truncated = True
-        text = b"".join(sink.chunks).decode("utf-8", "replace")
-        lines = text.splitlines()
-        if diff_truncated and lines:
-            lines = lines[:-1]  # the cut line is partial
+        files, files_truncated, diff, diff_truncated = tree_diff(repo, old_tree, commit.tree,
+                                                                 max_diff=max_diff, max_files=max_files)
         message = commit.message.decode("utf-8", "replace")
         subject, body, trailers = split_message(message)
         return CommitView(sha=sha, parents=tuple(p.decode() for p in commit.parents),
                           author=commit.author.decode("utf-8", "replace"), time=int(commit.commit_time),
                           subject=subject, body=body, trailers=tuple(trailers.items()), files=tuple(files),
                           files_truncated=files_truncated,
-                          diff=tuple(DiffLine(_line_class(line), line) for line in lines),
-                          diff_truncated=diff_truncated)
+                          diff=diff, diff_truncated=diff_truncated)

@@ -22,12 +22,13 @@ from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage import run_logs as logs
 from kz_daemon.web import commits
+from kz_daemon.web import source_pages
 from kz_daemon.web import operators
 from kz_daemon.web import submission_list
 from kz_daemon.api import views
 from kz_daemon.web import charts as web_charts
 from kz_daemon.api.public import catalog
-from kz_daemon.web.render import TEMPLATES, fmt_value, short_sha, when
+from kz_daemon.web.render import PAGE_HEADERS, TEMPLATES, fmt_value, short_sha, when
 from kz_events.status import STATUSES, Status, is_terminal
 
 KERNELS_PER_PAGE = 500
@@ -36,16 +37,6 @@ SORT_KEYS = ("kernel", "name", "status", "cases")
 LOG_TAIL_CHARS = 64 * 1024
 #: A kernel page lists at most this many of the kernel's submissions.
 KERNEL_ATTEMPTS = 100
-
-#: Defence in depth on top of escaping: only our own script and stylesheet run on the pages.
-PAGE_HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
-
 
 def _render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
     return TEMPLATES.TemplateResponse(request, name, context, status_code=status, headers=PAGE_HEADERS)
@@ -245,6 +236,7 @@ async def kernel_page(request: Request) -> Response:
     attempts, more = await run_in_threadpool(submission_list.recent, request.app.state.zoo,
                                              submission_list.Filters(kernel=kernel_id), 1, KERNEL_ATTEMPTS)
     attempts = [a for a in attempts if a["kernel_id"] == kernel_id]
+    records = await run_in_threadpool(source_pages.kernel_records, request, kernel_id)
     quant = desc.get("quantization") if isinstance(desc.get("quantization"), dict) else {}
     return _render(request, "kernel.html", {
         "title": kernel_id, "kernel_id": kernel_id, "entry": entry, "desc": desc, "quant": quant,
@@ -252,7 +244,7 @@ async def kernel_page(request: Request) -> Response:
         "status": views.status_of(entry), "valid": views.is_valid(entry), "problems": entry.get("problems") or [],
         "scorecard": _scorecard_rows(card, primaries, harness.blob if harness else None), "primaries": primaries, "points": list(reversed(points)),
         "charts": [c for c in _case_charts(points, primaries, units) if c is not None],
-        "harness": harness, "attempts": attempts, "more_attempts": more,
+        "harness": harness, "attempts": attempts, "more_attempts": more, "records": records,
         "io": [i for i in desc.get("io_signature") or [] if isinstance(i, dict)]})
 
 

@@ -24,12 +24,14 @@ from kz_events.store import StorageError, StoreBroken
 
 #: codes whose answers tell the client when to retry
 RETRY_CODES = ("RATE_LIMITED", "STORAGE_FULL")
+#: codes after which the connection is closed: part of the request may still be unread
+CLOSE_CODES = ("REQUEST_TIMEOUT",)
 
 log = logging.getLogger("kz_daemon.http")
 
 _CODE_BY_STATUS = {
     400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED", 409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE",
+    405: "METHOD_NOT_ALLOWED", 408: "REQUEST_TIMEOUT", 409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE", 422: "RESULT_INVALID", 429: "RATE_LIMITED",
     503: "UNAVAILABLE",
 }
@@ -53,6 +55,8 @@ async def zoo_error(request: Request, exc: Exception) -> Response:
     retry = exc.details.get("retry_after_s") if isinstance(exc.details, dict) else None
     if exc.code in RETRY_CODES and retry is not None:
         headers = {"Retry-After": str(max(1, int(float(retry) + 0.999)))}
+    if exc.code in CLOSE_CODES:
+        headers = {**(headers or {}), "Connection": "close"}
     details = exc.details if isinstance(exc.details, dict) else {"detail": exc.details}
     return error_response(exc.http_status, exc.code, exc.message, details, headers)
 

@@ -38,6 +38,17 @@ class ShimSettings:
     claim_max_wait_s: float = 60.0
     #: How long POST /api/submissions waits for intake before answering 202 as ``received``.
     intake_wait_s: float = 30.0
+    #: Slow and crowding clients (kz_daemon/http/guard.py): a request head must arrive within
+    #: ``header_timeout_s``, a body may stall for ``body_timeout_s``, an idle kept-alive
+    #: connection is closed after ``keep_alive_s``; at most ``max_connections`` connections
+    #: (``max_connections_per_address`` from one client address), and ``fd_reserve`` file
+    #: descriptors are never spent on connections.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1024
+    max_connections_per_address: int = 64
+    fd_reserve: int = 256
     #: Lease length reported to runners when the claim does not carry it.
     lease_seconds: float = 300.0
     #: Timeouts handed to runners with each claim.

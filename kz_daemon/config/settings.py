@@ -86,6 +86,13 @@ http:                     # the HTTP shim (kz up, kz daemon)
   status_max_wait_s: 60         # upper bound of the status long poll's ?wait=
   claim_max_wait_s: 60          # upper bound of a runner claim's wait
   intake_wait_s: 30             # how long POST /api/submissions waits for intake to finish
+  header_timeout_s: 10          # a request head must arrive whole within this (else 408 and closed)
+  body_timeout_s: 30            # a request body may stall this long while the server waits (else 408)
+  keep_alive_s: 5               # an idle kept-alive connection is closed after this
+  max_connections: 1024         # open connections at once; more are answered 503 and closed ...
+  max_connections_per_address: 64  # ... and from one client address (trusted proxies: the first cap only)
+  fd_reserve: 256               # file descriptors never spent on connections (git, event log, spool);
+                                # the soft RLIMIT_NOFILE is raised to the hard one at start
 
 mirrors: []               # e.g. [{name: backup, url: /srv/git/kernels.git}]
 
@@ -211,6 +218,12 @@ class HttpSettings:
     status_max_wait_s: float = 60.0
     claim_max_wait_s: float = 60.0
     intake_wait_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1024
+    max_connections_per_address: int = 64
+    fd_reserve: int = 256
 
 
 @dataclass(frozen=True)
@@ -469,6 +482,11 @@ def _check_ranges(config: Config, source: str) -> None:
         "http.status_max_wait_s": config.http.status_max_wait_s,
         "http.claim_max_wait_s": config.http.claim_max_wait_s,
         "http.intake_wait_s": config.http.intake_wait_s,
+        "http.header_timeout_s": config.http.header_timeout_s,
+        "http.body_timeout_s": config.http.body_timeout_s,
+        "http.keep_alive_s": config.http.keep_alive_s,
+        "http.max_connections": config.http.max_connections,
+        "http.max_connections_per_address": config.http.max_connections_per_address,
         "limits.idempotency_ttl_s": config.limits.idempotency_ttl_s,
     }
     for key, value in positive.items():
@@ -477,6 +495,7 @@ def _check_ranges(config: Config, source: str) -> None:
     not_negative = {
         "limits.min_free_bytes": config.limits.min_free_bytes,
         "limits.min_free_percent": config.limits.min_free_percent,
+        "http.fd_reserve": config.http.fd_reserve,
     }
     for key, value in not_negative.items():
         if value < 0:

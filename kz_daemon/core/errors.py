@@ -20,6 +20,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "FORBIDDEN": 403,
     "SUBMITTER_ID_BOUND": 403,
     "NOT_FOUND": 404,
+    "REQUEST_TIMEOUT": 408,
     "CONFLICT": 409,
     "AMBIGUOUS_REV": 409,
     "LEASE_LOST": 409,

@@ -33,7 +33,9 @@ from kz_daemon.mcp.in_process import McpEndpoint
 from kz_daemon.api import runner as runner_api
 from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
-from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket
+from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket, parse_networks
+from kz_daemon.http.guard import (BodyDeadline, ConnectionGuard, accept_backlog, protocol_class,
+                                  raise_fd_limit)
 from kz_daemon.api.metrics import HttpCounters
 from kz_daemon.api.shim_settings import ShimSettings
 from kz_daemon.api.views import Catalog
@@ -140,6 +142,7 @@ def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = Non
     app.state.http_counters = counters
     app.state.openapi = openapi.build(ops, version)
     app.state.ops = ops
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)
     app.add_middleware(_CountRequests, counters=counters)
     mcp_endpoint.bind(app)
     return app
@@ -150,7 +153,10 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
     """A ``uvicorn.Server`` for ``app`` whose exit handling first marks the app as draining.
 
     ``on_signal(server)``, when given, takes over SIGINT/SIGTERM (it must set
-    ``server.should_exit`` eventually); a second signal forces the exit.
+    ``server.should_exit`` eventually); a second signal forces the exit. Its connections
+    are guarded by the app's settings (``kz_daemon.http.guard``: a deadline for each
+    request head, connection caps, file descriptors in reserve; the soft RLIMIT_NOFILE
+    is raised to the hard limit here).
     """
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's signal hook
@@ -170,8 +176,15 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
             app.state.draining.set()
             self.should_exit = True
 
+    settings = app.state.settings
+    guard = ConnectionGuard(header_timeout_s=settings.header_timeout_s, max_connections=settings.max_connections,
+                            max_per_address=settings.max_connections_per_address, fd_reserve=settings.fd_reserve,
+                            fd_limit=raise_fd_limit(), trusted=parse_networks(tuple(settings.trusted_proxies)))
+    app.state.connection_guard = guard
     # proxy_headers off: uvicorn would take X-Forwarded-For from any local peer as the client;
     # which proxies are trusted is kz.yaml's http.trusted_proxies (kz_daemon.api.rate_limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=graceful_s, access_log=False, proxy_headers=False)
+                            timeout_graceful_shutdown=graceful_s, access_log=False, proxy_headers=False,
+                            http=protocol_class(guard), timeout_keep_alive=settings.keep_alive_s,
+                            backlog=accept_backlog(settings.fd_reserve))
     return _Server(config)

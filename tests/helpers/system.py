@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -86,7 +87,8 @@ class ZooProcess:
     """``kz daemon`` over ``state_dir`` as a subprocess; its output goes to ``state_dir.parent/daemon-N.log``."""
 
     def __init__(self, state_dir: Path, *, lease: float = 5.0, attempts: int = 5, extra_yaml: str = "",
-                 runners: tuple[str, ...] = (), seed_from: Path | None = None) -> None:
+                 runners: tuple[str, ...] = (), seed_from: Path | None = None, nofile: int | None = None) -> None:
+        self.nofile = nofile  # RLIMIT_NOFILE (soft and hard) of the daemon process, when given
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -119,11 +121,16 @@ class ZooProcess:
         with open(log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "kz_daemon.cli", "daemon", "--state-dir",
                                           str(self.state_dir)], cwd=ROOT, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, preexec_fn=self._limits)
         wait_for(lambda: self.ready() or self.proc.poll() is not None, timeout=ready_timeout, interval=0.1)
         if crash_at and self.proc.poll() == -signal.SIGKILL:
             return  # start-up recovery finished a saga left pending and met the crash point: a crash like any
         assert self.proc.poll() is None, f"the daemon died at start:\n{self.log_tail()}"
+
+    def _limits(self) -> None:
+        """In the child before exec: the descriptor limit asked for (soft and hard: it cannot be raised)."""
+        if self.nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def ready(self) -> bool:
         """True when /readyz answers 200."""

@@ -11,7 +11,6 @@ import pytest
 
 from kz_runner.worker import job
 from kz_runner.contract import checks
-from kz_runner.worker.procs import run_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runner"
 PREFIX = "cpu/Test/Runner/fp32"
@@ -78,16 +77,34 @@ def test_build_timeout(tmp_path):
     assert b"build hangs" in out.logs and b"timed out" in out.logs
 
 
+def host_processes(tag: str) -> list[int]:
+    """Live processes of the host whose command line holds ``tag`` (a step's own pids are those of
+    its sandbox's pid namespace, so a leftover is found by what it runs)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if tag.encode() in Path(f"/proc/{name}/cmdline").read_bytes() and _alive(int(name)):
+                found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+def leftovers(logs: bytes, key: bytes, timeout: float = 10) -> list[int]:
+    """Host pids still running the process a step announced as ``key=<tag>`` in its logs."""
+    match = re.search(key + rb"=(kz-leftover-[0-9a-f]+)", logs)
+    assert match, logs[-2000:]
+    tag = match.group(1).decode()
+    deadline = time.monotonic() + timeout
+    while host_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return host_processes(tag)
+
+
 def test_benchmark_timeout_kills_the_grandchild_too(tmp_path):
     out = run("bench_hangs_grandchild", tmp_path, benchmark_timeout_s=3.0)
     assert out.failure_code == job.BENCHMARK_TIMEOUT and out.result is None
-    match = re.search(rb"GRANDCHILD_PID=(\d+)", out.logs)
-    assert match, out.logs[-2000:]
-    pid = int(match.group(1))
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid), "the benchmark's grandchild survived the timeout"
+    assert leftovers(out.logs, b"GRANDCHILD_TAG") == [], "the benchmark's grandchild survived the timeout"
 
 
 def test_crashing_benchmark(tmp_path):
@@ -189,18 +206,31 @@ def test_keep_workdir_and_a_read_only_tree_is_still_removed(tmp_path):
 
 
 def test_runner_failure_codes_are_the_wire_codes():
-    assert set(job.FAILURE_CODES) - {job.CANCELLED} == {
+    assert set(job.FAILURE_CODES) - {job.CANCELLED, *job.RUNNER_REFUSALS} == {
         "UNPACK_FAILED", "BUILD_FAILED", "BUILD_TIMEOUT", "BENCHMARK_TIMEOUT", "BENCHMARK_CRASHED", "BAD_OUTPUT",
         "INTEGRITY_ERROR"}
+    # the host's refusals are never reported, but their meaning and fix are in the one code table
+    from kz_runner.contract.codes import CODES
+
+    assert set(job.RUNNER_REFUSALS) == {"SANDBOX_UNAVAILABLE", "HARNESS_LIBRARY_CHANGED"} <= set(CODES)
 
 
 @pytest.mark.gpu
 def test_on_a_gpu_host_the_steps_see_exactly_the_runner_gpu(tmp_path):
-    code = ("import cupy\nfrom cupy.cuda import runtime\n"
-            "print(runtime.getDeviceCount(), runtime.getDeviceProperties(0)['pciBusID'])")
-    env = job.child_env(job.JobSettings(gpu="0"), tmp_path)
-    res = run_step([job.JobSettings().python, "-c", code], cwd=tmp_path, env=env, timeout_s=120,
-                   stdout_cap=4096, stderr_cap=65536)
+    """In its sandbox, as the job user: CuPy finds the runner's GPU, one device, and runs a kernel."""
+    from kz_runner.contract.arch import detect_arch
+
+    code = ("import cupy, os\nfrom cupy.cuda import runtime\n"
+            "x = cupy.arange(1 << 20, dtype=cupy.float32); assert float((x * 2).sum()) == float(x.sum() * 2)\n"
+            "print(runtime.getDeviceCount(), os.getuid(), sorted(os.listdir('/dev')))")
+    settings = job.JobSettings(gpu="0", arch=detect_arch("0").arch)
+    for sub in ("work", "home", "tmp"):
+        (tmp_path / sub).mkdir()
+    job._hand_over(settings, tmp_path)
+    env = job.child_env(settings, tmp_path)
+    res = job.run_sandboxed([settings.python, "-c", code], settings, cwd=tmp_path / "home", env=env, timeout_s=300,
+                            writable=[tmp_path / "home", tmp_path / "tmp"])
     assert res.ok, res.stderr.decode(errors="replace")
-    count, _bus = res.stdout.split()
-    assert count == b"1"
+    count, uid, devices = res.stdout.decode().split(" ", 2)
+    assert count == "1" and uid == str(settings.containment.uid)
+    assert "'nvidia1'" not in devices and ("'nvidia0'" in devices or "'kfd'" in devices), devices

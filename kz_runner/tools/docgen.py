@@ -173,7 +173,8 @@ def codes_section() -> str:
     lines = ["## Problem codes", "",
              "Every finding of `kz validate` (and of the daemon's intake, which runs the same validator and "
              "reports the same codes) has one of these stable codes. `error` makes a package or "
-             "tarball invalid; `warning` does not.", "",
+             "tarball invalid; `warning` does not. The codes of area `runner` are about the runner host, not "
+             "the package: a submission's reasons carry them, `kz validate` never does.", "",
              "| Code | Severity | Area | Meaning | What to do |", "| --- | --- | --- | --- | --- |"]
     for info in CODES.values():
         lines.append(f"| `{info.code}` | {info.severity} | {info.area} | {_escape(info.meaning)} | "

@@ -1,1 +1,1 @@
-"""The runner side: claim jobs, run each step contained, seal the workdir, report."""
+"""The runner side: claim jobs, run each step in its sandbox, seal the workdir, report."""

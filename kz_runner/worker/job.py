@@ -6,7 +6,9 @@ loop knows nothing of how a package is run, only what came out.
 Steps:
 
 1. safe unpack into a fresh job directory (the daemon intake's rules and limits);
-   the package files are made read-only and ``.kernel_package/`` is hashed;
+   the package files are made read-only and ``.kernel_package/`` is hashed; the
+   harness library is staged and its hash compared with the one the runner took at
+   start (:func:`preflight`; ``HARNESS_LIBRARY_CHANGED`` when they differ);
 2. ``python .kernel_package/build_test_env.py WORKDIR`` with cwd = the package root;
 3. everything the build wrote into WORKDIR is hashed and made read-only
    (:mod:`kz_runner.worker.seal`);
@@ -15,14 +17,22 @@ Steps:
    channel, or from stdout (exactly one JSON document) when the harness sent none;
 5. the hashes are checked again: any change is ``INTEGRITY_ERROR`` naming the files.
 
-Each step runs in its own process group with a timeout (the whole group is killed),
-a scrubbed environment built from an allow-list (never the runner's token or
-server address), only the runner's GPU visible, caps on captured output, and the
-containment of :mod:`kz_runner.worker.contain` (network namespace, unprivileged user,
-resource limits). ``PYTHONPATH`` holds only a read-only staged copy of the harness
-library (:mod:`kz_runner.worker.harnesslib`). Expected failures are values:
-``JobOutcome.failure_code`` is one of the codes in :data:`FAILURE_CODES` or one of
-the harness library's integrity codes (:data:`kz_runner.worker.result_channel.LIBRARY_CODES`).
+Each step runs through :func:`run_sandboxed`, the one way a step runs: a bubblewrap
+sandbox (:mod:`kz_runner.worker.sandbox`) that shows the step only the package and the
+staged library (read-only), the job's ``work/`` (writable for the build, read-only for
+the benchmark), ``home/`` and ``tmp/``, the interpreter, ``/usr`` and its GPU's device
+nodes; no network, no other process, never root; limits from
+:class:`kz_runner.worker.contain.Containment`. It is supervised in its own process group
+with a timeout (the whole group is killed), a scrubbed environment built from an
+allow-list (never the runner's token or server address), only the runner's GPU visible,
+and caps on captured output. ``PYTHONPATH`` holds only a read-only staged copy of the
+harness library (:mod:`kz_runner.worker.harnesslib`). A sandbox that cannot be made
+stops the job before any package code runs (``SANDBOX_UNAVAILABLE``): there is no
+unsandboxed fallback, only the explicit development switch ``Containment.unconfined``.
+
+Expected failures are values: ``JobOutcome.failure_code`` is one of the codes in
+:data:`FAILURE_CODES` or one of the harness library's integrity codes
+(:data:`kz_runner.worker.result_channel.LIBRARY_CODES`).
 """
 from __future__ import annotations
 
@@ -32,16 +42,18 @@ import shutil
 import signal
 import stat
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kz_runner.worker import result_channel as channel
 from kz_runner.worker import contain
 from kz_runner.worker import harnesslib
+from kz_runner.worker import sandbox
 from kz_runner.worker import seal as integrity
 from kz_runner.contract import tarball
 from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP
@@ -61,8 +73,13 @@ BENCHMARK_CRASHED = "BENCHMARK_CRASHED"
 BAD_OUTPUT = channel.BAD_OUTPUT
 INTEGRITY_ERROR = channel.INTEGRITY_ERROR
 CANCELLED = "CANCELLED"
+# The runner host's trouble, not the package's: never reported (the runner releases the job and
+# stops claiming). Their meaning and fix are in kz_runner.contract.codes.
+SANDBOX_UNAVAILABLE = sandbox.SANDBOX_UNAVAILABLE
+HARNESS_LIBRARY_CHANGED = "HARNESS_LIBRARY_CHANGED"
+RUNNER_REFUSALS = (SANDBOX_UNAVAILABLE, HARNESS_LIBRARY_CHANGED)
 FAILURE_CODES = (UNPACK_FAILED, BUILD_FAILED, BUILD_TIMEOUT, BENCHMARK_TIMEOUT, BENCHMARK_CRASHED, BAD_OUTPUT,
-                 INTEGRITY_ERROR, CANCELLED)
+                 INTEGRITY_ERROR, CANCELLED, *RUNNER_REFUSALS)
 
 BUILD_SCRIPT = f"{KP}/{BUILD_TEST_ENV}"
 BENCHMARK_SCRIPT = f"{KP}/{BENCHMARK}"
@@ -80,6 +97,13 @@ PASS_THROUGH_PREFIXES = ("CUPY_",)
 # Visibility variables: copied only when the runner was not given a GPU index.
 VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Toolkit variables whose directories the sandbox shows read-only (when outside /usr, which it
+# shows anyway); LD_LIBRARY_PATH's entries too.
+TOOLKIT_DIRS = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "ROCM_PATH", "ROCM_HOME", "HIP_PATH")
+# bytes of bwrap's status lines kept (a few short JSON lines)
+STATUS_CAP = 64 * 1024
+# seconds the preflight's sandboxed import of the harness library may take
+PREFLIGHT_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -114,8 +138,11 @@ class JobSettings:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     # keep the job directory afterwards (debugging)
     keep_workdir: bool = False
-    # how the steps are contained (kz_runner.worker.contain); contain.OFF runs them directly
+    # the job user and limits of each step's sandbox; contain.UNCONFINED runs steps without one
+    # (development only: such runs are marked unconfined and never accepted)
     containment: contain.Containment = contain.Containment()
+    # the harness inputs' hash the runner took at start (preflight); None: not compared
+    harness_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +179,12 @@ class JobOutcome:
     def cancelled(self) -> bool:
         """True when the job was stopped from outside (lease lost, runner stopping)."""
         return self.failure_code == CANCELLED
+
+    @property
+    def refused(self) -> bool:
+        """True when the runner host, not the package, stopped the job (:data:`RUNNER_REFUSALS`):
+        no package code ran to a verdict, and the outcome must not be reported."""
+        return self.failure_code in RUNNER_REFUSALS
 
 
 def _now_rfc3339() -> str:
@@ -265,51 +298,204 @@ def _step_note(name: str, res: StepResult) -> str:
     return f"{name} {how} after {res.duration_s:.2f} s"
 
 
-def _prepare_user(settings: JobSettings, job_dir: Path, env: dict[str, str]) -> tuple[bool, list[dict[str, Any]]]:
-    """Hand the job directory to the job's user when the runner may drop to it and the user can
-    work there (probed); (user drop on, the runner's own containment facts)."""
+def _hand_over(settings: JobSettings, job_dir: Path) -> None:
+    """Give the job's writable folders (work/, home/, tmp/) to the job user when the runner is
+    root (``drop`` mode: the step is the real uid 65534 there). In ``userns`` mode the runner's
+    own uid is the job user outside the namespace, so nothing changes hands."""
     c = settings.containment
-    measure = "unprivileged user"
-    if not c.enabled:
-        return False, [{"measure": "containment", "applied": False, "reason": "disabled by the runner's options"}]
-    if not c.wants_user():
-        why = ("the runner does not run as root" if os.geteuid() != 0 else "no job user configured")
-        return False, [{"measure": measure, "applied": False, "reason": why}]
-    uid, gid = int(c.uid), int(c.gid)
-    # The job directory is the runner's, listable by the job's group only; the job's user cannot
-    # rename the package or the staged library inside it. work/, home/ and tmp/ are the job's.
-    os.chown(job_dir, os.geteuid(), gid)
-    os.chmod(job_dir, 0o750)
+    if c.unconfined or sandbox.mode() != "drop":
+        return
     for sub in ("work", "home", "tmp"):
-        os.chown(job_dir / sub, uid, gid)
+        os.chown(job_dir / sub, c.uid, c.gid)
         os.chmod(job_dir / sub, 0o700)
-    problem = contain.probe_user(c, settings.python, job_dir / "work", env)
-    if problem is None:
-        return True, [{"measure": "job directory", "applied": True,
-                       "detail": f"work/, home/, tmp/ owned by uid {uid}, mode 0700; the rest read-only"}]
-    for sub in ("work", "home", "tmp"):
-        os.chown(job_dir / sub, os.geteuid(), os.getegid())
-    os.chown(job_dir, os.geteuid(), os.getegid())
-    os.chmod(job_dir, 0o700)
-    return False, [{"measure": measure, "applied": False, "reason": problem}]
+
+
+def library_paths(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Toolkit directories the step's environment names (:data:`TOOLKIT_DIRS`, the entries of
+    ``LD_LIBRARY_PATH``) that the sandbox shows read-only: absolute, existing, outside /usr,
+    and never a top-level directory (``/``, ``/root``, ``/home`` would show everything)."""
+    names = [env.get(key, "") for key in TOOLKIT_DIRS] + env.get("LD_LIBRARY_PATH", "").split(":")
+    found = []
+    for name in names:
+        path = os.path.realpath(name) if name and os.path.isabs(name) else ""
+        if len(Path(path).parts) >= 3 and os.path.isdir(path) and not path.startswith("/usr/"):
+            found.append(path)
+    return tuple(dict.fromkeys(found))
+
+
+def device_view(settings: JobSettings) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(device nodes, read-only paths) the steps of this runner see: its own GPU's nodes on an
+    ``sm_*`` lane (every NVIDIA GPU when the runner has no ``--gpu``), the KFD and render nodes
+    on a ``gfx*`` lane (all of them: HIP_VISIBLE_DEVICES selects), nothing on the CPU lane."""
+    if settings.arch.startswith("sm_"):
+        return sandbox.nvidia_view(settings.gpu if settings.gpu is not None else "[0-9]*")
+    if settings.arch.startswith("gfx"):
+        return sandbox.amd_view("*")
+    return (), ()
+
+
+def sandbox_spec(settings: JobSettings, *, cwd: Path, env: Mapping[str, str], timeout_s: float,
+                 readonly: Sequence[Path] = (), writable: Sequence[Path] = (), pass_fds: Sequence[int] = (),
+                 status_fd: int | None = None) -> sandbox.SandboxSpec:
+    """The sandbox of one step: the given paths, the interpreter of ``settings.python``, the
+    lane's devices, the job user and limits of ``settings.containment``."""
+    c = settings.containment
+    devices, ro_try = device_view(settings)
+    return sandbox.SandboxSpec(
+        cwd=str(cwd), rw=tuple(str(p) for p in writable), ro=tuple(str(p) for p in readonly),
+        interpreter=sandbox.interpreter_paths(settings.python), devices=devices,
+        ro_try=tuple(ro_try) + library_paths(env), env=dict(env), pass_fds=tuple(pass_fds),
+        cpu_s=c.cpu_seconds(timeout_s), fsize_bytes=c.fsize_bytes, nproc=c.nproc, nofile=c.nofile,
+        uid=c.uid, gid=c.gid, status_fd=status_fd)
+
+
+def _close_fds(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env: Mapping[str, str],
+                  timeout_s: float, readonly: Sequence[Path] = (), writable: Sequence[Path] = (),
+                  pass_fds: Sequence[int] = (), reads: Mapping[str, tuple[int, int]] | None = None,
+                  cancel: threading.Event | None = None) -> StepResult:
+    """Run one job step in its own sandbox, supervised: the one way package code runs.
+
+    ``argv`` runs with cwd ``cwd`` and exactly the environment ``env``, seeing ``readonly``
+    and ``writable`` (paths keep their host names), the interpreter of ``settings.python``,
+    ``/usr``, the lane's device nodes, and nothing else of the host (:mod:`.sandbox`). It is
+    supervised like :func:`kz_runner.worker.procs.run_step` (timeout, ``cancel``, capped
+    output from ``settings``): ``pass_fds`` are inherited by the step and, like the read ends
+    of ``reads``, closed here whatever happens. Call it from a thread that outlives the step
+    (the sandbox dies with the thread that started it).
+
+    Raises :class:`kz_runner.worker.sandbox.SandboxUnavailable` when the sandbox could not be
+    made (``SANDBOX_UNAVAILABLE``): the step did not run, and the package is not to blame.
+    With ``settings.containment.unconfined`` (development only) the step runs directly.
+    """
+    s = settings
+    caps = dict(timeout_s=timeout_s, stdout_cap=s.stdout_cap, stderr_cap=max(1, s.log_cap // 2),
+                kill_grace_s=s.kill_grace_s, cancel=cancel)
+    reads = dict(reads or {})
+    if s.containment.unconfined:
+        return run_step(argv, cwd=cwd, env=env, pass_fds=pass_fds, reads=reads, **caps)
+    status_read, status_write = os.pipe()
+    os.set_inheritable(status_read, False)
+    try:
+        spec = sandbox_spec(s, cwd=cwd, env=env, timeout_s=timeout_s, readonly=readonly, writable=writable,
+                            pass_fds=(*pass_fds, status_write), status_fd=status_write)
+        command = sandbox.command(spec, argv)
+    except BaseException:
+        _close_fds([status_read, status_write, *pass_fds, *(fd for fd, _cap in reads.values())])
+        raise
+    reads["sandbox"] = (status_read, STATUS_CAP)
+    res = run_step(command, cwd=cwd, env=spec.env, pass_fds=spec.pass_fds, reads=reads, **caps)
+    if res.cancelled or sandbox.started(res.extra.get("sandbox", b"")):
+        return res
+    lines = res.stderr.decode("utf-8", "replace").strip().splitlines()
+    why = res.start_error or (lines[-1] if lines else f"bwrap exited with status {res.returncode}")
+    fix = (f"make the interpreter and its site-packages readable and executable by uid {s.containment.uid}"
+           if "kz-sandbox:" in why else "read bwrap's message in the runner's log")
+    report = sandbox.SandboxReport(False, f"a job step's sandbox could not be made: {why}", fix, "broken",
+                                   mode=sandbox.mode(), stderr="\n".join(lines[-20:]))
+    raise sandbox.SandboxUnavailable(report)
+
+
+def containment_facts(settings: JobSettings) -> dict[str, Any]:
+    """``env.containment`` of a run: how its steps were sandboxed (the probe's findings and
+    the limits), or that they were not (``unconfined``, development only)."""
+    c = settings.containment
+    if c.unconfined:
+        return {"unconfined": True, "mode": "unconfined",
+                "reason": "the runner ran with --unconfined-dev: steps ran without a sandbox"}
+    report = sandbox.probe()
+    devices, _ro = device_view(settings)
+    limits = sandbox.SandboxSpec(cwd="/", interpreter=(), fsize_bytes=c.fsize_bytes, nproc=c.nproc,
+                                 nofile=c.nofile).limits()
+    for step, timeout_s in (("BUILD", settings.build_timeout_s), ("BENCHMARK", settings.benchmark_timeout_s)):
+        limits[f"CPU_{step}"] = sandbox.SandboxSpec(cwd="/", interpreter=(), cpu_s=c.cpu_seconds(timeout_s)).limits()["CPU"]
+    return {"unconfined": False, "sandbox": "bubblewrap", "ok": report.ok, "mode": report.mode,
+            "bwrap_version": report.version, "uid": c.uid, "gid": c.gid, "network": "none (own loopback only)",
+            "devices": list(devices), "limits": {k: list(v) for k, v in limits.items()},
+            "pythonpath": "a read-only copy of kz_runner.bench"}
+
+
+def harness_hash(lib: Path, python: str) -> str:
+    """sha256 of what a job's steps run with: the staged harness library ``lib``, the
+    interpreter executable of ``python`` and libpython (where the interpreter has one)."""
+    paths = [str(lib), os.path.realpath(python)]
+    libdir, ldlib = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("LDLIBRARY")
+    if libdir and ldlib and os.path.isfile(os.path.join(libdir, ldlib)):
+        paths.append(os.path.realpath(os.path.join(libdir, ldlib)))
+    return sandbox.hash_tree(paths)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What a runner learns before its first claim (:func:`preflight`)."""
+
+    # the harness inputs' hash every job is compared with (JobSettings.harness_sha256)
+    harness_sha256: str | None
+    # None when jobs can run here; else why not, with the fix (SANDBOX_UNAVAILABLE)
+    problem: str | None
+    # the sandbox probe's report (None when unconfined)
+    report: sandbox.SandboxReport | None = None
+
+
+def preflight(settings: JobSettings, work_root: Path) -> Preflight:
+    """Can this runner run jobs? The sandbox probe (:func:`kz_runner.worker.sandbox.probe`), then
+    the harness library staged, hashed and imported by the job user in a real step sandbox, as a
+    job's benchmark would: a venv or a library the job user cannot reach fails here, before any
+    job is claimed, instead of failing every package's build."""
+    job_dir = Path(tempfile.mkdtemp(prefix="job-preflight-", dir=work_root))
+    try:
+        lib = job_dir / "lib"
+        harnesslib.stage(lib)
+        digest = harness_hash(lib, settings.python)
+        if settings.containment.unconfined:
+            return Preflight(digest, None)
+        report = sandbox.probe()
+        if not report.ok:
+            return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: {report.reason} (fix: {report.fix})", report)
+        for sub in ("work", "home", "tmp"):
+            (job_dir / sub).mkdir()
+        _hand_over(settings, job_dir)
+        env = child_env(settings, job_dir)
+        code = "import kz_runner.bench, sys; print('harness-library', sys.version_info[:2])"
+        try:
+            res = run_sandboxed([settings.python, "-c", code], settings, cwd=job_dir / "home", env=env,
+                                timeout_s=PREFLIGHT_TIMEOUT_S, readonly=(lib,),
+                                writable=(job_dir / "home", job_dir / "tmp"))
+        except sandbox.SandboxUnavailable as exc:
+            return Preflight(digest, str(exc), report)
+        if not res.ok or b"harness-library" not in res.stdout:
+            lines = res.stderr.decode("utf-8", "replace").strip().splitlines()
+            why = res.start_error or (lines[-1] if lines else f"exit status {res.returncode}")
+            return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: uid {settings.containment.uid} cannot import the "
+                                     f"harness library with {settings.python} in the sandbox: {why} (fix: make the "
+                                     "interpreter and its site-packages readable by that uid)", report)
+        return Preflight(digest, None, report)
+    finally:
+        _rmtree(job_dir)
 
 
 class _Steps:
-    """Starts the steps of one job: through the launcher when contained, collecting its reports."""
+    """Starts the two steps of one job in their sandboxes (:func:`run_sandboxed`)."""
 
-    def __init__(self, settings: JobSettings, package_dir: Path, env: dict[str, str], user: bool,
+    def __init__(self, settings: JobSettings, job_dir: Path, package_dir: Path, env: dict[str, str],
                  cancel: threading.Event | None) -> None:
         self.settings = settings
+        self.job_dir = job_dir
         self.package_dir = package_dir
         self.env = env
-        self.user = user
         self.cancel = cancel
-        self.reports: list[list[dict[str, Any]]] = []
 
-    def run(self, script: str, work: Path, timeout_s: float, pipes: channel.Pipes | None = None) -> StepResult:
-        """Run one step; ``pipes`` (the benchmark's) are handed over and drained."""
-        s = self.settings
-        argv = [s.python, script, str(work)]
+    def run(self, script: str, work: Path, timeout_s: float, pipes: channel.Pipes | None = None, *,
+            work_writable: bool) -> StepResult:
+        """Run one step; ``pipes`` (the benchmark's) are handed over and drained. The build writes
+        ``work``; the benchmark sees it read-only (what the build made is sealed)."""
         env = dict(self.env)
         pass_fds: list[int] = []
         reads: dict[str, tuple[int, int]] = {}
@@ -317,23 +503,16 @@ class _Steps:
             env.update(pipes.env())
             pass_fds.extend(pipes.child_fds)
             reads["result"] = (pipes.result_read, channel.RESULT_CAP)
-        if s.containment.enabled:
-            report_read, report_write = os.pipe()
-            os.set_inheritable(report_read, False)
-            pass_fds.append(report_write)
-            reads["containment"] = (report_read, 64 * 1024)
-            argv = contain.wrap(argv, contain.spec(s.containment, timeout_s=timeout_s, report_fd=report_write,
-                                                   user=self.user))
-        res = run_step(argv, cwd=self.package_dir, env=env, timeout_s=timeout_s, stdout_cap=s.stdout_cap,
-                       stderr_cap=max(1, s.log_cap // 2), kill_grace_s=s.kill_grace_s, cancel=self.cancel,
-                       pass_fds=pass_fds, reads=reads)
-        if pipes is not None:  # run_step closed every end it was given
-            pipes.control_read = pipes.result_write = pipes.result_read = -1
-        if "containment" in reads:
-            report = contain.parse_report(res.extra.get("containment", b""))
-            if report is not None:
-                self.reports.append(report)
-        return res
+        readonly = [self.job_dir / "pkg", self.job_dir / "lib"]
+        writable = [self.job_dir / "home", self.job_dir / "tmp"]
+        (writable if work_writable else readonly).append(work)
+        try:
+            return run_sandboxed([self.settings.python, script, str(work)], self.settings, cwd=self.package_dir,
+                                 env=env, timeout_s=timeout_s, readonly=readonly, writable=writable,
+                                 pass_fds=pass_fds, reads=reads, cancel=self.cancel)
+        finally:
+            if pipes is not None:  # run_sandboxed closed every end it was given
+                pipes.control_read = pipes.result_write = pipes.result_read = -1
 
 
 def execute_job(
@@ -356,13 +535,10 @@ def execute_job(
     timings: dict[str, float] = {}
     facts: dict[str, Any] = {}
     tails: dict[str, str] = {}
-    state: dict[str, Any] = {"kernel_id": None, "steps": None, "runner_facts": []}
+    state: dict[str, Any] = {"kernel_id": None}
 
     def done(result, code, message) -> JobOutcome:
         timings["total_s"] = round(time.monotonic() - start, 6)
-        if state["steps"] is not None or state["runner_facts"]:
-            reports = state["steps"].reports if state["steps"] is not None else []
-            facts["containment"] = contain.merge(reports, state["runner_facts"])
         if code is not None:
             logs.note(f"job failed: {code}: {message}")
         else:
@@ -388,21 +564,23 @@ def execute_job(
         for sub in (work, job_dir / "home", job_dir / "tmp"):
             sub.mkdir()
         harnesslib.stage(job_dir / "lib")
+        if settings.harness_sha256 is not None:
+            digest = harness_hash(job_dir / "lib", settings.python)
+            if digest != settings.harness_sha256:
+                return done(None, HARNESS_LIBRARY_CHANGED,
+                            f"the harness library or the interpreter changed since the runner started (sha256 "
+                            f"{digest[:12]}, not {settings.harness_sha256[:12]}): restart the runner")
         env = child_env(settings, job_dir)
-        user = False
-        if settings.containment.enabled:
+        facts["containment"] = containment_facts(settings)
+        user = not settings.containment.unconfined and sandbox.mode() == "drop"
+        if not settings.containment.unconfined:
             integrity.seal(job_dir / "pkg")
-            user, state["runner_facts"] = _prepare_user(settings, job_dir, env)
-            state["runner_facts"].insert(0, {"measure": "staged harness library", "applied": True,
-                                             "detail": "PYTHONPATH holds only a read-only copy of kz_runner.bench"})
-        else:
-            state["runner_facts"] = [{"measure": "containment", "applied": False,
-                                      "reason": "disabled by the runner's options"}]
+            _hand_over(settings, job_dir)
         contract_dir = package_dir / KP
         contract_before = integrity.snapshot(contract_dir)
-        steps = state["steps"] = _Steps(settings, package_dir, env, user, cancel)
+        steps = _Steps(settings, job_dir, package_dir, env, cancel)
 
-        build = steps.run(BUILD_SCRIPT, work, settings.build_timeout_s)
+        build = steps.run(BUILD_SCRIPT, work, settings.build_timeout_s, work_writable=True)
         timings["build_s"] = round(build.duration_s, 6)
         tails["build"] = tail(build.stderr_tail, redactor)
         logs.note(_step_note(BUILD_TEST_ENV, build))
@@ -428,7 +606,7 @@ def execute_job(
 
         pipes = channel.open_pipes()
         try:
-            bench = steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes)
+            bench = steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes, work_writable=False)
         finally:
             pipes.close()
         timings["benchmark_s"] = round(bench.duration_s, 6)
@@ -451,6 +629,9 @@ def execute_job(
             facts["result_channel"] = "harness" if bench.extra.get("result", b"").strip() else "stdout"
             return done(None, INTEGRITY_ERROR, message)
         return done(*_judge_benchmark(bench, settings, logs, facts))
+    except sandbox.SandboxUnavailable as exc:  # the host's trouble: no step of the package ran
+        logs.note(f"the sandbox could not be made: {exc.report.stderr or exc}")
+        return done(None, SANDBOX_UNAVAILABLE, str(exc))
     except Exception as exc:  # a bug or an I/O failure of the runner host, not the package's doing
         logs.note(f"runner error: {type(exc).__name__}: {exc}")
         raise

@@ -14,6 +14,16 @@ and a burnt attempt. A definitive answer (2xx, 409 ``LEASE_LOST``, any other 4xx
 ends the retries; failed attempts are logged once, then at most every
 ``report_log_interval_s``.
 
+No sandbox, no claims: before its first claim the runner runs
+:func:`kz_runner.worker.job.preflight` (the bubblewrap probe, then the harness library
+imported by the job user in a real step sandbox). When that fails it logs the reason
+and the fix, claims nothing and exits with :data:`EXIT_SANDBOX_UNAVAILABLE` (78), which
+``kz up``'s supervisor turns into a failing ``/readyz`` check. A job whose sandbox cannot
+be made later on (``SANDBOX_UNAVAILABLE``), or whose harness library changed since the
+start (``HARNESS_LIBRARY_CHANGED``), is not the package's fault: the runner releases its
+lease without a report, logs why (after a fresh probe) and exits the same way (78 for the
+sandbox, 2 for a changed installation, which a restart picks up).
+
 Stopping (SIGTERM/SIGINT, see :meth:`Runner.request_stop`): while idle the
 runner exits at once; during a job it lets the job finish if it ends within the
 grace period, else the job's process group is killed and the lease released so
@@ -40,9 +50,11 @@ from typing import Any, Callable, TextIO
 
 from kz_runner.worker import contain
 from kz_runner.worker import envinfo
+from kz_runner.worker import sandbox
 from kz_runner.contract.arch import detect_arch
 from kz_runner.worker.client import (NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient)
-from kz_runner.worker.job import UNPACK_FAILED, JobOutcome, JobSettings, execute_job
+from kz_runner.worker.job import (SANDBOX_UNAVAILABLE, UNPACK_FAILED, JobOutcome, JobSettings, execute_job,
+                                  preflight)
 
 MiB = 1024 * 1024
 
@@ -50,6 +62,9 @@ MiB = 1024 * 1024
 EXIT_OK = 0
 EXIT_JOB_NOT_REPORTED = 1
 EXIT_ENVIRONMENT = 2
+# No sandbox can be made on this host (SANDBOX_UNAVAILABLE): no job was or will be claimed.
+# EX_CONFIG of sysexits.h; kz up's supervisor reports it on /readyz.
+EXIT_SANDBOX_UNAVAILABLE = 78
 # With --once, a server that cannot be reached this many times in a row ends the runner.
 ONCE_CLAIM_ATTEMPTS = 3
 
@@ -91,7 +106,8 @@ class RunnerConfig:
     default_benchmark_timeout_s: float = 1800.0
     # keep job directories (debugging)
     keep_workdir: bool = False
-    # how job steps are contained (network namespace, job user, limits; kz_runner.worker.contain)
+    # the job user and limits of each step's sandbox (kz_runner.worker.contain); contain.UNCONFINED
+    # runs steps without a sandbox (development only: the runs are marked and never accepted)
     containment: contain.Containment = contain.Containment()
 
 
@@ -257,6 +273,10 @@ class Runner:
         self._subreaper = False
         self._temp_root = config.work_root is None
         self.work_root = Path(config.work_root) if config.work_root is not None else None
+        # the harness inputs' hash taken at start (preflight), compared before every job
+        self._harness_sha256: str | None = None
+        # set when a job met a refusal of the host (RUNNER_REFUSALS): the exit code to stop with
+        self._refusal_exit: int | None = None
 
     def __repr__(self) -> str:
         return f"Runner({self.config.runner_id!r}, {self.config.server!r})"
@@ -311,8 +331,9 @@ class Runner:
         root = self.work_root
         try:
             root.mkdir(parents=True, exist_ok=True)
-            # A job user other than ours must pass through (not list) the work root to its job directory.
-            os.chmod(root, 0o711 if self.config.containment.wants_user() else 0o700)
+            # Only the runner enters the work root: a step sees its own job's folders through the
+            # sandbox's bind mounts, never this path's parents.
+            os.chmod(root, 0o700)
             fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             return f"cannot use work root {root}: {exc}"
@@ -369,11 +390,30 @@ class Runner:
             self._cupy_facts = envinfo.cupy_facts(self.config.gpu)
         return None
 
+    def _preflight(self) -> int | None:
+        """The sandbox probe and the harness library's trial import; an exit code when no job
+        may run here (logged with the reason and the fix), else None."""
+        if self.config.containment.unconfined:
+            self.log("WARNING: --unconfined-dev: job steps run WITHOUT a sandbox, as this runner's user; "
+                     "for development only: the zoo never accepts these runs")
+        check = preflight(self._settings_base(), self.work_root)
+        self._harness_sha256 = check.harness_sha256
+        if check.problem:
+            self.log(f"refusing to run jobs: {check.problem}")
+            return EXIT_SANDBOX_UNAVAILABLE
+        if check.report is not None:
+            self.log(f"sandbox ok: bubblewrap {check.report.version or '?'}, mode {check.report.mode}, steps run "
+                     f"as uid {self.config.containment.uid} ({check.report.seconds:.2f} s probe)")
+        return None
+
     def _serve(self) -> int:
         problem = self._detect()
         if problem:
             self.log(problem)
             return EXIT_ENVIRONMENT
+        refused = self._preflight()
+        if refused is not None:
+            return refused
         self.log(f"serving {self.config.server} for arch {self.arch}, gpu {self.config.gpu}, "
                  f"work root {self.work_root}" + (", one job" if self.config.once else ""))
         failures = 0
@@ -417,6 +457,8 @@ class Runner:
                     return EXIT_OK
                 continue
             reported = self.handle(claim)
+            if self._refusal_exit is not None:
+                return self._refusal_exit
             if self.config.once:
                 return EXIT_OK if reported or self._stopping.is_set() else EXIT_JOB_NOT_REPORTED
         self.log("stopped")
@@ -462,6 +504,9 @@ class Runner:
             if outcome.cancelled:
                 self._release(claim, "runner stopping" if self._stopping.is_set() else "job cancelled")
                 return False
+            if outcome.refused:
+                self._refuse(claim, outcome)
+                return False
             self.log(f"job done: {outcome.failure_code or 'result captured'} "
                      f"({', '.join(f'{k}={v:.2f}' for k, v in outcome.timings.items())})")
             return self._report(claim, outcome, keeper)
@@ -473,18 +518,40 @@ class Runner:
                 self._grace_timer = None
             self._job_cancel = None
 
-    def _settings(self, claim: Claim) -> JobSettings:
-        t = claim.timeouts
+    def _refuse(self, claim: Claim, outcome: JobOutcome) -> None:
+        """A job the host refused (no sandbox, a changed harness library): release it without
+        blaming the package, say why, and stop claiming."""
+        self.log(f"job {claim.uuid} not run: {outcome.failure_message}")
+        self._release(claim, f"runner {self.config.runner_id} cannot run jobs: {outcome.failure_code} "
+                             "(the runner host's trouble, not the package's)")
+        if outcome.failure_code == SANDBOX_UNAVAILABLE:
+            report = sandbox.probe(refresh=True)
+            now = "the sandbox probe passes again" if report.ok else f"{report.reason} (fix: {report.fix})"
+            self.log(f"refusing to run more jobs: {SANDBOX_UNAVAILABLE}: {now}")
+            self._refusal_exit = EXIT_SANDBOX_UNAVAILABLE
+        else:
+            self.log(f"refusing to run more jobs: {outcome.failure_code}: restart the runner")
+            self._refusal_exit = EXIT_ENVIRONMENT
+
+    def _settings_base(self) -> JobSettings:
+        """The job settings that do not depend on a claim."""
         return JobSettings(
-            build_timeout_s=float(t.get("build_s") or self.config.default_build_timeout_s),
-            benchmark_timeout_s=float(t.get("benchmark_s") or self.config.default_benchmark_timeout_s),
             gpu=self.config.gpu,
             arch=self.arch or "cpu",
             runner_id=self.config.runner_id,
-            kernel_id=claim.kernel_id,
             secrets=(self._token,),
             keep_workdir=self.config.keep_workdir,
             containment=self.config.containment,
+            harness_sha256=self._harness_sha256,
+        )
+
+    def _settings(self, claim: Claim) -> JobSettings:
+        t = claim.timeouts
+        return replace(
+            self._settings_base(),
+            build_timeout_s=float(t.get("build_s") or self.config.default_build_timeout_s),
+            benchmark_timeout_s=float(t.get("benchmark_s") or self.config.default_benchmark_timeout_s),
+            kernel_id=claim.kernel_id,
         )
 
     def _env(self, outcome: JobOutcome) -> dict[str, Any]:

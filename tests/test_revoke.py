@@ -107,8 +107,10 @@ def test_revoked_best_is_restored_end_to_end(live, tmp_path):
     after = _card(zoo)
     slow_card = _card(zoo, slow.sha_br)
     assert _best(after) == [c["metrics_current"]["latency_us"] for c in slow_card["cases"]]
-    assert [c["metrics_current"] for c in after["cases"]] == [c["metrics_current"] for c in before["cases"]]
-    assert zoo.git.read_file(f"{AXPY_ID}/src/NOTES.md") == b"best"  # the source area stays
+    # the current record and the source area are the record that stands again
+    assert [c["metrics_current"] for c in after["cases"]] == [c["metrics_current"] for c in slow_card["cases"]]
+    assert [c["metrics_current"] for c in before["cases"]] != [c["metrics_current"] for c in after["cases"]]
+    assert zoo.git.read_file(f"{AXPY_ID}/src/NOTES.md") == b"slow"
     # the index follows
     index = zoo.index()
     assert index["head"] == commit.sha
@@ -151,11 +153,12 @@ def _audit_errors(config: Config) -> list:
     return [f for f in audit_state_dir(config.state_dir) if f.severity == "error"]
 
 
-def test_revoking_a_record_that_is_not_the_best_makes_a_commit_that_changes_no_file(tmp_path):
+def test_revoking_a_record_that_is_neither_a_best_nor_the_latest_makes_a_commit_that_changes_no_file(tmp_path):
     config = _state(tmp_path)
     with _running(config) as zoo:
         fast = accept_axpy(zoo, AXPY_ID, "fast", 5.0)
         slow = accept_axpy(zoo, AXPY_ID, "slow", 9.0)
+        accept_axpy(zoo, AXPY_ID, "later", 7.0)
         head = zoo.git.head()
         card = zoo.git.read_file(CARD)
         assert zoo.revoke(slow.uuid, "root", "wrong machine").status == "revoked"

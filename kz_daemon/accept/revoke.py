@@ -5,11 +5,15 @@ each step looks at what already happened and does only what is missing:
 
 1. ``submission.revoked`` (uuid, by, reason): the submission goes from ``accepted`` to
    the terminal ``revoked``;
-2. the revocation commit on the branch: the kernel's ``bench_result.yaml`` with each
-   case's ``metrics_best`` rebuilt from the remaining accepted, non-revoked records
-   (:func:`restored_card`); ``metrics_current`` and the source area stay as they are.
-   It is made even when the best does not change (then it changes no file), so every
-   revocation is in git history. Trailers: ``Revokes: <uuid>``, ``Revoked-By: <who>``,
+2. the revocation commit on the branch: the kernel's folder as if the record had never
+   been accepted (:func:`restored_folder`): the source area and harness of the latest
+   record that still stands (its source commit's files), or of the kernel before its first
+   logged accept when none does (no folder for a kernel that one created), and that
+   record's ``bench_result.yaml`` (its ``metrics_current`` and ``correctness_current``)
+   with every metric's ``metrics_best``, primary and secondary, rebuilt from the records
+   that stand. It is made even when nothing changes (then it changes no file), so every
+   revocation is in git history; a saga half-way in git (its source commit at HEAD) is
+   finished first. Trailers: ``Revokes: <uuid>``, ``Revoked-By: <who>``,
    ``Kz-Submission``, ``Kz-Submitter``, ``Kz-Runner``, ``Kz-Step: revoke``;
 3. index.json updated for the kernel, then ``revoke.committed`` (uuid, sha, best_changed).
 
@@ -24,18 +28,20 @@ import os
 import signal
 from typing import Any
 
+from kz_daemon.accept.saga import EarlierSagaPending, finish_earlier_saga
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.gitstore import format_message
+from kz_daemon.storage.history import REVOKE_STEP
 from kz_daemon.config.ports import Daemon
 from kz_events import events as ev
 from kz_events.status import Status
-from kz_runner.contract.layout import BENCH_RESULT, KP
+from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, KP
+from kz_runner.contract.rules.pysource import read_metas
 
-__all__ = ["CRASH_POINTS", "revocation", "revoke", "finish", "restored_card", "recover"]
+__all__ = ["CRASH_POINTS", "REVOKE_STEP", "revocation", "revoke", "finish", "restored_folder", "recover"]
 
 CRASH_POINTS = ("after_revoke_event", "after_revoke_commit")
-REVOKE_STEP = "revoke"
 
 
 def _crash_point(name: str) -> None:
@@ -91,15 +97,22 @@ def finish(zoo: Daemon, sub_uuid: str) -> str:
             parents = zoo.git.commit_info(sha).parents
             changed = zoo.git.read_file(path, sha) != zoo.git.read_file(path, parents[0] if parents else None)
         else:
+            try:  # the two commits of an accept stay adjacent: a saga half-way in git finishes first
+                finish_earlier_saga(zoo, sub_uuid)
+            except EarlierSagaPending as exc:
+                raise ZooError("CONFLICT", f"the revocation of {sub_uuid} waits for an accept half-way in git; "
+                               "revoke again once it finished (the next start-up finishes both)",
+                               {"uuid": sub_uuid, "reason": str(exc)}) from exc
             head = zoo.git.head()
-            card = restored_card(zoo, sub)
-            changed = card is not None and card != zoo.git.read_file(path, head)
+            folder = restored_folder(zoo, sub)
+            card = folder.get(path)
+            changed = (card[0] if card else None) != zoo.git.read_file(path, head)
             trailers = {"Kz-Submission": sub_uuid, "Kz-Submitter": sub.submitter_id,
                         "Kz-Runner": sub.runner_id or "unknown", "Kz-Step": REVOKE_STEP,
                         "Revokes": sub_uuid, "Revoked-By": _one_line(entry.get("by", "admin"))}
             message = format_message(f"revoke {kid} (submission {sub_uuid[:8]})", trailers,
                                      body=str(entry.get("message", "")))
-            sha = zoo.git.commit_changes({path: card} if changed else {}, message, zoo.config.repo.author, head)
+            sha = zoo.git.commit_changes(folder, message, zoo.config.repo.author, head)
             _crash_point("after_revoke_commit")
         zoo.indexer.update([kid])
         zoo.store.emit(ev.RevokeCommitted(uuid=sub_uuid, sha=sha, best_changed=bool(changed)))
@@ -111,30 +124,49 @@ def _accept_seq(sub: Any) -> int:
     return next((seq for seq, status, _ts in sub.history if status == Status.ACCEPTED), 0)
 
 
-def restored_card(zoo: Daemon, sub: Any) -> bytes | None:
-    """The kernel's bench_result.yaml at HEAD with metrics_best as if ``sub`` had never been accepted.
+def restored_folder(zoo: Daemon, sub: Any) -> dict[str, Any]:
+    """The changes that give the kernel's folder at HEAD as if ``sub`` had never been accepted.
 
-    The remaining records are the scorecards the kernel's other accepted, non-revoked
-    submissions committed (their ``metrics_current`` at each SHA_br, in accept order);
-    the baseline is the scorecard before the kernel's first logged accept (commit 1 of an
-    accept keeps the old card). None when the kernel has no scorecard at HEAD.
+    ``{kernel_id: None, path: (bytes, mode), ...}``: the folder replaced wholesale by the
+    files of the latest record that stands (the kernel's accepted, non-revoked
+    submissions, in accept order; its SHA_br holds its source files and its scorecard), or
+    by the folder before the kernel's first logged accept when none stands (nothing: the
+    folder goes). In the scorecard every metric's ``metrics_best`` is rebuilt
+    (:func:`~kz_daemon.core.scorecard.recompute_best`): the baseline is the scorecard
+    before the first logged accept (commit 1 of an accept keeps the old card), then the
+    ``metrics_current`` each standing record committed; the METAS are the restored
+    benchmark.py's. A pure function of the log and git: a retried revocation computes the
+    same tree.
     """
     kid = sub.kernel_id
     path = f"{kid}/{KP}/{BENCH_RESULT}"
-    current = scorecard.load(zoo.git.read_file(path))
-    if current is None:
-        return None
     with zoo.store.lock:
         ever = sorted((s for s in zoo.store.state.submissions.values()
                        if s.kernel_id == kid and s.sha_br and s.status in (Status.ACCEPTED, Status.REVOKED)),
                       key=_accept_seq)
     baseline = scorecard.load(zoo.git.read_file(path, ever[0].sha_src)) if ever else None
-    runs = [scorecard.load(zoo.git.read_file(path, s.sha_br)) for s in ever if s.status == Status.ACCEPTED]
-    try:
-        metas = zoo.pending.metas(sub.uuid)
-    except (OSError, ValueError):
-        metas = []  # without the METAS every metric of the card is taken as lower_better
-    return scorecard.dump(scorecard.recompute_best(current, metas, baseline, runs))
+    standing = [s for s in ever if s.status == Status.ACCEPTED and s.uuid != sub.uuid]
+    runs = [scorecard.load(zoo.git.read_file(path, s.sha_br)) for s in standing]
+    if standing:
+        source: str | None = standing[-1].sha_br
+    else:  # nothing stands: the kernel as it was before its first logged accept
+        parents = zoo.git.commit_info((ever[0] if ever else sub).sha_src).parents
+        source = parents[0] if parents else None
+    folder: dict[str, Any] = {kid: None}
+    if source is not None:
+        for file, mode, _blob in zoo.git.walk_files(kid, source):
+            folder[file] = (zoo.git.read_file(file, source), mode)
+    card = scorecard.load(folder[path][0]) if path in folder else None
+    if card is not None:
+        bench = folder.get(f"{kid}/{KP}/{BENCHMARK}")
+        metas, _problems = read_metas(bench[0]) if bench else (None, [])
+        if not metas:
+            try:
+                metas = zoo.pending.metas(sub.uuid)
+            except (OSError, ValueError):
+                metas = []  # without the METAS every metric of the card is taken as lower_better
+        folder[path] = (scorecard.dump(scorecard.recompute_best(card, metas, baseline, runs)), folder[path][1])
+    return folder
 
 
 def recover(zoo: Daemon) -> list[str]:

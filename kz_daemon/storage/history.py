@@ -4,7 +4,9 @@ Every accept ends with a commit that changes only the kernel's
 ``.kernel_package/bench_result.yaml`` (commit 2 of the two-commit model), so
 walking the commits that touch that file and reading ``metrics_current`` at each
 gives the primary metric over time. The seed scorecard (``commit_sha: "0000000"``)
-is not an accept and is left out. Results are cached per branch head. The harness
+is not an accept and is left out, and so is a revocation commit (``Kz-Step: revoke``,
+which restores an earlier record's scorecard); the accept it takes back stays in the
+history, marked ``revoked``. Results are cached per branch head. The harness
 of a package (its ``benchmark.py``) is identified by its blob SHA at the head, and
 its declared metrics (unit, direction) are read from that blob's METAS literal.
 """
@@ -12,16 +14,20 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dulwich.object_store import tree_lookup_path
 from dulwich.repo import Repo
 
 from kz_daemon.core import scorecard
+from kz_daemon.storage.gitstore import parse_trailers
 from kz_runner.contract.layout import BENCHMARK, KP, is_seed_sha
 from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.yamlio import YAMLError, load_yaml
+
+#: the Kz-Step trailer of a revocation commit (kz_daemon.accept.revoke writes them)
+REVOKE_STEP = "revoke"
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class HistoryPoint:
     recorded_at: str
     submitter: str
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # case -> metric -> value
+    submission: str = ""  # the accept's Kz-Submission trailer ('' for a commit without one)
+    revoked: bool = False  # a later revocation commit (Revokes: <submission>) took it back
 
 
 class KernelHistory:
@@ -161,14 +169,22 @@ class KernelHistory:
             path = f"{kernel_id}/.kernel_package/bench_result.yaml"
             stop = cached[0] if cached is not None and cached[0] in repo.object_store else None
             newest_first: list[HistoryPoint] = []
+            revoked: set[str] = set()  # newest first, so a revocation is met before the accept it takes back
             for commit, blob in _changes(repo, head, stop, path.encode()):
+                trailers = parse_trailers(commit.message.decode("utf-8", "replace"))
+                if trailers.get("Kz-Step") == REVOKE_STEP:
+                    revoked.add(trailers.get("Revokes", ""))
+                    continue
                 point = _point(commit.id.decode(), commit.commit_time, repo[blob].data)
                 if point is not None:
-                    newest_first.append(point)
+                    uuid = trailers.get("Kz-Submission", "")
+                    newest_first.append(replace(point, submission=uuid, revoked=bool(uuid) and uuid in revoked))
                     if len(newest_first) >= self.max_points:
                         break
             exclude = stop is not None
-        points = (list(cached[1]) if exclude else []) + list(reversed(newest_first))
+        older = [replace(p, revoked=True) if p.submission and p.submission in revoked else p
+                 for p in cached[1]] if exclude else []
+        points = older + list(reversed(newest_first))
         points = points[-self.max_points:]
         with self._lock:
             self._cache[kernel_id] = (head, points)

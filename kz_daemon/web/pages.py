@@ -176,7 +176,8 @@ def _case_charts(points: list[Any], primaries: Mapping[str, str], units: Mapping
             metric = primaries.get(case_id) or next(iter(metrics), None)
             if metric in metrics:
                 tip = (f"#{rank} {metric}={fmt_value(metrics[metric])} by {point.submitter} "
-                       f"({short_sha(point.commit_sha)}, {when(point.time)})")
+                       f"({short_sha(point.commit_sha)}, {when(point.time)})"
+                       + (" — revoked" if point.revoked else ""))
                 by_case.setdefault(case_id, []).append((rank, metrics[metric], tip, f"/commits/{point.commit_sha}"))
     charts = []
     for case_id in sorted(by_case, key=lambda c: list(primaries).index(c) if c in primaries else len(primaries)):

@@ -435,3 +435,62 @@ def test_a_checked_timing_without_a_reference_is_weak_trials(tmp_path):
     assert doc["overall"]["accept"] is False
     assert doc["overall"]["accept_reason"].startswith("WEAK_TRIALS"), doc["overall"]["accept_reason"]
     assert "no reference=" in doc["overall"]["accept_reason"]
+
+
+# -- the spread: a confidence interval of the median, carried to the primary metric ----------------
+
+def test_median_interval_is_order_statistics_and_the_range_for_few_samples():
+    from kz_runner.bench.timing import median_interval
+
+    assert median_interval([3.0, 1.0, 2.0][:1]) == (3.0, 3.0)
+    assert median_interval(sorted([5.0, 1.0, 4.0, 2.0, 3.0])) == (1.0, 5.0)  # fewer than 6: min..max
+    values = [float(v) for v in range(100)]
+    assert median_interval(values) == (39.0, 60.0)  # ranks 40 and 61 of 100: the binomial 95 % interval
+    lo, hi = median_interval([float(v) for v in range(1000)])
+    assert (lo, hi) == (468.0, 531.0)
+
+
+def test_summary_and_timing_lines_carry_the_interval_of_the_median():
+    stats = bench.summarize([2.0, 1.0, 4.0, 3.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
+    assert stats.median_lo <= stats.median <= stats.median_hi
+    assert (stats.median_lo, stats.median_hi) == (1.0, 10.0)
+
+
+def test_the_primary_metric_carries_the_timings_spread_in_its_unit(tmp_path):
+    meta = dict(META, metrics=[{"name": "latency_us", "unit": "us", "direction": "lower_better"},
+                               {"name": "gbps", "unit": "GB/s", "direction": "higher_better"}])
+    h, out = _harness(tmp_path, metas=[meta])
+    with h.case(meta) as c:
+        x = c.input("x")
+        c.check(x * 1.0, np.arange(3.0))
+        t = c.time(lambda: x.sum())
+        c.metric("latency_us", t.median_us)
+        c.metric("gbps", 24 / t.median_s / 1e9)
+    h.finish()
+    doc = json.loads(out.getvalue())
+    jsonschema.validate(doc, kz_schemas.load("benchmark_output"))
+    latency, gbps = doc["cases"][0]["metrics"]
+    spread = latency["spread"]
+    assert spread["n"] == t.stats.n and spread["lo"] <= latency["value"] <= spread["hi"]
+    assert math.isclose(spread["lo"], t.stats.median_lo * 1e3) and math.isclose(spread["hi"], t.stats.median_hi * 1e3)
+    assert "spread" not in gbps  # only the primary metric: the one the leaderboard ranks
+
+
+def test_a_rate_gets_the_inverse_interval_and_an_untimed_metric_none():
+    from kz_runner.bench.harness import metric_spread
+    from kz_runner.bench.timing import Stats, Timing
+
+    stats = Stats(n=50, median=2.0, mean=2.0, stdev=0.1, cv=0.05, rse=0.01, min=1.5, max=3.0, p10=1.8, p90=2.2,
+                  median_lo=1.6, median_hi=2.5)
+    timing = Timing(stats, "cpu", "budget", 0.01, 3, 4, 0, 1.0)
+    assert metric_spread(10.0, timing, "lower_better") == {"n": 50, "lo": 8.0, "hi": 12.5}
+    assert metric_spread(100.0, timing, "higher_better") == {"n": 50, "lo": 80.0, "hi": 125.0}
+
+
+def test_a_metric_recorded_without_a_timing_has_no_spread(tmp_path):
+    h, out = _harness(tmp_path)
+    with h.case(META) as c:
+        c.check(np.ones(2), np.ones(2))
+        c.metric("latency_us", 11.0)
+    h.finish()
+    assert "spread" not in json.loads(out.getvalue())["cases"][0]["metrics"][0]

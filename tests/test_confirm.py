@@ -197,6 +197,9 @@ def _scaled(result: dict, factor: float) -> dict:
         for metric in case["metrics"]:
             if metric["name"] == "latency_us":
                 metric["value"] = metric["value"] * factor
+                if "spread" in metric:  # the interval moves with the measurement
+                    metric["spread"] = dict(metric["spread"], lo=metric["spread"]["lo"] * factor,
+                                            hi=metric["spread"]["hi"] * factor)
     return out
 
 

@@ -155,7 +155,7 @@ def test_the_event_catalogue_is_imported_once_at_the_top(package):
 #: The wings of each package, lowest first: a module may import its own wing and the wings
 #: before it, never one after it (docs/architecture.md, "Wings").
 WINGS = {
-    "kz_daemon": ("core", "storage", "guards", "config", "intake", "queue", "upkeep", "accept", "ops",
+    "kz_daemon": ("core", "board", "storage", "guards", "config", "intake", "queue", "upkeep", "accept", "ops",
                   "api", "browse", "web", "mcp", "http", "commands", "cli", "__main__"),
     "kz_runner": ("contract", "judge", "bench", "worker", "tools", "commands"),
 }

@@ -45,6 +45,9 @@ def _real_accept(zoo, tmp_path, name: str, factor: float = 1.0):
         for metric in case["metrics"]:
             if metric["name"] == "latency_us":
                 metric["value"] *= factor
+                if "spread" in metric:  # the interval moves with the measurement
+                    metric["spread"] = dict(metric["spread"], lo=metric["spread"]["lo"] * factor,
+                                            hi=metric["spread"]["hi"] * factor)
     view = zoo.report_result(uuid, "r1", claim.lease_id, result)
     assert view.status == "accepted", view.reasons
     return view

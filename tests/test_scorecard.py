@@ -158,3 +158,63 @@ def test_older_harness_marks_only_a_recorded_difference():
     assert not sc.older_harness(rec, "abc123abc123" + "0" * 28)
     assert not sc.older_harness({"value": 1}, "def" + "0" * 37)  # seeds and older records: unmarked
     assert not sc.older_harness(rec, None)
+
+
+# -- the primary metric's best moves only beyond the noise ----------------------------------------
+
+def noisy(ms, lo, hi, n=100):
+    """A run whose ``small`` case measured ``ms`` with the 95 % interval ``[lo, hi]``."""
+    doc = run(ms, 1.0, 9.0)
+    doc["cases"][1]["metrics"][0]["spread"] = {"n": n, "lo": lo, "hi": hi}
+    return doc
+
+
+def _small_best(card):
+    return card["cases"][0]["metrics_best"]["ms"]
+
+
+def test_records_keep_the_runs_spread():
+    card = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, noisy(5.0, 4.9, 5.2), "alice", T0)
+    assert _small_best(card)["spread"] == {"n": 100, "lo": 4.9, "hi": 5.2}
+    assert card["cases"][0]["metrics_current"]["ms"]["spread"] == {"n": 100, "lo": 4.9, "hi": 5.2}
+    assert "spread" not in card["cases"][0]["metrics_best"]["gbps"]  # the run reported none for it
+    jsonschema.validate(stamp(card, "a" * 40), schema())
+
+
+def test_a_faster_run_within_the_noise_does_not_take_the_best():
+    first = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, noisy(5.0, 4.9, 5.2), "alice", T0)
+    within = update_scorecard(first, KID, METAS, noisy(4.95, 4.8, 5.0), "bob", T1)  # 4.8..5.0 meets 4.9..5.2
+    assert _small_best(within)["submitter"] == "alice" and _small_best(within)["value"] == 5.0
+    assert within["cases"][0]["metrics_current"]["ms"]["submitter"] == "bob"  # current always moves
+
+
+def test_a_faster_run_beyond_the_noise_takes_the_best():
+    first = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, noisy(5.0, 4.9, 5.2), "alice", T0)
+    beyond = update_scorecard(first, KID, METAS, noisy(4.5, 4.4, 4.85), "bob", T1)
+    assert _small_best(beyond)["submitter"] == "bob" and _small_best(beyond)["spread"]["hi"] == 4.85
+
+
+def test_without_a_spread_on_either_side_the_best_moves_on_any_strict_improvement():
+    plain = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, run(5.0, 1.0, 9.0), "alice", T0)
+    assert _small_best(update_scorecard(plain, KID, METAS, noisy(4.99, 4.0, 6.0), "bob", T1))["submitter"] == "bob"
+    spread = update_scorecard(seed_scorecard(KID, METAS), KID, METAS, noisy(5.0, 4.0, 6.0), "alice", T0)
+    assert _small_best(update_scorecard(spread, KID, METAS, run(4.99, 1.0, 9.0), "bob", T1))["submitter"] == "bob"
+
+
+def test_a_malformed_spread_only_widens_the_interval():
+    from kz_daemon.core.noise import spread_of
+
+    assert spread_of({"n": 3, "lo": 2.0, "hi": 1.0}, 1.5) is None  # lo above hi
+    assert spread_of({"n": 0, "lo": 1.0, "hi": 2.0}, 1.5) is None
+    assert spread_of({"n": True, "lo": 1.0, "hi": 2.0}, 1.5) is None
+    assert spread_of({"n": 4, "lo": 2.0, "hi": 3.0}, 1.0) == {"n": 4, "lo": 1.0, "hi": 3.0}  # holds its value
+
+
+def test_revocation_replays_records_with_the_same_noise_rule():
+    from kz_daemon.core.scorecard import recompute_best
+
+    a = stamp(update_scorecard(seed_scorecard(KID, METAS), KID, METAS, noisy(5.0, 4.9, 5.2), "a", T0), "a" * 40)
+    b = stamp(update_scorecard(a, KID, METAS, noisy(4.95, 4.8, 5.0), "b", T1), "b" * 40)  # within a's noise
+    head = stamp(update_scorecard(b, KID, METAS, noisy(3.0, 2.9, 3.1), "c", T1), "c" * 40)
+    out = recompute_best(head, METAS, seed_scorecard(KID, METAS), [a, b])  # c revoked
+    assert _small_best(out)["commit_sha"] == "a" * 40

@@ -7,11 +7,17 @@ Rules (the kernel package guide §3.2; docs/architecture.md):
   then any extra the run reported), ``commit_sha`` = ``__PENDING_COMMIT__``;
 - ``metrics_best`` ← this run, per declared metric, where it strictly beats the
   best in the metric's declared ``direction`` or where the best is the seed
-  sentinel ``0000000`` (or missing); otherwise the old record stays. Sentinel
+  sentinel ``0000000`` (or missing); otherwise the old record stays. For the case's
+  *primary* metric "beats" means beyond the noise (:func:`kz_daemon.core.noise.better_beyond_noise`):
+  when both the run's value and the best carry a ``spread`` (95 % interval), the run's
+  interval must lie wholly on the better side of the best's, so a resubmission within
+  the noise of the record does not take it; without a spread on either, strictly
+  better by value. Sentinel
   records the run did not replace are dropped (the sentinel never survives an
   accept); real records of metrics no longer declared are kept;
 - ``correctness_current`` ← the case's correctness (``skipped`` → ``unknown``);
-- every record the run writes carries ``harness``, the short blob sha of the
+- every record the run writes carries the metric's ``spread`` ({n, lo, hi}) when the
+  run reported one, and ``harness``, the short blob sha of the
   ``benchmark.py`` it was measured under, when the caller knows it; old bests stay
   when the harness changes, and a page marks a best whose harness is not HEAD's
   (:func:`older_harness`). Seed records and records from before the field carry none;
@@ -37,6 +43,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from kz_daemon.core import noise
 from kz_runner.contract.layout import PENDING_COMMIT, SEED_RECORDED_AT, SEED_SHA, SEED_SUBMITTER, is_seed_sha
 from kz_runner.contract.layout import seed_scorecard  # noqa: F401  (one seed for the daemon and kz dry-run)
 from kz_runner.contract.yamlio import load_yaml
@@ -47,11 +54,27 @@ SCHEMA_VERSION = "1.0.0"
 
 
 def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str,
-            harness: str | None = None) -> dict[str, Any]:
+            harness: str | None = None, spread: dict | None = None) -> dict[str, Any]:
     record = {"value": value, "submitter": submitter, "commit_sha": commit_sha, "recorded_at": recorded_at}
     if harness:
         record["harness"] = harness
+    if spread is not None:
+        record["spread"] = spread
     return record
+
+
+def takes_best(new: Any, prev: Any, direction: str, primary: bool) -> bool:
+    """Whether record ``new`` replaces ``prev`` as the best (both ``{value, spread?}``; ``prev`` real).
+
+    The primary metric must be better beyond the noise of both (see the module
+    docstring); any other metric strictly better by value.
+    """
+    if not primary:
+        return beats(new["value"], prev["value"], direction)
+    new_i, prev_i = noise.interval_of(new), noise.interval_of(prev)
+    if new_i is None or prev_i is None:
+        return beats(new["value"], prev["value"], direction)
+    return noise.better_beyond_noise(new_i, prev_i, direction)
 
 
 def beats(new: float, old: float, direction: str) -> bool:
@@ -79,18 +102,21 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
         old_best: dict = old.get("metrics_best") or {}
         run = run_cases.get(case_id, {})
         values = {m["name"]: m["value"] for m in run.get("metrics", [])}
+        spreads = {m["name"]: noise.spread_of(m.get("spread"), m["value"]) for m in run.get("metrics", [])}
         declared = [m["name"] for m in meta.get("metrics", [])]
         direction = {m["name"]: m.get("direction", "lower_better") for m in meta.get("metrics", [])}
+        primary = meta.get("primary_metric")
         order = declared + [name for name in values if name not in declared]
 
-        current_records = {name: _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness)
+        current_records = {name: _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness,
+                                         spreads.get(name))
                            for name in order if name in values}
         best: dict[str, Any] = {}
         for name in declared:
             prev = old_best.get(name)
             if name in values and (prev is None or is_seed_sha(prev.get("commit_sha"))
-                                   or beats(values[name], prev["value"], direction[name])):
-                best[name] = _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness)
+                                   or takes_best(current_records[name], prev, direction[name], name == primary)):
+                best[name] = copy.deepcopy(current_records[name])
             elif prev is not None and not is_seed_sha(prev.get("commit_sha")):
                 best[name] = copy.deepcopy(prev)
         for name, prev in old_best.items():
@@ -114,12 +140,14 @@ def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
     logged accept (its real records stand; seed records do not); ``runs`` are the
     scorecards the remaining accepts committed, oldest first, whose ``metrics_current``
     records are replayed with the accept rule (a record replaces the best where it
-    strictly beats it in the metric's declared direction). A declared metric nobody
+    strictly beats it in the metric's declared direction, the primary metric beyond the
+    noise: :func:`takes_best`). A declared metric nobody
     holds gets the seed sentinel. ``metrics_current`` and everything else is kept;
     inputs are not modified.
     """
     directions = {m["test_case_id"]: {x["name"]: x.get("direction", "lower_better") for x in m.get("metrics", [])}
                   for m in metas or []}
+    primaries = {m["test_case_id"]: m.get("primary_metric") for m in metas or []}
 
     def cases_of(doc: dict | None) -> dict:
         return {c.get("test_case_id"): c for c in (doc or {}).get("cases", []) or []}
@@ -138,7 +166,7 @@ def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
                 if name not in declared or not isinstance(rec, dict):
                     continue
                 prev = best.get(name)
-                if prev is None or beats(rec["value"], prev["value"], declared[name]):
+                if prev is None or takes_best(rec, prev, declared[name], name == primaries.get(case_id)):
                     best[name] = copy.deepcopy(rec)
         rebuilt = {name: best.pop(name, None) or _record(0, SEED_SUBMITTER, SEED_SHA, SEED_RECORDED_AT)
                    for name in declared}

@@ -90,6 +90,24 @@ class StdoutGuard:
             sys.stdout = self._saved_sys_stdout
 
 
+def metric_spread(value: float, timing: Timing, direction: str) -> dict[str, Any] | None:
+    """``{n, lo, hi}`` of a metric computed from ``timing``'s median, or None when it cannot be scaled.
+
+    A primary metric is a time (``lower_better``: proportional to the median) or a rate
+    (``higher_better``: inversely proportional), as the physics floor requires, so the
+    median's confidence interval maps onto the metric's own unit by the same ratio.
+    """
+    s = timing.stats
+    if not (s.median > 0 and s.median_lo > 0 and s.median_hi >= s.median_lo and math.isfinite(value)):
+        return None
+    if direction == "higher_better":
+        lo, hi = value * s.median / s.median_hi, value * s.median / s.median_lo
+    else:
+        lo, hi = value * s.median_lo / s.median, value * s.median_hi / s.median
+    lo, hi = min(lo, value), max(hi, value)  # the interval always holds the figure itself
+    return {"n": int(s.n), "lo": float(lo), "hi": float(hi)}
+
+
 class CaseRun:
     """One case being measured: inputs, the correctness check, timings and metrics."""
 
@@ -101,6 +119,7 @@ class CaseRun:
         self.checked: Check | None = None
         self.timings: list[Timing] = []
         self.metrics: dict[str, float] = {}
+        self.metric_timings: dict[str, Timing] = {}  # the timing each metric was recorded after
         self.error: str | None = None
 
     def input(self, name: str) -> Any:
@@ -182,8 +201,17 @@ class CaseRun:
         return time_fn(fn, probe=run, guard=guard, **settings)
 
     def metric(self, name: str, value: float) -> None:
-        """Record a metric value (declared in the meta's ``metrics``)."""
+        """Record a metric value (declared in the meta's ``metrics``).
+
+        The primary metric recorded after a :meth:`time` carries that timing's spread
+        in the document (:func:`metric_spread`): the number of timed calls and the
+        95 % confidence interval of the median, scaled to the metric.
+        """
         self.metrics[name] = float(value)
+        if self.timings:
+            self.metric_timings[name] = self.timings[-1]
+        else:
+            self.metric_timings.pop(name, None)
 
     def __enter__(self) -> "CaseRun":
         return self
@@ -325,6 +353,12 @@ class Harness:
                 metrics[name] = value
             else:
                 errors.append(f"metric {name} is not finite ({value})")
+        spreads = {}
+        if primary in metrics and primary in run.metric_timings:
+            spread = metric_spread(metrics[primary], run.metric_timings[primary],
+                                   directions.get(primary, "lower_better"))
+            if spread is not None:
+                spreads[primary] = spread
         if run.checked is None:
             correctness = "failed"
             if not run.error:
@@ -355,7 +389,8 @@ class Harness:
                 run.id,
                 correctness=correctness,
                 accept=accept,
-                metrics=metrics,
+                metrics=[dict({"name": k, "value": v}, **({"spread": spreads[k]} if k in spreads else {}))
+                         for k, v in metrics.items()],
                 correctness_detail=run.checked.to_detail() if run.checked else None,
                 accept_reason=reason,
                 error="; ".join(errors) if errors else None,

@@ -41,13 +41,23 @@ def case_result(
     accept_reason: str | None = None,
     error: str | None = None,
 ) -> dict[str, Any]:
-    """One ``cases[]`` entry; ``metrics`` as ``{name: value}`` or ``[{name, value}]``."""
+    """One ``cases[]`` entry; ``metrics`` as ``{name: value}`` or ``[{name, value, spread?}]``.
+
+    ``spread`` (optional, per metric) is ``{n, lo, hi}``: how many timed calls the value
+    summarises and a 95 % confidence interval of it in the metric's unit.
+    """
     if correctness not in ("passed", "failed", "skipped"):
         raise ValueError(f"correctness must be passed, failed or skipped, not {correctness!r}")
     if isinstance(metrics, dict):
         metric_list = [{"name": str(k), "value": float(v)} for k, v in metrics.items()]
     else:
-        metric_list = [{"name": str(m["name"]), "value": float(m["value"])} for m in metrics]
+        metric_list = []
+        for m in metrics:
+            item = {"name": str(m["name"]), "value": float(m["value"])}
+            if m.get("spread") is not None:
+                spread = m["spread"]
+                item["spread"] = {"n": int(spread["n"]), "lo": float(spread["lo"]), "hi": float(spread["hi"])}
+            metric_list.append(item)
     case: dict[str, Any] = {
         "test_case_id": test_case_id,
         "correctness": correctness,

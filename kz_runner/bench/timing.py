@@ -5,7 +5,9 @@ L2 is overwritten), record a start event, call the function on the next set of
 rotating inputs, record an end event. Calls run in batches; after each batch the
 statistics are recomputed and the loop stops as soon as the relative standard
 error of the mean is under the target (and at least ``min_reps`` ran), or the
-time budget or ``max_reps`` is reached. The headline figure is the median.
+time budget or ``max_reps`` is reached. The headline figure is the median, with a
+95 % confidence interval of it (:func:`median_interval`) that the leaderboard reads as
+the figure's noise.
 """
 from __future__ import annotations
 
@@ -48,6 +50,35 @@ class Stats:
     max: float
     p10: float
     p90: float
+    median_lo: float = 0.0  # 95 % confidence interval of the median (median_interval)
+    median_hi: float = 0.0
+
+
+#: Below this many samples the confidence interval of the median is the whole range (min, max).
+MIN_CI_SAMPLES = 6
+#: z for a two-sided 95 % interval.
+CI_Z = 1.959964
+
+
+def median_interval(sorted_values: Sequence[float]) -> tuple[float, float]:
+    """A 95 % confidence interval of the median of already sorted values, by order statistics.
+
+    The number of samples below the true median is Binomial(n, 1/2), so the order
+    statistics ``x[j]`` and ``x[k]`` with ``j, k = n/2 -/+ z*sqrt(n)/2`` (normal
+    approximation, rounded outwards) bracket it with about 95 % probability, whatever
+    the distribution of the times: no resampling, no randomness, the same interval for
+    the same samples. With fewer than ``MIN_CI_SAMPLES`` samples the interval is
+    (min, max).
+    """
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value")
+    if n < MIN_CI_SAMPLES:
+        return float(sorted_values[0]), float(sorted_values[-1])
+    half = CI_Z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)  # 0-based index of the lower order statistic
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return float(sorted_values[lo]), float(sorted_values[hi])
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -75,6 +106,7 @@ def summarize(samples_ms: Sequence[float]) -> Stats:
         stdev = 0.0
     cv = stdev / mean if mean > 0 else 0.0
     rse = cv / math.sqrt(n) if n > 1 else math.inf
+    lo, hi = median_interval(values)
     return Stats(
         n=n,
         median=_percentile(values, 0.5),
@@ -86,6 +118,8 @@ def summarize(samples_ms: Sequence[float]) -> Stats:
         max=values[-1],
         p10=_percentile(values, 0.10),
         p90=_percentile(values, 0.90),
+        median_lo=lo,
+        median_hi=hi,
     )
 
 
@@ -133,7 +167,7 @@ class Timing:
         s = self.stats
         return (
             f"median {s.median * 1e3:.3f} us  mean {s.mean * 1e3:.3f} us  cv {s.cv * 100:.2f}%  "
-            f"rse {s.rse * 100:.3f}%  p10/p90 {s.p10 * 1e3:.3f}/{s.p90 * 1e3:.3f} us  "
+            f"rse {s.rse * 100:.3f}%  95% CI {s.median_lo * 1e3:.3f}-{s.median_hi * 1e3:.3f} us  p10/p90 {s.p10 * 1e3:.3f}/{s.p90 * 1e3:.3f} us  "
             f"n {s.n} ({self.stop_reason}, {self.device}, {self.rotations} input sets)"
         )
 

@@ -81,9 +81,13 @@ def _text(value: Any) -> str | None:
 def _record(value: Any) -> dict | None:
     if not isinstance(value, dict):
         return None
-    return {"value": value.get("value"), "submitter": value.get("submitter"),
-            "commit_sha": value.get("commit_sha"), "recorded_at": value.get("recorded_at"),
-            "seed": value.get("commit_sha") == SEED_SHA}
+    record = {"value": value.get("value"), "submitter": value.get("submitter"),
+              "commit_sha": value.get("commit_sha"), "recorded_at": value.get("recorded_at"),
+              "seed": value.get("commit_sha") == SEED_SHA}
+    spread = value.get("spread")
+    if isinstance(spread, dict) and {"n", "lo", "hi"} <= set(spread):  # the schema checked the scorecard's
+        record["spread"] = {"n": spread["n"], "lo": spread["lo"], "hi": spread["hi"]}
+    return record
 
 
 def _cases(an: Analysis) -> list[dict]:

@@ -1,0 +1,1 @@
+"""The leaderboard's maths: operator rankings with their noise, speed of light, an accept's outcome."""

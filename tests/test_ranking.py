@@ -1,0 +1,160 @@
+"""Operator rankings that know their noise: intervals, speed-ups, geometric-mean scores, shared ranks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kz_daemon.board.ranking import (geomean, rank_all, rank_operator, reference_of, shared_ranks,
+                                     speedup_interval)
+from kz_daemon.core.noise import Interval, better_beyond_noise, interval_of, overlaps
+
+OP = "cpu/Reduction/Softmax/fp32"
+
+
+def record(value, lo=None, hi=None, sha="a" * 40, n=100):
+    rec = {"value": value, "submitter": "s", "commit_sha": sha, "recorded_at": "2026-12-01T00:00:00Z",
+           "seed": sha == "0000000"}
+    if lo is not None:
+        rec["spread"] = {"n": n, "lo": lo, "hi": hi}
+    return rec
+
+
+def entry(name, cases, tags=(), direction="lower_better"):
+    return {"kernel_id": f"{OP}/{name}", "name": name, "tags": list(tags),
+            "category": dict(zip(("arch", "op_class", "sub_class", "quant"), OP.split("/"))),
+            "cases": [{"test_case_id": cid, "primary_metric": "latency_us", "unit": "us", "direction": direction,
+                       "best": best, "current": best, "correctness_current": "passed"}
+                      for cid, best in cases.items()]}
+
+
+# -- intervals ------------------------------------------------------------------------------------
+
+def test_interval_of_a_record_with_and_without_spread():
+    assert interval_of(record(2.0, 1.5, 2.5)) == Interval(2.0, 1.5, 2.5, 100)
+    assert interval_of(record(2.0)).exact
+    assert interval_of({"value": "x"}) is None and interval_of(None) is None
+
+
+def test_better_beyond_noise_needs_disjoint_intervals_in_the_direction():
+    old = Interval(10.0, 9.0, 11.0, 50)
+    assert not better_beyond_noise(Interval(9.5, 8.5, 9.0, 50), old, "lower_better")  # touching: not beyond
+    assert better_beyond_noise(Interval(8.0, 7.5, 8.9, 50), old, "lower_better")
+    assert not better_beyond_noise(Interval(8.0, 7.5, 8.9, 50), old, "higher_better")
+    assert better_beyond_noise(Interval(12.0, 11.5, 13.0, 50), old, "higher_better")
+    with pytest.raises(ValueError):
+        better_beyond_noise(old, old, "sideways")
+
+
+def test_speedup_of_a_latency_inverts_the_interval_and_of_a_rate_scales_it():
+    assert speedup_interval(Interval(5.0, 4.0, 10.0), 10.0, "lower_better") == Interval(2.0, 1.0, 2.5)
+    assert speedup_interval(Interval(5.0, 4.0, 10.0), 10.0, "higher_better") == Interval(0.5, 0.4, 1.0)
+
+
+def test_geomean_of_intervals_end_by_end():
+    out = geomean([Interval(2.0, 1.0, 4.0, 10), Interval(8.0, 4.0, 16.0, 30)])
+    assert [round(x, 9) for x in (out.value, out.lo, out.hi)] == [4.0, 2.0, 8.0] and out.n == 10
+
+
+# -- ranks ----------------------------------------------------------------------------------------
+
+def test_overlapping_scores_share_a_rank_and_the_next_rank_skips():
+    ranks = shared_ranks([("a", Interval(3.0, 2.8, 3.2)), ("b", Interval(2.9, 2.7, 3.1)),
+                          ("c", Interval(2.0, 1.9, 2.1)), ("d", Interval(1.0, 1.0, 1.0))])
+    assert ranks == [("a", 1, True), ("b", 1, True), ("c", 3, False), ("d", 4, False)]
+
+
+def test_overlap_is_judged_against_the_groups_first_kernel():
+    # b overlaps a; c overlaps b but not a: c opens its own group
+    ranks = shared_ranks([("a", Interval(3.0, 2.5, 3.5)), ("b", Interval(2.4, 2.0, 2.6)),
+                          ("c", Interval(1.9, 1.8, 2.1))])
+    assert ranks == [("a", 1, True), ("b", 1, True), ("c", 3, False)]
+
+
+intervals = st.builds(lambda v, lo, hi: Interval(v, v * lo, v * hi),
+                      st.floats(0.01, 100.0), st.floats(0.5, 1.0), st.floats(1.0, 2.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=3), intervals, min_size=1, max_size=12))
+def test_ranks_are_competition_ranks_that_never_separate_overlapping_neighbours(scores):
+    ranks = shared_ranks(list(scores.items()))
+    by_key = {k: (r, a) for k, r, a in ranks}
+    order = [k for k, _r, _a in ranks]
+    assert ranks[0][1] == 1
+    assert [r for _k, r, _a in ranks] == sorted(r for _k, r, _a in ranks)  # best first
+    for position, (key, rank, _approx) in enumerate(ranks):
+        assert rank <= position + 1  # a shared rank is the group's first position
+        if rank == position + 1 and position:
+            leader = next(k for k, r, _a in ranks if r == ranks[position - 1][1])
+            assert not overlaps(scores[key], scores[leader])  # a new group starts only beyond the noise
+    for rank in {r for _k, r, _a in ranks}:
+        members = [k for k in order if by_key[k][0] == rank]
+        assert all(by_key[k][1] == (len(members) > 1) for k in members)  # ≈ exactly when shared
+    # the input order changes nothing
+    assert shared_ranks(list(reversed(list(scores.items())))) == ranks
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=10, unique=True))
+def test_exact_scores_rank_one_to_n(values):
+    ranks = shared_ranks([(f"k{i}", Interval(v, v, v)) for i, v in enumerate(values)])
+    assert [r for _k, r, _a in ranks] == list(range(1, len(values) + 1))
+    assert not any(a for _k, _r, a in ranks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(intervals, min_size=1, max_size=6), st.floats(0.1, 10.0))
+def test_a_common_factor_per_case_changes_no_rank(per_case, factor):
+    """The reference's value is a common factor of a case: the score changes, the order does not."""
+    a = geomean(per_case)
+    b = geomean([i.scaled(factor) for i in per_case])
+    assert math.isclose(b.value, a.value * factor, rel_tol=1e-9)
+    assert a.lo <= a.value <= a.hi
+
+
+# -- an operator ---------------------------------------------------------------------------------
+
+def test_the_reference_is_tagged_then_named_then_the_first_measured():
+    tagged = entry("fast", {"c": record(1.0)}, tags=("reference",))
+    named = entry("numpy_ref", {"c": record(2.0)})
+    other = entry("a_other", {"c": record(3.0)})
+    assert reference_of([named, tagged, other]) == (tagged["kernel_id"], False)
+    assert reference_of([other, named]) == (named["kernel_id"], False)
+    unmeasured = entry("a_first", {"c": record(0, sha="0000000")})
+    assert reference_of([other, unmeasured]) == (other["kernel_id"], True)
+    assert reference_of([unmeasured]) == (None, False)
+
+
+def test_operator_score_is_the_geomean_speedup_against_the_reference():
+    ref = entry("numpy_ref", {"a": record(10.0, 9.5, 10.5), "b": record(100.0, 95.0, 105.0)})
+    fast = entry("fast", {"a": record(5.0, 4.9, 5.1), "b": record(25.0, 24.0, 26.0)})
+    same = entry("same", {"a": record(10.1, 9.6, 10.6), "b": record(99.0, 94.0, 104.0)})
+    partial = entry("partial", {"a": record(1.0, 0.9, 1.1), "b": record(0, sha="0000000")})
+    board = rank_operator(OP, [ref, fast, same, partial])
+    assert board.reference == ref["kernel_id"] and not board.reference_default
+    assert board.case_ids == ["a", "b"] and board.scored_cases == ["a", "b"]
+    rows = {k.kernel_id.rsplit("/", 1)[1]: k for k in board.kernels}
+    assert math.isclose(rows["fast"].score.value, math.sqrt(2.0 * 4.0))
+    assert rows["fast"].rank == 1 and not rows["fast"].approx
+    assert rows["numpy_ref"].rank == rows["same"].rank == 2 and rows["same"].approx  # within the noise: ≈
+    assert rows["partial"].rank is None and rows["partial"].missing == ("b",)
+    assert [k.kernel_id.rsplit("/", 1)[1] for k in board.kernels][:1] == ["fast"]
+    assert board.kernels[-1].kernel_id.endswith("partial")
+
+
+def test_a_rate_metric_ranks_the_higher_value_first():
+    ref = entry("numpy_ref", {"a": record(10.0)}, direction="higher_better")
+    fast = entry("fast", {"a": record(40.0)}, direction="higher_better")
+    board = rank_operator(OP, [ref, fast])
+    assert [k.kernel_id.rsplit("/", 1)[1] for k in board.kernels] == ["fast", "numpy_ref"]
+    assert math.isclose(board.kernels[0].score.value, 4.0)
+
+
+def test_rank_all_groups_entries_by_operator():
+    other_op = dict(entry("x", {"a": record(1.0)}), kernel_id="sm_90/Reduction/Softmax/fp16/x",
+                    category={"arch": "sm_90", "op_class": "Reduction", "sub_class": "Softmax", "quant": "fp16"})
+    boards = rank_all([entry("numpy_ref", {"a": record(1.0)}), other_op])
+    assert list(boards) == [OP, "sm_90/Reduction/Softmax/fp16"]

@@ -149,3 +149,11 @@ def test_the_daemon_units_command_says_ready_and_pings_the_watchdog(tmp_path):
         _, err = proc.communicate(timeout=60)
         listener.close()
     assert {"READY=1", "WATCHDOG=1"} <= seen, (seen, err.decode(errors="replace")[-2000:])
+
+
+def test_runner_unit_lets_the_job_sandbox_make_its_namespaces_and_proc():
+    """bwrap needs these namespaces, and the kernel refuses a fresh /proc in a user namespace
+    while parts of the unit's /proc are mounted over (ProtectKernelTunables/Logs)."""
+    u = _unit("kz-runner@.service")
+    assert set(u["Service.RestrictNamespaces"][0].split()) == {"user", "mnt", "pid", "net", "ipc", "uts", "cgroup"}
+    assert "Service.ProtectKernelTunables" not in u and "Service.ProtectKernelLogs" not in u

@@ -28,9 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 class Up:
     """A running `kz up` child with its stdout collected by a reader thread."""
 
-    def __init__(self, state_dir: Path, *extra: str, notify: str | None = None) -> None:
+    def __init__(self, state_dir: Path, *extra: str, notify: str | None = None,
+                 env_extra: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KZ_", "NOTIFY_SOCKET", "WATCHDOG"))}
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(env_extra or {})
         if notify:
             env["NOTIFY_SOCKET"] = notify
             env["WATCHDOG_USEC"] = "400000"  # ping every 0.2 s from the event loop

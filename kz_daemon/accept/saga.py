@@ -38,7 +38,7 @@ import yaml
 from dulwich.file import FileLocked
 
 from kz_daemon.queue import confirm
-from kz_daemon.guards import physics
+from kz_daemon.guards import physics, unconfined
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha
@@ -152,7 +152,8 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
         run = confirm.store_run(zoo.pending, sub, result, logs, env, failure)
         facts = zoo.pending.read_submission(sub_uuid)  # read once per report
         metas = facts.get("metas") or []
-        accepted, code, message, details, invalid = verdict_of(zoo, sub, result, failure, metas, facts)
+        accepted, code, message, details, invalid = unconfined.refuse(
+            verdict_of(zoo, sub, result, failure, metas, facts), env)  # a run without a sandbox never accepts
         overall = result.get("overall", {}) if isinstance(result, dict) else {}
         overall = overall if isinstance(overall, dict) else {}
         reported = ev.ResultReported(

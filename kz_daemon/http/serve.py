@@ -24,7 +24,7 @@ from kz_daemon.storage.history import KernelHistory
 from kz_daemon.http.app import create_app, make_server
 from kz_daemon.api.shim_settings import from_config
 from kz_daemon.upkeep.sdnotify import Notifier
-from kz_daemon.upkeep.supervise import Supervisor
+from kz_daemon.upkeep.supervise import RUNNER_REFUSALS, Supervisor
 from kz_daemon.ops.service import Zoo
 from kz_runner import __version__
 
@@ -105,7 +105,8 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
                 env.pop("WATCHDOG_USEC", None)
                 env.pop("WATCHDOG_PID", None)
                 # supervised: a runner that dies (a poisonous job) is restarted with backoff
-                child[0] = Supervisor(list(options.runner_argv), env=env,
+                # exit 78: the runner found no sandbox; /readyz says so with its reason
+                child[0] = Supervisor(list(options.runner_argv), env=env, refusals=RUNNER_REFUSALS,
                                       preexec_fn=_die_with_parent if sys.platform == "linux" else None).start()
                 app.state.runner_supervisor = child[0]
             if banner is not None:

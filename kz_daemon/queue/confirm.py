@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 from kz_daemon.core import scorecard
+from kz_daemon.guards import unconfined
 from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
 from kz_daemon.config.ports import Daemon
 from kz_events import events as ev
@@ -261,7 +262,8 @@ def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
         metas = facts.get("metas") or []
         run = zoo.pending.load_run(sub.uuid, CONFIRM_PREFIX if confirming else "")
         run = StoredRun(run.result, sub.result["result_sha256"], run.failure)
-        verdict = judge(zoo, sub, run.result, run.failure, metas if not run.failure else [], facts)
+        verdict = unconfined.refuse(judge(zoo, sub, run.result, run.failure, metas if not run.failure else [], facts),
+                                    zoo.pending.load_env(sub.uuid, CONFIRM_PREFIX if confirming else ""))
         cases = summarize(run.result, metas) if isinstance(run.result, dict) else []
         with zoo.lock:
             events = verdict_events(zoo, sub, run, cases, metas, verdict, sub.runner_id, sub.lease_id,

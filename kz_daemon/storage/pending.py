@@ -104,6 +104,14 @@ class PendingStore:
         """The stored result.json of a submission (None when the runner sent none)."""
         return json.loads((self.run_folder(sub_uuid) / (prefix + RESULT_FILE)).read_text())
 
+    def load_env(self, sub_uuid: str, prefix: str = "") -> dict:
+        """The stored env.json of a run ({} when missing or unreadable: pruned, or never written)."""
+        try:
+            doc = json.loads((self.run_folder(sub_uuid) / (prefix + ENV_FILE)).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
     def load_run(self, sub_uuid: str, prefix: str = "") -> StoredRun:
         """The stored run (result and failure None where a file is missing or unreadable)."""
         folder = self.run_folder(sub_uuid)

@@ -7,6 +7,12 @@ it exits while not being stopped, starts it again after a backoff that doubles f
 Every exit is logged on one line. A child that exited ``crash_limit`` times within
 ``window_s`` is *crash-looping*: :meth:`health` reports it (``/readyz`` turns 503)
 while the restarts go on.
+
+An exit code in ``refusals`` (for the runner: 78, no sandbox can be made on this host)
+is a refusal, not a crash: :meth:`health` fails at once with the refusal's text and the
+child's last line that names its code (the runner's reason and fix), and keeps failing
+until a restarted child has run for ``stable_s``. The child's stderr is passed through
+line by line to ``child_out`` (the operator's stream) and its last lines kept for that.
 """
 from __future__ import annotations
 
@@ -15,8 +21,15 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
+
+#: ``kz runner``'s exit code when no sandbox can be made on its host (its EXIT_SANDBOX_UNAVAILABLE;
+#: the daemon does not import the runner's worker modules)
+RUNNER_REFUSALS = {78: ("SANDBOX_UNAVAILABLE", "the local runner refused to run jobs: no sandbox can be made "
+                                               "on this host")}
+#: lines of the child's stderr kept for a refusal's reason
+KEPT_LINES = 50
 
 
 class Supervisor:
@@ -25,7 +38,8 @@ class Supervisor:
     def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, name: str = "runner",
                  preexec_fn: Callable[[], None] | None = None, out: TextIO = sys.stderr,
                  first_backoff_s: float = 1.0, max_backoff_s: float = 60.0, stable_s: float = 60.0,
-                 crash_limit: int = 3, window_s: float = 300.0) -> None:
+                 crash_limit: int = 3, window_s: float = 300.0,
+                 refusals: Mapping[int, tuple[str, str]] | None = None, child_out: TextIO | None = None) -> None:
         self.argv = list(argv)
         self.env = env
         self.name = name
@@ -36,6 +50,15 @@ class Supervisor:
         self.stable_s = stable_s
         self.crash_limit = crash_limit
         self.window_s = window_s
+        # exit code -> (code, text): exits that say the child cannot work here, not that it crashed
+        self.refusals = dict(refusals or {})
+        # where the child's stderr goes (None: this process's stderr at the time of writing)
+        self.child_out = child_out
+        # (code, reason) of the last refusal, until a child has run stable_s since
+        self.refusal: tuple[str, str] | None = None
+        self._lines: deque[str] = deque(maxlen=KEPT_LINES)
+        self._began = time.monotonic()
+        self._pump_thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.last_exit: int | None = None
@@ -60,8 +83,25 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL,
-                                         preexec_fn=self.preexec_fn)
+                                         stderr=subprocess.PIPE, preexec_fn=self.preexec_fn)
+            self._began = time.monotonic()
             self.starts += 1
+            self._pump_thread = threading.Thread(target=self._pump, args=(self.proc.stderr,),
+                                                 name=f"kz-supervise-{self.name}-err", daemon=True)
+            self._pump_thread.start()
+
+    def _pump(self, stream: Any) -> None:
+        """Pass the child's stderr through, keeping its last lines (for a refusal's reason)."""
+        with stream:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", "replace")
+                self._lines.append(line.rstrip("\n"))
+                out = self.child_out or sys.stderr
+                try:
+                    out.write(line)
+                    out.flush()
+                except (OSError, ValueError):
+                    pass
 
     def _watch(self) -> None:
         backoff = self.first_backoff_s
@@ -69,10 +109,16 @@ class Supervisor:
             proc = self.proc
             began = time.monotonic()
             code = proc.wait() if proc is not None else None
+            pump = self._pump_thread
+            if pump is not None:  # the child's last words, read to the end of its stderr
+                pump.join(2)
             if self._stopping.is_set():
                 return
             now = time.monotonic()
             self.last_exit = code
+            if code in self.refusals:
+                self.refusal = self._refusal_reason(code)
+                self.log(f"{self.refusal[1]}; trying again in {backoff:.0f} s")
             self._exits.append(now)
             if now - began >= self.stable_s:
                 backoff = self.first_backoff_s
@@ -88,6 +134,20 @@ class Supervisor:
             except OSError as exc:
                 self.log(f"cannot be started: {exc}")
 
+    def _refusal_reason(self, code: int) -> tuple[str, str]:
+        """(code word, reason) of a refusal exit: the table's text and the child's last line naming it."""
+        word, text = self.refusals[code]
+        said = next((line.strip() for line in reversed(self._lines) if word in line), None)
+        return word, f"{text} (exit {code}, {word})" + (f": {said}" if said else "")
+
+    def refused(self) -> tuple[str, str] | None:
+        """The last refusal, while no child has run ``stable_s`` since it."""
+        if self.refusal is None:
+            return None
+        if self.alive() and time.monotonic() - self._began >= self.stable_s:
+            self.refusal = None
+        return self.refusal
+
     def crash_looping(self) -> bool:
         """Whether the child exited ``crash_limit`` times within the last ``window_s``."""
         exits = list(self._exits)
@@ -99,14 +159,19 @@ class Supervisor:
         return proc is not None and proc.poll() is None
 
     def health(self) -> dict[str, Any]:
-        """The ``runner`` check of /readyz: ok unless the child is crash-looping."""
+        """The ``runner`` check of /readyz: ok unless the child refused to work here (its reason)
+        or is crash-looping."""
         looping = self.crash_looping()
+        refused = self.refused()
         alive = self.alive()
         reason = None
-        if looping:
+        if refused is not None:
+            reason = refused[1]
+        elif looping:
             reason = (f"the local {self.name} died {len(self._exits)} times within {self.window_s:.0f} s "
                       f"(last exit code {self.last_exit}); kz up keeps restarting it")
-        return {"ok": not looping, "reason": reason, "alive": alive, "starts": self.starts,
+        return {"ok": not looping and refused is None, "reason": reason, "code": refused and refused[0],
+                "alive": alive, "starts": self.starts,
                 "restarts": max(0, self.starts - 1), "last_exit": self.last_exit,
                 "pid": self.proc.pid if alive and self.proc is not None else None}
 

@@ -158,3 +158,47 @@ def test_rank_all_groups_entries_by_operator():
                     category={"arch": "sm_90", "op_class": "Reduction", "sub_class": "Softmax", "quant": "fp16"})
     boards = rank_all([entry("numpy_ref", {"a": record(1.0)}), other_op])
     assert list(boards) == [OP, "sm_90/Reduction/Softmax/fp16"]
+
+
+# -- speed of light --------------------------------------------------------------------------------
+
+AXPY_IO = [{"name": "a", "kind": "in", "dtype": "fp32", "shape": []},
+           {"name": "x", "kind": "in", "dtype": "fp32", "shape": ["N"]},
+           {"name": "y", "kind": "in", "dtype": "fp32", "shape": ["N"]},
+           {"name": "out", "kind": "out", "dtype": "fp32", "shape": ["N"]}]
+
+
+def test_speed_of_light_of_a_latency_is_bytes_over_time_against_the_memory_it_fits_in():
+    from kz_daemon.board.roofline import speed_of_light
+    from kz_runner.contract.rules.floor import DEFAULT_CEILINGS
+
+    nbytes = 4 + 3 * 4 * 1_048_576  # a, x, y read once, out written once
+    sol = speed_of_light(Interval(10.0, 8.0, 12.5), "us", "lower_better", {"n": 1_048_576}, AXPY_IO, "sm_90")
+    assert sol["kind"] == "latency" and sol["bytes"] == nbytes and sol["memory"] == "L2"  # 12 MiB fit in 60 MiB
+    assert math.isclose(sol["achieved_bytes_per_s"], nbytes / 10e-6)
+    peak = DEFAULT_CEILINGS["sm_90"].l2_bytes_per_s
+    assert sol["pct_of_peak"] == round(100 * nbytes / 10e-6 / peak, 3)
+    low, high = sol["pct_interval"]
+    assert low == round(100 * nbytes / 12.5e-6 / peak, 3) and high == round(100 * nbytes / 8e-6 / peak, 3)
+    big = speed_of_light(1000.0, "us", "lower_better", {"n": 64 * 1_048_576}, AXPY_IO, "sm_90")
+    assert big["memory"] == "HBM" and big["peak_bytes_per_s"] == DEFAULT_CEILINGS["sm_90"].hbm_bytes_per_s
+
+
+def test_speed_of_light_of_a_bandwidth_and_a_compute_rate():
+    from kz_daemon.board.roofline import speed_of_light
+    from kz_runner.contract.rules.floor import DEFAULT_CEILINGS
+
+    bw = speed_of_light(480.0, "GB/s", "higher_better", {"n": 1 << 28}, AXPY_IO, "sm_90")
+    assert bw["kind"] == "bandwidth" and bw["pct_of_peak"] == 10.0
+    flops = speed_of_light(99.0, "TFLOPS", "higher_better", {"n": 4}, AXPY_IO, "sm_90")
+    assert flops["kind"] == "compute" and flops["peak_flops"] == DEFAULT_CEILINGS["sm_90"].flops["fp32"]
+    assert flops["pct_of_peak"] == round(100 * 99e12 / DEFAULT_CEILINGS["sm_90"].flops["fp32"], 3)
+
+
+def test_no_speed_of_light_without_a_floor():
+    from kz_daemon.board.roofline import speed_of_light
+
+    assert speed_of_light(10.0, "us", "lower_better", {"m": 4}, AXPY_IO, "sm_90") is None  # N does not resolve
+    assert speed_of_light(10.0, "us", "lower_better", {"n": 4}, AXPY_IO, "sm_99") is None  # no ceiling
+    assert speed_of_light(10.0, "furlongs", "lower_better", {"n": 4}, AXPY_IO, "sm_90") is None
+    assert speed_of_light(None, "us", "lower_better", {"n": 4}, AXPY_IO, "sm_90") is None

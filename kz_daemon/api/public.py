@@ -23,6 +23,7 @@ from kz_daemon.intake import idempotency
 from kz_daemon.core.errors import ZooError
 from kz_daemon.api import authz
 from kz_daemon.api import rate_limits as limits
+from kz_daemon.api import rankings
 from kz_daemon.api import views
 from kz_daemon.api.spec import Op, Param
 from kz_daemon.api.metrics import accept_latency, render_metrics
@@ -95,7 +96,7 @@ async def list_kernels(request: Request) -> Response:
 
 
 async def get_kernel(request: Request) -> Response:
-    """GET /api/kernels/{kernel_id}: the index entry plus desc.yaml and bench_result.yaml at HEAD."""
+    """GET /api/kernels/{kernel_id}: the index entry, desc.yaml and bench_result.yaml at HEAD, speed of light."""
     kernel_id = request.path_params["kernel_id"]
     entry = catalog(request).get(kernel_id)
     if entry is None:
@@ -107,6 +108,8 @@ async def get_kernel(request: Request) -> Response:
         desc, scorecard = await run_in_threadpool(history.package_docs, kernel_id)
         doc["desc"] = desc
         doc["bench_result"] = scorecard
+    facts = (await run_in_threadpool(rankings.gather, history, request.app.state.zoo, [kernel_id]))[kernel_id]
+    doc["speed_of_light"] = rankings.kernel_speed_of_light(entry, facts, rankings.ceilings_of(request.app.state.zoo))
     return JSONResponse(views.plain(doc))
 
 

@@ -30,6 +30,7 @@ from kz_daemon.browse import source_api
 from kz_daemon.web import pages
 from kz_daemon.web import source_pages
 from kz_daemon.mcp.in_process import McpEndpoint
+from kz_daemon.api import rankings
 from kz_daemon.api import runner as runner_api
 from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
@@ -48,7 +49,7 @@ STATUS_INTERVAL_S = 10.0
 
 def api_ops() -> list[Op]:
     """Every documented API operation, in documentation order."""
-    return [*source_api.OPS, *api.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
+    return [*source_api.OPS, *api.OPS, *rankings.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
                                           "This OpenAPI document", "ops", responses={200: None})]
 
 

@@ -8,7 +8,8 @@ is not an accept and is left out, and so is a revocation commit (``Kz-Step: revo
 which restores an earlier record's scorecard); the accept it takes back stays in the
 history, marked ``revoked``. Results are cached per branch head. The harness
 of a package (its ``benchmark.py``) is identified by its blob SHA at the head, and
-its declared metrics (unit, direction) are read from that blob's METAS literal.
+its declared metrics (unit, direction) and each case's params are read from that
+blob's METAS literal.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Harness:
 
     blob: str | None  # git blob SHA (hex), None when the file is missing
     metrics: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # case -> metric -> unit, direction
+    params: dict[str, dict] = field(default_factory=dict)  # case -> its METAS params (the shapes)
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,15 @@ class KernelHistory:
             data = repo[blob].data
         metas, _problems = read_metas(data)
         metrics: dict[str, dict[str, dict[str, str]]] = {}
+        params: dict[str, dict] = {}
         for meta in metas or []:
+            if isinstance(meta, dict) and isinstance(meta.get("params"), dict):
+                params[str(meta.get("test_case_id"))] = dict(meta["params"])
             if isinstance(meta, dict) and isinstance(meta.get("metrics"), list):
                 metrics[str(meta.get("test_case_id"))] = {
                     str(m.get("name")): {"unit": str(m.get("unit") or ""), "direction": str(m.get("direction") or "")}
                     for m in meta["metrics"] if isinstance(m, dict)}
-        found = Harness(blob.decode(), metrics)
+        found = Harness(blob.decode(), metrics, params)
         with self._lock:
             self._harness[blob] = found
             while len(self._harness) > self._cache_size:

@@ -235,7 +235,10 @@ def test_a_reject_rule_fails_validate_and_a_hold_rule_is_a_warning(tmp_path):
     held = dry_run(pkg)
     assert held.ok, render_text(held)  # the server would hold it for an admin: the dry run says so
     assert [(p.code, p.file, p.field) for p in held.warnings] == [("concurrency", "src/impl.py", "1")]
-    assert "concurrency src/impl.py:1" in render_text(held)
+    verdict = render_text(held).splitlines()[-1]
+    assert verdict.startswith("verdict: PASS") and "held for an admin's review on the server: concurrency src/impl.py:1" \
+        in verdict
+    assert [p["code"] for p in held.to_json()["held"]] == ["concurrency"]
     (pkg / "src" / "impl.py").write_text("import sys\n\n\ndef double(x):\n    sys._getframe(1)\n    return 2 * x\n")
     refused = dry_run(pkg)
     step = failed(refused)

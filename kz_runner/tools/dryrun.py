@@ -96,6 +96,13 @@ class DryRun:
         return bool(self.steps) and all(s.ok for s in self.steps) and self.steps[-1].name == "verdict"
 
     @property
+    def held(self) -> tuple[Problem, ...]:
+        """The findings of a hold rule: the server would queue the package only after an admin's review."""
+        from kz_runner.contract.rules.engine import HOLD, RULES_BY_ID
+
+        return tuple(p for p in self.warnings if p.code in RULES_BY_ID and RULES_BY_ID[p.code].action == HOLD)
+
+    @property
     def failed_step(self) -> str | None:
         """The name of the step that failed, or None."""
         return next((s.name for s in self.steps if not s.ok), None)
@@ -114,6 +121,7 @@ class DryRun:
             "result": self.verdict.document if self.verdict else None,
             "workdirs": self.workdirs,
             "judged_against": self.judged_against,
+            "held": [p.to_json() for p in self.held],
         }
 
 
@@ -439,7 +447,9 @@ def render_text(run: DryRun) -> str:
         lines.append(f"  kept: {', '.join(run.workdirs)}")
     lines.append("")
     if run.ok:
-        lines.append(f"verdict: PASS — {run.steps[-1].detail}")
+        held = "".join(f"; held for an admin's review on the server: {p.code} {p.file}:{p.field}"
+                       for p in run.held[:1]) + (f" (and {len(run.held) - 1} more)" if len(run.held) > 1 else "")
+        lines.append(f"verdict: PASS — {run.steps[-1].detail}{held}")
     else:
         failed = next((s for s in run.steps if not s.ok), None)
         lines.append(f"verdict: FAIL at step {failed.name}: {clip(failed.detail, VERDICT_CHARS)}" if failed

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kz_events import defaults
+
 MIB = 1024 * 1024
 
 
@@ -52,8 +54,8 @@ class ShimSettings:
     #: Lease length reported to runners when the claim does not carry it.
     lease_seconds: float = 300.0
     #: Timeouts handed to runners with each claim.
-    build_s: float = 600.0
-    benchmark_s: float = 1800.0
+    build_s: float = defaults.BUILD_TIMEOUT_S
+    benchmark_s: float = defaults.BENCHMARK_TIMEOUT_S
 
 
 def from_config(config: object | None, **overrides: object) -> ShimSettings:

@@ -5,14 +5,16 @@ import argparse
 import json
 import sys
 
+from kz_events import defaults
+
 NAME = "audit"
 HELP = "verify the event log (hash chain, seqs, events) and report every divergence; exit 1 on errors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``kz audit``."""
-    parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
-                        help="state directory (default ./kz-data); the log is DIR/events")
+    parser.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+                        help=f"state directory (default {defaults.STATE_DIR}); the log is DIR/events")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 

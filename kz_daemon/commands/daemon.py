@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kz_events import defaults
+
 NAME = "daemon"
 HELP = "run the kernel_zoo daemon (spool, queue, accept, index, HTTP API) until SIGTERM/SIGINT"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--state-dir, --repo, --config, --seed-from, --no-http."""
-    parser.add_argument("--state-dir", default="./kz-data",
-                        help="state directory (kz.yaml, repo/, spool/, events/ ...); default ./kz-data")
+    parser.add_argument("--state-dir", default=defaults.STATE_DIR,
+                        help=f"state directory (kz.yaml, repo/, spool/, events/ ...); default {defaults.STATE_DIR}")
     parser.add_argument("--repo", default=None, help="kernel repo path (default: STATE_DIR/repo)")
     parser.add_argument("--config", default=None, help="config file (default: STATE_DIR/kz.yaml)")
     parser.add_argument("--seed-from", default=None,

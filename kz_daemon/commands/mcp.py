@@ -13,9 +13,11 @@ import argparse
 import os
 import sys
 
+from kz_events import defaults
+
 NAME = "mcp"
 HELP = "serve the zoo's tools to an agent over MCP (stdio), against a daemon's HTTP API"
-DEFAULT_SERVER = "http://127.0.0.1:8470"
+DEFAULT_SERVER = defaults.SERVER_URL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kz_events import defaults
+
 NAME = "review"
 HELP = "list held submissions with their evidence; approve or reject one (admin token)"
 TIMEOUT_S = 30
@@ -23,11 +25,11 @@ TIMEOUT_S = 30
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", default=argparse.SUPPRESS, help="zoo URL (default http://127.0.0.1:8470)")
+    common.add_argument("--server", default=argparse.SUPPRESS, help=f"zoo URL (default {defaults.SERVER_URL})")
     common.add_argument("--token", default=argparse.SUPPRESS, help="admin token (default $KZ_TOKEN or "
                         "STATE_DIR/tokens/admin.token)")
     common.add_argument("--state-dir", default=argparse.SUPPRESS, help="state directory whose admin token "
-                        "to use (default ./kz-data)")
+                        f"to use (default {defaults.STATE_DIR})")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.add_parser("list", parents=[common], help="held submissions with the rules and evidence")
@@ -41,7 +43,7 @@ def _token(args: argparse.Namespace) -> str | None:
     token = getattr(args, "token", None) or os.environ.get("KZ_TOKEN")
     if token:
         return token.strip()
-    path = Path(getattr(args, "state_dir", "kz-data")) / "tokens" / "admin.token"
+    path = Path(getattr(args, "state_dir", defaults.STATE_DIR)) / "tokens" / "admin.token"
     try:
         return path.read_text(encoding="utf-8").strip()
     except OSError:
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action not in ("list", "approve", "reject"):
         print("kz review: name an action: list, approve or reject", file=sys.stderr)
         return 2
-    server = getattr(args, "server", None) or os.environ.get("KZ_SERVER") or "http://127.0.0.1:8470"
+    server = getattr(args, "server", None) or os.environ.get("KZ_SERVER") or defaults.SERVER_URL
     token = _token(args)
     if not token:
         print("kz review: no admin token: pass --token, set KZ_TOKEN or point --state-dir at the "

@@ -11,17 +11,19 @@ import json
 import sys
 from pathlib import Path
 
+from kz_events import defaults
+
 NAME = "token"
 HELP = "issue, list or revoke runner/submitter/admin tokens of a state directory"
 KINDS = ("runner", "submitter", "admin")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default="kz-data", help="state directory (default ./kz-data)")
+    parser.add_argument("--state-dir", default=defaults.STATE_DIR, help=f"state directory (default {defaults.STATE_DIR})")
     # --state-dir is accepted after the action too (`kz token issue runner gpu0 --state-dir D`);
     # SUPPRESS keeps an absent one from overriding the value given before the action.
     state = argparse.ArgumentParser(add_help=False)
-    state.add_argument("--state-dir", default=argparse.SUPPRESS, help="state directory (default ./kz-data)")
+    state.add_argument("--state-dir", default=argparse.SUPPRESS, help=f"state directory (default {defaults.STATE_DIR})")
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     issue = sub.add_parser("issue", parents=[state], help="create a token and print it once")
     issue.add_argument("kind", choices=KINDS)

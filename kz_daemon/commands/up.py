@@ -15,17 +15,19 @@ import os
 import sys
 from pathlib import Path
 
+from kz_events import defaults
+
 NAME = "up"
 #: the local runner's one name: its token's id, its logs, the queue view
 LOCAL_RUNNER = "local-runner"
-HELP = "run the whole zoo locally: daemon + HTTP on 127.0.0.1 + a local runner (state in ./kz-data)"
+HELP = f"run the whole zoo locally: daemon + HTTP on {defaults.HTTP_HOST} + a local runner (state in {defaults.STATE_DIR})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Fill the ``kz up`` parser."""
-    parser.add_argument("--state-dir", default="kz-data", help="state directory (default ./kz-data)")
+    parser.add_argument("--state-dir", default=defaults.STATE_DIR, help=f"state directory (default {defaults.STATE_DIR})")
     parser.add_argument("--port", type=int, default=None,
-                        help="HTTP port (default: kz.yaml's http.port, 8470; 0 picks a free one)")
+                        help=f"HTTP port (default: kz.yaml's http.port, {defaults.HTTP_PORT}; 0 picks a free one)")
     parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--no-runner", action="store_true", help="do not start a local runner")
     parser.add_argument("--arch", default=None, help="the local runner's arch (default: detected)")

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from kz_events import defaults
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards.harness_lock import parse_maintainers
 from kz_daemon.guards.physics import Physics, parse_physics
@@ -27,7 +28,7 @@ from kz_runner.contract.tarball import Limits as TarballLimits
 
 MIB = 1024 * 1024
 
-DEFAULT_YAML = """\
+DEFAULT_YAML = f"""\
 # kernel_zoo daemon configuration (kz.yaml). Every key is optional; the values
 # shown are the defaults. Unknown keys are an error. Relative paths are resolved
 # against the state directory that holds this file.
@@ -63,8 +64,8 @@ queue:
   reaper_interval_s: 1.0  # how often expired leases are looked for
 
 timeouts:                 # handed to runners with each claim
-  build_s: 600
-  benchmark_s: 1800
+  build_s: {defaults.BUILD_TIMEOUT_S:g}
+  benchmark_s: {defaults.BENCHMARK_TIMEOUT_S:g}
 
 intake:
   rescan_interval_s: 5.0  # periodic inbox scan besides the watchdog observer
@@ -74,8 +75,8 @@ policy:
   submissions_require_token: false  # the HTTP shim asks submitters for a token
 
 http:                     # the HTTP shim (kz up, kz daemon)
-  host: 127.0.0.1
-  port: 8470
+  host: {defaults.HTTP_HOST}
+  port: {defaults.HTTP_PORT}
   max_json_bytes: 1048576       # body cap of claim/renew/release/cancel requests
   max_result_bytes: 50331648    # body cap of a result report (benchmark JSON + base64 logs)
   submit_rate_per_s: 0.5        # with a token: one bucket per token holder, submissions per second ...
@@ -94,14 +95,14 @@ http:                     # the HTTP shim (kz up, kz daemon)
   fd_reserve: 256               # file descriptors never spent on connections (git, event log, spool);
                                 # the soft RLIMIT_NOFILE is raised to the hard one at start
 
-mirrors: []               # e.g. [{name: backup, url: /srv/git/kernels.git}]
+mirrors: []               # e.g. [{{name: backup, url: /srv/git/kernels.git}}]
 
-maintainers: {}           # kernel_id prefix -> submitter ids who may change an existing kernel's
+maintainers: {{}}         # kernel_id prefix -> submitter ids who may change an existing kernel's
                           # desc.yaml/build_test_env.py/benchmark.py (token-bound ids only; admin
-                          # tokens always may), e.g. {gfx928/Attention: [alice, bob]}
+                          # tokens always may), e.g. {{gfx928/Attention: [alice, bob]}}
 
 physics:                  # the floor under reported figures (IMPLAUSIBLE_RESULT); per-arch figures
-  enabled: true           # (hbm_tbps, l2_tbps, l2_mib, tflops: {dtype: n}) override the defaults
+  enabled: true           # (hbm_tbps, l2_tbps, l2_mib, tflops: {{dtype: n}}) override the defaults
   margin: 2.0             # a figure must beat margin x the arch's ceiling to be refused
 
 rules:                    # static rules over the source area (docs/architecture.md, "Trust")
@@ -183,8 +184,8 @@ class QueueSettings:
 class Timeouts:
     """Build and benchmark time limits handed to runners with each claim."""
 
-    build_s: float = 600.0
-    benchmark_s: float = 1800.0
+    build_s: float = defaults.BUILD_TIMEOUT_S
+    benchmark_s: float = defaults.BENCHMARK_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ class HttpSettings:
     """Where the HTTP shim listens, its request limits and long-poll bounds."""
 
     host: str = "127.0.0.1"
-    port: int = 8470
+    port: int = defaults.HTTP_PORT
     max_json_bytes: int = 1024 * 1024
     max_result_bytes: int = 48 * 1024 * 1024
     submit_rate_per_s: float = 0.5

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from kz_events import defaults
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.history import KernelHistory
@@ -34,7 +35,7 @@ class ServeOptions:
     """How to serve: address, runner child, grace periods, where to print."""
 
     host: str = "127.0.0.1"
-    port: int = 8470
+    port: int = defaults.HTTP_PORT
     runner_argv: Sequence[str] | None = None
     runner_env: dict[str, str] | None = None
     runner_grace_s: float = 15.0

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from kz_events import defaults
+
 NAME = "dry-run"
 HELP = ("run a package (directory or .tar.gz) as a runner would: build twice and compare, benchmark, "
         "check the output with the server's hard checks")
@@ -21,10 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", help="package directory or submission .tar.gz")
     parser.add_argument("--json", action="store_true", help="print one JSON document (for agents)")
     parser.add_argument("--keep", action="store_true", help="keep the work directories and print their path")
-    parser.add_argument("--build-timeout", type=float, default=600.0, metavar="S",
-                        help="seconds each build_test_env.py run may take (default 600)")
-    parser.add_argument("--bench-timeout", type=float, default=1200.0, metavar="S",
-                        help="seconds benchmark.py may take (default 1200)")
+    parser.add_argument("--build-timeout", type=float, default=defaults.BUILD_TIMEOUT_S, metavar="S",
+                        help=f"seconds each build_test_env.py run may take (default {defaults.BUILD_TIMEOUT_S:g})")
+    parser.add_argument("--bench-timeout", type=float, default=defaults.BENCHMARK_TIMEOUT_S, metavar="S",
+                        help=f"seconds benchmark.py may take (default {defaults.BENCHMARK_TIMEOUT_S:g}, as on a runner)")
     parser.add_argument("--server", default=None, metavar="URL",
                         help="judge against this server's current scorecard for the kernel (a kernel it "
                              "does not know: against the seed) instead of the package's bench_result.yaml")

@@ -13,11 +13,12 @@ import json
 import os
 import sys
 
+from kz_events import defaults
 from kz_runner.contract import upload
 
 NAME = "submit"
 HELP = "submit a package (directory or .tar.gz) to a kernel_zoo server and follow its status"
-DEFAULT_SERVER = "http://127.0.0.1:8470"
+DEFAULT_SERVER = defaults.SERVER_URL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

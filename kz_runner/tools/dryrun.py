@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kz_events import defaults
 from kz_runner.contract.checks import Verdict, check_result, parse_output
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, DESC, KP, seed_scorecard
 from kz_runner.contract.problems import Problem, clip
@@ -273,7 +274,8 @@ def scorecard_from_kernel_doc(doc: dict[str, Any], kernel_id: str) -> tuple[dict
             "the answer has no bench_result; rebuilt from the index entry: primary metrics only")
 
 
-def dry_run(path: str | os.PathLike, *, build_timeout_s: float = 600.0, bench_timeout_s: float = 1200.0,
+def dry_run(path: str | os.PathLike, *, build_timeout_s: float = defaults.BUILD_TIMEOUT_S,
+            bench_timeout_s: float = defaults.BENCHMARK_TIMEOUT_S,
             keep: bool = False, python: str | None = None, kernel_id: str | None = None,
             scorecard_for: Callable[[str], Scorecard] | None = None) -> DryRun:
     """Run the whole loop on a package directory or a ``.tar.gz``; never raises for a bad package.

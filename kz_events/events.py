@@ -59,6 +59,8 @@ class Event:
     FIELDS: ClassVar[tuple[str, ...]] = ()
     #: field name -> (allowed python types, nullable) (set by ``register``).
     _CHECKS: ClassVar[dict[str, tuple[tuple[type, ...], bool]]] = {}
+    #: set by ``dataclass`` in ``register``; declared so type checkers take an Event for a dataclass.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
         for name, (allowed, nullable) in self._CHECKS.items():
@@ -103,7 +105,13 @@ def _checks_for(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
     return checks
 
 
-def register(cls: type["Event"]) -> type["Event"]:
+_E = typing.TypeVar("_E", bound="Event")
+
+
+# dataclass_transform (PEP 681) tells type checkers that a registered class is a frozen
+# dataclass whose fields come from ``doc`` (no default: every payload key is required).
+@typing.dataclass_transform(frozen_default=True, field_specifiers=(field, doc))
+def register(cls: type[_E]) -> type[_E]:
     """Class decorator: make ``cls`` a frozen dataclass and add it to the catalogue."""
     if not cls.TYPE:
         raise ValueError(f"{cls.__name__} has no TYPE")
@@ -131,7 +139,7 @@ _KID = "kernel_id: the package path relative to the kernel repo root."
 _RUNNER = "Id of the runner (from its token, never from a request body)."
 _LEASE = "Id of the lease this runner holds on the job."
 _EXPIRES = "Lease expiry, epoch seconds (float)."
-_SHA = dict(pattern="^[0-9a-f]{40}([0-9a-f]{24})?$")
+_SHA_PATTERN = "^[0-9a-f]{40}([0-9a-f]{24})?$"
 
 
 # --- submissions --------------------------------------------------------------
@@ -338,7 +346,7 @@ class AcceptStarted(Event):
     TYPE = "accept.started"
     uuid: str = doc(_UUID)
     kernel_id: str = doc(_KID)
-    base_head: Optional[str] = doc("Branch SHA before the saga (null for an empty repo).", **_SHA)
+    base_head: Optional[str] = doc("Branch SHA before the saga (null for an empty repo).", pattern=_SHA_PATTERN)
 
 
 @register
@@ -347,8 +355,8 @@ class AcceptSourceCommitted(Event):
 
     TYPE = "accept.source_committed"
     uuid: str = doc(_UUID)
-    sha_src: str = doc("SHA of the source commit (the SHA the API reports).", **_SHA)
-    parent: Optional[str] = doc("Its parent commit (null for the first commit).", **_SHA)
+    sha_src: str = doc("SHA of the source commit (the SHA the API reports).", pattern=_SHA_PATTERN)
+    parent: Optional[str] = doc("Its parent commit (null for the first commit).", pattern=_SHA_PATTERN)
 
 
 @register
@@ -357,8 +365,8 @@ class AcceptScorecardCommitted(Event):
 
     TYPE = "accept.scorecard_committed"
     uuid: str = doc(_UUID)
-    sha_src: str = doc("SHA of the source commit.", **_SHA)
-    sha_br: str = doc("SHA of the scorecard commit (the new branch head).", **_SHA)
+    sha_src: str = doc("SHA of the source commit.", pattern=_SHA_PATTERN)
+    sha_br: str = doc("SHA of the scorecard commit (the new branch head).", pattern=_SHA_PATTERN)
 
 
 @register
@@ -367,8 +375,8 @@ class AcceptCompleted(Event):
 
     TYPE = "accept.completed"
     uuid: str = doc(_UUID)
-    sha_src: str = doc("SHA of the source commit.", **_SHA)
-    sha_br: str = doc("SHA of the scorecard commit.", **_SHA)
+    sha_src: str = doc("SHA of the source commit.", pattern=_SHA_PATTERN)
+    sha_br: str = doc("SHA of the scorecard commit.", pattern=_SHA_PATTERN)
 
 
 @register
@@ -423,7 +431,7 @@ class RevokeCommitted(Event):
 
     TYPE = "revoke.committed"
     uuid: str = doc(_UUID)
-    sha: str = doc("SHA of the revocation commit.", **_SHA)
+    sha: str = doc("SHA of the revocation commit.", pattern=_SHA_PATTERN)
     best_changed: bool = doc("Whether the kernel's metrics_best changed (else the commit changes no file).")
 
 
@@ -436,7 +444,7 @@ class IndexUpdated(Event):
 
     TYPE = "index.updated"
     version: int = doc("Index version; increases by one or more with each rewrite.", minimum=1)
-    head: Optional[str] = doc("Branch head the index was computed from.", **_SHA)
+    head: Optional[str] = doc("Branch head the index was computed from.", pattern=_SHA_PATTERN)
     kernels: int = doc("Number of kernels in the index.", minimum=0)
 
 

@@ -1,14 +1,19 @@
-"""An operator's board over HTTP: one score per kernel, ranks within the noise, speed of light.
+"""An operator's board over HTTP and in a real browser: one score per kernel, ranks within the noise, speed of light.
 
 Three Axpy kernels get their records through the real accept path (upload, claim,
 report), with the spread a benchmark reports: the reference (``numpy_ref``), ``fast``
-(4x faster) and ``twin`` (within ``fast``'s noise). The API answers what the operator
-page shows.
+(accepted twice: the second run beats the first beyond the noise and ends 4x faster
+than the reference) and ``twin`` (within ``fast``'s noise; a second, much faster run of
+it is revoked, and a third submission of it waits for review). The API answers what the
+operator page shows; the browser walks home → operator and screenshots both.
 """
 from __future__ import annotations
 
 import base64
 import math
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -18,12 +23,15 @@ from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 OP = "cpu/Elementwise/Axpy/fp32"
 CASES = ("n4k", "n64k", "n1m")
 N = {"n4k": 4096, "n64k": 65536, "n1m": 1048576}
-#: (latency_us, lo, hi) per case of each kernel's accepted run
-RUNS = {
-    CPU_AXPY: [(40.0, 38.0, 42.0), (400.0, 390.0, 410.0), (4000.0, 3900.0, 4100.0)],
-    f"{OP}/fast": [(10.0, 9.5, 10.5), (100.0, 98.0, 103.0), (1000.0, 980.0, 1020.0)],
-    f"{OP}/twin": [(10.2, 9.6, 10.8), (101.0, 99.0, 104.0), (1010.0, 990.0, 1030.0)],
-}
+#: (latency_us, lo, hi) per case of each accepted run, in order
+RUNS = [
+    (CPU_AXPY, [(40.0, 38.0, 42.0), (400.0, 390.0, 410.0), (4000.0, 3900.0, 4100.0)]),
+    (f"{OP}/fast", [(12.0, 11.6, 12.4), (120.0, 117.0, 123.0), (1200.0, 1180.0, 1220.0)]),
+    (f"{OP}/twin", [(10.2, 9.6, 10.8), (101.0, 99.0, 104.0), (1010.0, 990.0, 1030.0)]),
+    (f"{OP}/fast", [(10.0, 9.5, 10.5), (100.0, 98.0, 103.0), (1000.0, 980.0, 1020.0)]),
+    (f"{OP}/twin", [(5.0, 4.9, 5.1), (50.0, 49.0, 51.0), (500.0, 490.0, 510.0)]),  # revoked below
+]
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 
 def result(kernel_id: str, runs) -> dict:
@@ -37,8 +45,9 @@ def result(kernel_id: str, runs) -> dict:
                   for case, (v, lo, hi) in zip(CASES, runs)]}
 
 
-def accept(live, anon, runner, kernel_id, runs, submitter="alice") -> str:
-    resp = live.submit(anon, kernel_id, package_tarball(kernel_id, CPU_AXPY), submitter=submitter)
+def accept(live, anon, runner, kernel_id, runs, submitter="alice", note="") -> str:
+    mutate = (lambda files: files.__setitem__("src/NOTES.md", note.encode())) if note else None
+    resp = live.submit(anon, kernel_id, package_tarball(kernel_id, CPU_AXPY, mutate=mutate), submitter=submitter)
     assert resp.status_code == 202, resp.text
     uuid = resp.json()["uuid"]
     claim = runner.post("/api/runner/claim", json={"arch": "cpu", "wait": 10}).json()
@@ -50,13 +59,25 @@ def accept(live, anon, runner, kernel_id, runs, submitter="alice") -> str:
     return uuid
 
 
+#: the daemon's clock runs this far ahead of the wall clock: each accept comes HOURS later than the one before
+HOURS = 7
+
+
 @pytest.fixture(scope="module")
 def board(tmp_path_factory):
-    live = LiveServer.start(tmp_path_factory.mktemp("opboard"), kernels=[CPU_AXPY], settings={"submit_burst": 1000})
-    live.uuids = {}
-    with live.client() as anon, live.client("runner:r1") as r1:
-        for kernel_id, runs in RUNS.items():
-            live.uuids[kernel_id] = accept(live, anon, r1, kernel_id, runs)
+    ahead = [0.0]
+    live = LiveServer.start(tmp_path_factory.mktemp("opboard"), kernels=[CPU_AXPY], settings={"submit_burst": 1000},
+                            clock=lambda: time.time() + ahead[0])
+    live.uuids = []
+    with live.client() as anon, live.client("runner:r1") as r1, live.client("admin") as admin:
+        for index, (kernel_id, runs) in enumerate(RUNS):
+            ahead[0] = index * HOURS * 3600.0  # only ever forward: leases and the log stay ordered
+            live.uuids.append(accept(live, anon, r1, kernel_id, runs, note=f"run {index}"))
+        resp = admin.post(f"/api/submissions/{live.uuids[-1]}/revoke", json={"reason": "timed a cached result"})
+        assert resp.status_code == 200 and resp.json()["status"] == "revoked", resp.text
+        held = live.submit(anon, f"{OP}/twin", package_tarball(f"{OP}/twin", CPU_AXPY, mutate=lambda files: files.__setitem__(
+            "src/extra.py", b'exec("x = 1")\n')))
+        assert held.status_code == 202 and held.json()["status"] == "held", held.text
     yield live
     live.stop()
 
@@ -94,6 +115,7 @@ def test_the_operator_ranking_has_scores_speedups_spreads_and_shared_ranks(board
     assert sol["kind"] == "latency" and sol["bytes"] == nbytes and sol["memory"] == "L2"
     assert sol["pct_of_peak"] == round(100 * nbytes / 1000e-6 / peak, 3)
     assert (rows["fast"]["revoked"], rows["fast"]["held"]) == (0, 0)
+    assert (rows["twin"]["revoked"], rows["twin"]["held"]) == (1, 1)  # the revoked run's best was restored
 
 
 def test_the_kernel_document_carries_the_speed_of_light_of_each_case(board):
@@ -108,3 +130,54 @@ def test_an_unknown_operator_is_404(board):
     with board.client() as http:
         resp = http.get("/api/operators/cpu/Nope/Nope/fp32")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "NOT_FOUND"
+
+
+def _shot(page, name: str) -> None:
+    if os.environ.get("KZ_SCREENSHOTS"):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+@pytest.mark.browser
+def test_a_browser_walks_home_to_the_operator_page(board):
+    from tests.helpers.browser import browser
+
+    with browser(javascript=False) as ctx:
+        page = ctx.new_page()
+        blocked = []
+        page.on("console", lambda msg: blocked.append(msg.text) if "Content Security Policy" in msg.text else None)
+        page.set_viewport_size({"width": 1360, "height": 900})
+        page.goto(board.url + "/")
+        assert page.locator("#stat-operators").inner_text() == "1"
+        assert page.locator("#stat-kernels").inner_text() == "3"
+        assert page.locator("#stat-week").inner_text() == "5"  # every accept of the week, the revoked one too
+        rows = page.locator("table.new-bests tbody tr")
+        assert rows.count() == 5
+        assert rows.nth(0).get_attribute("data-kernel") == f"{OP}/twin" and "revoked" in rows.nth(0).inner_text()
+        second = rows.nth(1)  # fast's second run: a new best with its numbers
+        assert second.get_attribute("data-kernel") == f"{OP}/fast"
+        n4k = second.locator('li[data-case="n4k"]').inner_text()
+        assert "12" in n4k and "10" in n4k and "−16.7 %" in n4k, n4k
+        assert second.locator("td.speedup").inner_text() == "1.2×"
+        leader = page.locator("table.operators tbody tr", has_text=OP).locator("td.leader").inner_text()
+        assert f"{OP}/fast ≈ {OP}/twin" in leader and "4×" in leader, leader
+        _shot(page, "home")
+        page.locator(f'table.operators a[href="/ops/{OP}"]').click()
+        page.wait_for_url(f"**/ops/{OP}")
+        assert page.locator("h1").inner_text() == OP
+        ranked = page.locator("table.overall-ranking tbody tr")
+        assert [r.rsplit("/", 1)[-1] for r in ranked.evaluate_all(
+            "rows => rows.map(r => r.getAttribute('data-kernel'))")] == ["fast", "twin", "numpy_ref"]
+        assert ranked.locator("td.rank").all_inner_texts() == ["≈1", "≈1", "3"]
+        assert ranked.nth(0).locator("td.score").inner_text() == "4×"
+        assert "%" in ranked.nth(0).locator('td[data-case="n1m"] .peak').inner_text()
+        marks = ranked.nth(1).locator("td.marks").inner_text()
+        assert "1 revoked" in marks and "1 unreviewed" in marks
+        assert page.locator('table.cases tr[data-case="n1m"] td.params').inner_text() == "n=1048576, dtype=fp32"
+        charts = page.locator("svg.chart")
+        assert charts.count() == 3
+        assert page.locator("svg.chart circle.hollow").count() == 3  # the revoked run, once per case
+        spread = page.locator('table.ranking[data-case="n4k"] tr[data-kernel$="/fast"] td.spread').inner_text()
+        assert spread.startswith("9.5 – 10.5") and "n=200" in spread
+        _shot(page, "operator")
+        assert blocked == []

@@ -4,11 +4,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from kz_daemon.board.ranking import (geomean, rank_all, rank_operator, reference_of, shared_ranks,
-                                     speedup_interval)
+from kz_daemon.board.ranking import geomean, rank_all, rank_operator, reference_of, shared_ranks, speedup_interval
 from kz_daemon.core.noise import Interval, better_beyond_noise, interval_of, overlaps
 
 OP = "cpu/Reduction/Softmax/fp32"
@@ -202,3 +200,55 @@ def test_no_speed_of_light_without_a_floor():
     assert speed_of_light(10.0, "us", "lower_better", {"n": 4}, AXPY_IO, "sm_99") is None  # no ceiling
     assert speed_of_light(10.0, "furlongs", "lower_better", {"n": 4}, AXPY_IO, "sm_90") is None
     assert speed_of_light(None, "us", "lower_better", {"n": 4}, AXPY_IO, "sm_90") is None
+
+
+# -- what an accept changed -------------------------------------------------------------------------
+
+METAS = [{"test_case_id": c, "primary_metric": "latency_us",
+          "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"}]} for c in ("a", "b")]
+
+
+def card(best, current, sha_best="b" * 40, sha_cur="c" * 40):
+    def rec(v, sha):
+        return {"value": v, "submitter": "s", "commit_sha": sha, "recorded_at": "t"}
+    return {"cases": [{"test_case_id": c, "metrics_best": {"latency_us": rec(best[i], sha_best)},
+                       "metrics_current": {"latency_us": rec(current[i], sha_cur)}} for i, c in enumerate("ab")]}
+
+
+def test_case_deltas_say_which_best_moved_and_by_how_much():
+    from kz_daemon.board.outcome import case_deltas, overall
+
+    before = card((10.0, 100.0), (10.0, 100.0), sha_best="a" * 40, sha_cur="a" * 40)
+    after = card((8.0, 100.0), (8.0, 101.0), sha_best="n" * 40, sha_cur="n" * 40)
+    after["cases"][1]["metrics_best"]["latency_us"]["commit_sha"] = "a" * 40  # b: within the noise, best kept
+    deltas = case_deltas(before, after, METAS)
+    assert [(d["test_case_id"], d["new_best"], d["previous_best"], d["value"], d["delta_pct"]) for d in deltas] == [
+        ("a", True, 10.0, 8.0, -20.0), ("b", False, 100.0, 101.0, 1.0)]
+    assert math.isclose(deltas[0]["speedup"], 1.25)
+    summary = overall(deltas)
+    assert summary["new_best"] and summary["cases_improved"] == 1
+    assert math.isclose(summary["speedup"], math.sqrt(1.25 * 100 / 101))
+
+
+def test_a_first_record_has_no_previous_best():
+    from kz_daemon.board.outcome import case_deltas, overall
+
+    seed = card((0, 0), (0, 0), sha_best="0000000", sha_cur="0000000")
+    deltas = case_deltas(seed, card((5.0, 50.0), (5.0, 50.0), "n" * 40, "n" * 40), METAS)
+    assert all(d["new_best"] and d["previous_best"] is None and d["delta_pct"] is None for d in deltas)
+    assert overall(deltas) == {"new_best": True, "cases_improved": 2, "speedup": None, "delta_pct": None}
+
+
+def test_accept_outcome_ranks_the_kernel_before_and_after():
+    from kz_daemon.board.outcome import accept_outcome
+
+    ref = entry("numpy_ref", {"a": record(10.0), "b": record(100.0)})
+    other = entry("other", {"a": record(5.0), "b": record(50.0)})          # 2x
+    mine_after = entry("mine", {"a": record(2.5, sha="n" * 40), "b": record(25.0, sha="n" * 40)})  # 4x
+    before = card((20.0, 200.0), (20.0, 200.0), "o" * 40, "o" * 40)       # 0.5x: last
+    after = card((2.5, 25.0), (2.5, 25.0), "n" * 40, "n" * 40)
+    out = accept_outcome(mine_after["kernel_id"], before, after, METAS, [ref, other, mine_after])
+    assert (out["rank_before"], out["rank_after"]) == (3, 1) and out["new_best"]
+    assert out["operator"] == OP and [c["delta_pct"] for c in out["cases"]] == [-87.5, -87.5]
+    new_kernel = accept_outcome(mine_after["kernel_id"], None, after, METAS, [ref, other, mine_after])
+    assert (new_kernel["rank_before"], new_kernel["rank_after"]) == (None, 1)

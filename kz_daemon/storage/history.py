@@ -13,10 +13,12 @@ blob's METAS literal.
 """
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from dulwich.object_store import tree_lookup_path
 from dulwich.repo import Repo
@@ -29,6 +31,10 @@ from kz_runner.contract.yamlio import YAMLError, load_yaml
 
 #: the Kz-Step trailer of a revocation commit (kz_daemon.accept.revoke writes them)
 REVOKE_STEP = "revoke"
+#: the Kz-Step trailer of an accept's scorecard commit (commit 2; kz_daemon.accept.saga)
+SCORECARD_STEP = "scorecard"
+#: the subject of an accept's source commit names its kernel: ``accept <kernel_id> (submission <uuid8>)``
+_SOURCE_SUBJECT = re.compile(r"^accept (\S+) \(submission [0-9a-f]{8}\)")
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,22 @@ class HistoryPoint:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # case -> metric -> value
     submission: str = ""  # the accept's Kz-Submission trailer ('' for a commit without one)
     revoked: bool = False  # a later revocation commit (Revokes: <submission>) took it back
+    best: dict[str, dict[str, float]] = field(default_factory=dict)  # case -> metric -> the best after it
+
+
+@dataclass(frozen=True)
+class AcceptRecord:
+    """One accept read from the branch: who, when, and the kernel's scorecard before and after it."""
+
+    kernel_id: str
+    submission: str  # the Kz-Submission trailer
+    submitter: str
+    time: int  # commit time of the scorecard commit, epoch seconds
+    sha_src: str
+    sha_br: str
+    before: dict | None  # the scorecard in the source commit's tree: what the run was judged against
+    after: dict | None  # the scorecard the accept committed
+    revoked: bool = False  # a later revocation commit took it back
 
 
 class KernelHistory:
@@ -66,6 +88,7 @@ class KernelHistory:
         self._cache: OrderedDict[str, tuple[bytes, list[HistoryPoint]]] = OrderedDict()
         self._cache_size = cache_size
         self._harness: dict[bytes, Harness] = {}
+        self._recent: tuple[tuple, tuple[int, list[AcceptRecord]]] | None = None
 
     def _repo(self) -> Repo | None:
         try:
@@ -153,6 +176,56 @@ class KernelHistory:
             out.append(doc if isinstance(doc, dict) else None)
         return out[0], out[1]
 
+    def recent_accepts(self, since: int, keep: int = 50, max_walk: int = 20_000) -> tuple[int, list[AcceptRecord]]:
+        """``(accepts since ``since``, the newest ``keep`` accepts)`` of the whole branch, newest first.
+
+        Walks the first-parent history from the head: every accept is a scorecard commit
+        (``Kz-Step: scorecard``) whose parent is its source commit, whose subject names
+        the kernel. The walk stops once it is past ``since`` and holds ``keep`` accepts,
+        or after ``max_walk`` commits. Cached per head (and hour of ``since``).
+        """
+        repo = self._repo()
+        if repo is None:
+            return 0, []
+        with repo:
+            head = self._head(repo)
+            if head is None:
+                return 0, []
+            key = (head, since // 3600, keep, max_walk)
+            with self._lock:
+                if self._recent is not None and self._recent[0] == key:
+                    return self._recent[1]
+            count, kept, revoked = 0, [], set()
+            sha: bytes | None = head
+            for _ in range(max_walk):
+                if sha is None:
+                    break
+                commit = repo[sha]
+                parent_sha = commit.parents[0] if commit.parents else None
+                if commit.commit_time < since and len(kept) >= keep:
+                    break
+                trailers = parse_trailers(commit.message.decode("utf-8", "replace"))
+                step = trailers.get("Kz-Step")
+                if step == REVOKE_STEP:
+                    revoked.add(trailers.get("Revokes", ""))
+                elif step == SCORECARD_STEP and parent_sha is not None:
+                    source = repo[parent_sha]
+                    match = _SOURCE_SUBJECT.match(source.message.decode("utf-8", "replace"))
+                    if match is not None:
+                        count += commit.commit_time >= since
+                        if len(kept) < keep:
+                            path = f"{match.group(1)}/{KP}/bench_result.yaml".encode()
+                            uuid = trailers.get("Kz-Submission", "")
+                            kept.append(AcceptRecord(match.group(1), uuid, trailers.get("Kz-Submitter", ""),
+                                                     commit.commit_time, parent_sha.decode(), sha.decode(),
+                                                     _card(repo, source, path), _card(repo, commit, path),
+                                                     bool(uuid) and uuid in revoked))
+                sha = parent_sha
+        found = (count, kept)
+        with self._lock:
+            self._recent = (key, found)
+        return found
+
     def accepted(self, kernel_id: str) -> list[HistoryPoint]:
         """The kernel's accepted runs, oldest first (at most ``max_points``, the newest ones).
 
@@ -199,6 +272,16 @@ class KernelHistory:
         return points
 
 
+def _card(repo: Repo, commit: Any, path: bytes) -> dict | None:
+    blob = _blob_id(repo, commit.tree, path)
+    if blob is None:
+        return None
+    try:
+        return scorecard.load(repo[blob].data)
+    except YAMLError:
+        return None
+
+
 def _blob_id(repo: Repo, tree: bytes, path: bytes) -> bytes | None:
     try:
         _mode, sha = tree_lookup_path(repo.object_store.__getitem__, tree, path)
@@ -236,10 +319,15 @@ def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
     if doc is None:
         return None
     metrics: dict[str, dict[str, float]] = {}
+    bests: dict[str, dict[str, float]] = {}
     source, submitter, recorded = "", "", ""
     for case in doc.get("cases") or []:
         if not isinstance(case, dict):
             continue
+        for name, record in (case.get("metrics_best") or {}).items():
+            if isinstance(record, dict) and not is_seed_sha(str(record.get("commit_sha", ""))) \
+                    and isinstance(record.get("value"), (int, float)) and not isinstance(record.get("value"), bool):
+                bests.setdefault(str(case.get("test_case_id")), {})[str(name)] = float(record["value"])
         current = case.get("metrics_current") or {}
         values: dict[str, float] = {}
         for name, record in current.items():
@@ -259,4 +347,4 @@ def _point(commit: str, when: int, raw: bytes | None) -> HistoryPoint | None:
     if not metrics:
         return None
     return HistoryPoint(commit=commit, commit_sha=source, time=int(when), recorded_at=recorded,
-                        submitter=submitter, metrics=metrics)
+                        submitter=submitter, metrics=metrics, best=bests)

@@ -3,13 +3,17 @@
 This module only computes numbers (scales, ticks, pixel positions); the template turns
 them into SVG, so every label goes through the template's escaping. A y axis is
 logarithmic when the values span more than a decade, so a case's improvements stay
-visible when one run was ten times slower than the rest.
+visible when one run was ten times slower than the rest. A chart of several series has
+a legend under the plot; ``step`` draws each series as a staircase (a best holds until
+the next one), and a point marked ``hollow`` (a revoked record) is drawn as a ring and
+left out of its series' line. :func:`time_labels` labels an x axis of epoch seconds.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 #: Values spanning more than this ratio get a log axis.
@@ -22,6 +26,7 @@ class Tick:
 
     pos: float
     label: str
+    anchor: str = "middle"  # SVG text-anchor: the plot's first and last x labels stay inside the chart
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Mark:
     y: float
     tip: str
     href: str = ""
+    hollow: bool = False  # drawn as a ring and left out of the line (e.g. a revoked record)
 
 
 @dataclass(frozen=True)
@@ -41,11 +47,23 @@ class Series:
     label: str
     color: str
     marks: tuple[Mark, ...]
+    path: tuple[tuple[float, float], ...] = ()  # the line's corners when they are not the marks (a staircase)
 
     @property
     def points(self) -> str:
-        """The SVG ``points`` attribute of the line."""
-        return " ".join(f"{m.x:.1f},{m.y:.1f}" for m in self.marks)
+        """The SVG ``points`` attribute of the line (hollow marks are not on it)."""
+        corners = self.path or tuple((m.x, m.y) for m in self.marks if not m.hollow)
+        return " ".join(f"{x:.1f},{y:.1f}" for x, y in corners)
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    """One series' swatch and label under the plot."""
+
+    x: float
+    y: float
+    color: str
+    label: str
 
 
 @dataclass(frozen=True)
@@ -64,6 +82,7 @@ class Chart:
     y_ticks: tuple[Tick, ...]
     x_ticks: tuple[Tick, ...]
     series: tuple[Series, ...]
+    legend: tuple[LegendEntry, ...] = ()
 
     @property
     def bottom(self) -> int:
@@ -120,18 +139,54 @@ def wants_log(values: Sequence[float]) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SPAN
 
 
-def line_chart(series: Mapping[str, Sequence[tuple[float, float, str, str]]], *, title: str = "",
-               unit: str = "", x_labels: Mapping[float, str] | None = None, width: int = 360,
-               height: int = 180) -> Chart | None:
-    """A chart of ``{label: [(x, y, tooltip, href), ...]}``, or None when there is nothing to draw.
+def _anchor(pos: float, left: float, right: float) -> str:
+    """Where an x label hangs from its position: from the left edge ``start``, to the right one ``end``."""
+    if pos <= left + 1:
+        return "start"
+    return "end" if pos >= right - 1 else "middle"
 
-    ``x_labels`` names the x positions to label (default: the first and last x).
+
+def time_labels(xs: Sequence[float], count: int = 3) -> dict[float, str]:
+    """Labels for an x axis of epoch seconds: the first, the last and ``count - 2`` between, UTC.
+
+    Dates when the span is two days or more, else hours and minutes (with seconds under
+    ten minutes), so points of one day are told apart.
+    """
+    if not xs:
+        return {}
+    lo, hi = min(xs), max(xs)
+    span = hi - lo
+    fmt = "%Y-%m-%d" if span >= 2 * 86400 else "%m-%d %H:%M" if span >= 600 else "%H:%M:%S"
+    positions = [lo] if span == 0 else [lo + span * i / (count - 1) for i in range(count)]
+    out: dict[float, str] = {}
+    for x in positions:
+        text = datetime.fromtimestamp(x, tz=timezone.utc).strftime(fmt)
+        if text not in out.values():  # points within one second: one label
+            out[x] = text
+    return out
+
+
+LEGEND_ROW = 14
+LEGEND_COLUMNS = 2
+
+
+def line_chart(series: Mapping[str, Sequence[tuple]], *, title: str = "",
+               unit: str = "", x_labels: Mapping[float, str] | None = None, width: int = 360,
+               height: int = 180, step: bool = False, legend: bool = False) -> Chart | None:
+    """A chart of ``{label: [(x, y, tooltip, href[, hollow]), ...]}``, or None when there is nothing to draw.
+
+    ``x_labels`` names the x positions to label (default: the first and last x). ``step``
+    draws each line as a staircase that holds its value until the next point and runs on
+    to the chart's right end; ``legend`` adds a row of labels per two series under the plot
+    (the chart grows to hold them).
     """
     points = [p for pts in series.values() for p in pts]
     if not points:
         return None
+    rows = (len(series) + LEGEND_COLUMNS - 1) // LEGEND_COLUMNS if legend else 0
     left, right_pad, top, bottom_pad = 52, 10, 22, 24
     plot_w, plot_h = width - left - right_pad, height - top - bottom_pad
+    height += rows * LEGEND_ROW + (6 if rows else 0)
     ys = [float(p[1]) for p in points]
     log = wants_log(ys)
     low, high, y_ticks = log_domain(min(ys), max(ys)) if log else linear_domain(min(ys), max(ys))
@@ -149,11 +204,30 @@ def line_chart(series: Mapping[str, Sequence[tuple[float, float, str, str]]], *,
         return top + (1 - (fy(y) - fy(low)) / span_y) * plot_h
 
     drawn = []
+    keys = []
     for index, (label, pts) in enumerate(series.items()):
-        marks = tuple(Mark(px(float(x)), py(float(y)), tip, href)
-                      for x, y, tip, href in sorted(pts, key=lambda p: p[0]))
-        drawn.append(Series(str(label), PALETTE[index % len(PALETTE)], marks))
+        marks = tuple(Mark(px(float(p[0])), py(float(p[1])), p[2], p[3], bool(p[4]) if len(p) > 4 else False)
+                      for p in sorted(pts, key=lambda p: p[0]))
+        path: tuple[tuple[float, float], ...] = ()
+        if step:
+            solid = [m for m in marks if not m.hollow]
+            corners: list[tuple[float, float]] = []
+            for m in solid:
+                if corners:
+                    corners.append((m.x, corners[-1][1]))
+                corners.append((m.x, m.y))
+            if corners:
+                corners.append((float(left + plot_w), corners[-1][1]))
+            path = tuple(corners)
+        color = PALETTE[index % len(PALETTE)]
+        drawn.append(Series(str(label), color, marks, path))
+        if legend:
+            row, column = divmod(index, LEGEND_COLUMNS)
+            keys.append(LegendEntry(left + column * plot_w / LEGEND_COLUMNS,
+                                    top + plot_h + bottom_pad + 10 + row * LEGEND_ROW, color, str(label)))
     labels = x_labels if x_labels is not None else {min(xs): tick_label(min(xs)), max(xs): tick_label(max(xs))}
     return Chart(title=title, unit=unit, width=width, height=height, left=left, top=top, plot_w=plot_w,
                  plot_h=plot_h, log=log, y_ticks=tuple(Tick(py(t), tick_label(t)) for t in y_ticks),
-                 x_ticks=tuple(Tick(px(x), text) for x, text in labels.items()), series=tuple(drawn))
+                 x_ticks=tuple(Tick(px(x), text, _anchor(px(x), left, left + plot_w)) for x, text in labels.items()),
+                 series=tuple(drawn),
+                 legend=tuple(keys))

@@ -1,15 +1,22 @@
-"""Operators: the implementations of one arch/op_class/sub_class/quant, ranked per test case.
+"""Operators: the implementations of one arch/op_class/sub_class/quant, ranked overall and per test case.
 
-Pure functions over index entries (``zoo.index()``), so the web pages and their tests
-share one ranking. An implementation's standing in a case is its *best* record of the
-case's primary metric; a seed placeholder (``commit_sha`` ``0000000``) is not a
-measurement and is never ranked. Ties share a rank (1, 1, 3).
+Functions over index entries (``zoo.index()``), so the web pages and their tests share
+one ranking. The overall ranking (one score per kernel, ranks within the noise) is
+``kz_daemon.board.ranking``; the operator page also ranks each case on its own: an
+implementation's standing in a case is its *best* record of the case's primary metric;
+a seed placeholder (``commit_sha`` ``0000000``) is not a measurement and is never
+ranked. Equal values share a rank (1, 1, 3).
 
 The reference implementation of an operator, which speed-ups are measured against, is
-the first package (in kernel_id order) whose desc.yaml ``tags`` include ``reference``;
-failing that, the first whose last kernel_id segment is one of ``REFERENCE_NAMES``.
-A speed-up is ``reference / value`` for a lower-is-better metric and ``value / reference``
+``kz_daemon.board.ranking.reference_of``'s: the first package (in kernel_id order) whose
+desc.yaml ``tags`` include ``reference``; failing that, the first whose last kernel_id
+segment is one of ``REFERENCE_NAMES``; failing that, the first with a measurement. A
+speed-up is ``reference / value`` for a lower-is-better metric and ``value / reference``
 for a higher-is-better one, so above 1 is always faster than the reference.
+
+The home page's *latest new bests* and *records this week* (:func:`latest_bests`) and the
+operator page's *best over time* charts (:func:`best_over_time`) read the kernel repo's
+history (``kz_daemon.storage.history``).
 """
 from __future__ import annotations
 
@@ -18,11 +25,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kz_daemon.api import views
+from kz_daemon.board import outcome, ranking
+from kz_daemon.web import charts as web_charts
 from kz_runner.contract.layout import is_seed_sha
 
-REFERENCE_TAG = "reference"
-REFERENCE_NAMES = ("reference_impl", "numpy_ref")
+REFERENCE_TAG = ranking.REFERENCE_TAG
+REFERENCE_NAMES = ranking.REFERENCE_NAMES
 LOWER, HIGHER = "lower_better", "higher_better"
+#: "this week" on the home page, in seconds
+WEEK_S = 7 * 86400
+#: how many of the latest new bests the home page lists
+NEW_BESTS_SHOWN = 10
+#: how many accepts the home page reads to find them (newest first)
+ACCEPTS_READ = 60
+#: how many kernels (by rank) an operator page's best-over-time chart draws: one colour each
+CHART_SERIES = len(web_charts.PALETTE)
 
 
 @dataclass(frozen=True, order=True)
@@ -86,6 +103,8 @@ class OperatorSummary:
     leader: str | None            # kernel_id that ranks first in the most cases
     leads: int                    # in how many cases it does
     reference: str | None
+    leaders: list[str] = field(default_factory=list)  # ranked first by the overall score (≈ when several)
+    leader_score: float | None = None                 # their score: geometric-mean speed-up
 
 
 def key_of(entry: Mapping[str, Any]) -> OperatorKey:
@@ -104,14 +123,7 @@ def group(entries: Iterable[Mapping[str, Any]]) -> dict[OperatorKey, list[Mappin
 
 def reference_of(entries: Iterable[Mapping[str, Any]]) -> str | None:
     """The kernel_id of the operator's reference implementation (see the module docstring), or None."""
-    ordered = sorted(entries, key=lambda e: str(e.get("kernel_id", "")))
-    for entry in ordered:
-        if REFERENCE_TAG in (entry.get("tags") or []):
-            return str(entry.get("kernel_id"))
-    for entry in ordered:
-        if str(entry.get("kernel_id", "")).rsplit("/", 1)[-1] in REFERENCE_NAMES:
-            return str(entry.get("kernel_id"))
-    return None
+    return ranking.reference_of(list(entries))[0]
 
 
 def measured_value(record: Any) -> float | None:
@@ -183,5 +195,84 @@ def summarise(key: OperatorKey, entries: list[Mapping[str, Any]]) -> OperatorSum
             if standing.rank == 1:
                 leads[standing.kernel_id] = leads.get(standing.kernel_id, 0) + 1
     leader = min(leads, key=lambda k: (-leads[k], k)) if leads else None
+    overall = ranking.rank_operator(key.path, entries)
+    first = [k for k in overall.kernels if k.rank == 1]
     return OperatorSummary(key, len(entries), len(measured), len(case_boards), leader,
-                           leads.get(leader, 0) if leader else 0, reference)
+                           leads.get(leader, 0) if leader else 0, reference, [k.kernel_id for k in first],
+                           first[0].score.value if first and first[0].score else None)
+
+
+def metas_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """METAS-like case descriptions (primary metric, unit, direction) from an index entry."""
+    return [{"test_case_id": c.get("test_case_id"), "primary_metric": c.get("primary_metric"),
+             "metrics": [{"name": c.get("primary_metric"), "unit": c.get("unit"), "direction": c.get("direction")}]}
+            for c in views.cases(entry)]
+
+
+def latest_bests(history: Any, lookup: Any, now: float) -> tuple[int, list[dict[str, Any]]]:
+    """``(records this week, the latest accepts that set a new best)``, newest first, with their deltas.
+
+    ``lookup(kernel_id)`` gives a kernel's index entry (its cases' primary metrics); each
+    row: kernel_id, operator, time, submitter, submission, sha_src, revoked, the cases whose
+    best moved (:func:`kz_daemon.board.outcome.case_deltas`) and the overall figures.
+    """
+    if history is None:
+        return 0, []
+    week, accepts = history.recent_accepts(int(now) - WEEK_S, keep=ACCEPTS_READ)
+    rows = []
+    for record in accepts:
+        entry = lookup(record.kernel_id)
+        if entry is None:
+            continue
+        deltas = outcome.case_deltas(record.before, record.after, metas_of(entry))
+        improved = [d for d in deltas if d["new_best"]]
+        if not improved:
+            continue
+        rows.append({"kernel_id": record.kernel_id, "operator": key_of(entry).path, "time": record.time,
+                     "submitter": record.submitter, "submission": record.submission, "sha_src": record.sha_src,
+                     "revoked": record.revoked, "cases": improved, "overall": outcome.overall(deltas)})
+        if len(rows) >= NEW_BESTS_SHOWN:
+            break
+    return week, rows
+
+
+def best_over_time(history: Any, doc: Mapping[str, Any]) -> list[Any]:
+    """One chart per case of an operator document: each kernel's best of the primary metric over time.
+
+    A series per kernel (the first ``CHART_SERIES`` by rank), a staircase through the
+    accepts that moved its recorded best (the scorecard's ``metrics_best``, so a run within
+    the noise of the best does not move the line; x: commit time); a revoked record is a
+    ring off the line at its value, since the best it set was taken back.
+    """
+    if history is None:
+        return []
+    kernels = [k for k in doc.get("kernels") or [] if k.get("cases")][:CHART_SERIES]
+    points = {k["kernel_id"]: history.accepted(k["kernel_id"]) for k in kernels}
+    charts = []
+    for case in doc.get("cases") or []:
+        cid, metric = case["test_case_id"], case.get("metric") or ""
+        series: dict[str, list[tuple]] = {}
+        for kernel in kernels:
+            name = kernel["kernel_id"].rsplit("/", 1)[-1]
+            best: float | None = None
+            for point in points[kernel["kernel_id"]]:
+                value = point.metrics.get(cid, {}).get(metric)
+                if point.revoked:
+                    if value is not None:
+                        series.setdefault(name, []).append(
+                            (point.time, value, f"{name} {metric}={value:.4g} by {point.submitter} (revoked)",
+                             f"/commits/{point.commit_sha}", True))
+                    continue
+                recorded = point.best.get(cid, {}).get(metric)
+                if recorded is None or recorded == best:
+                    continue
+                best = recorded
+                tip = f"{name}: best {metric}={recorded:.4g} after {point.submitter}'s run"
+                series.setdefault(name, []).append((point.time, recorded, tip, f"/commits/{point.commit_sha}"))
+        xs = [p[0] for pts in series.values() for p in pts]
+        chart = web_charts.line_chart(series, title=f"{cid}: best {metric}", unit=case.get("unit") or "",
+                                      x_labels=web_charts.time_labels(xs), width=420, height=200, step=True,
+                                      legend=True)
+        if chart is not None:
+            charts.append(chart)
+    return charts

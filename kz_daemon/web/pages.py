@@ -1,13 +1,15 @@
 """The web leaderboard: server-rendered Jinja2 pages that work without JavaScript.
 
-``/`` operators and kernels, ``/ops/{arch}/{op_class}/{sub_class}/{quant}`` one
-operator's implementations ranked per case, ``/kernels/{id}`` a kernel, ``/commits/{sha}``
+``/`` operators, kernels, records this week and the latest new bests,
+``/ops/{arch}/{op_class}/{sub_class}/{quant}`` one operator's kernels ranked overall
+and per case, with speed of light and best over time, ``/kernels/{id}`` a kernel, ``/commits/{sha}``
 a commit of the kernel repo, ``/submissions`` recent submissions, ``/submissions/{uuid}``
 one submission (following it while it runs), ``/queue``. The handlers gather values;
 the templates in ``templates/`` lay them out (see :mod:`kz_daemon.web.render`).
 """
 from __future__ import annotations
 
+import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +29,7 @@ from kz_daemon.web import operators
 from kz_daemon.web import submission_list
 from kz_daemon.api import views
 from kz_daemon.web import charts as web_charts
+from kz_daemon.api import rankings
 from kz_daemon.api.public import catalog
 from kz_daemon.web.render import PAGE_HEADERS, TEMPLATES, fmt_value, short_sha, when
 from kz_events.status import STATUSES, Status, is_terminal
@@ -84,6 +87,8 @@ async def home(request: Request) -> Response:
     order = "desc" if q.get("order") == "desc" else "asc"
     page_no = _page_number(request)
     cat = catalog(request)
+    now = getattr(request.app.state.zoo, "clock", time.time)()  # the daemon's clock: the one its commits carry
+    week, new_bests = await run_in_threadpool(operators.latest_bests, request.app.state.history, cat.get, now)
     facets = cat.memo(("facets",), cat.facets)
     summaries = cat.memo(("operators",), lambda: [operators.summarise(k, v)
                                                   for k, v in operators.group(cat.kernels()).items()])
@@ -100,6 +105,7 @@ async def home(request: Request) -> Response:
 
     return _render(request, "home.html", {
         "title": "Leaderboard", "filters": filters, "text": text, "facets": facets, "operators": shown_ops,
+        "operator_count": len(summaries), "week": week, "new_bests": new_bests,
         "rows": rows[(page_no - 1) * KERNELS_PER_PAGE: page_no * KERNELS_PER_PAGE], "total": len(rows),
         "kernel_count": len(cat.kernels()), "sort": sort, "order": order, "sort_url": sort_url,
         "page": page_no, "pages": pages,
@@ -155,6 +161,8 @@ async def operator_page(request: Request) -> Response:
         return _error(request, ZooError("NOT_FOUND", f"no operator {key.path!r}"))
     reference = operators.reference_of(entries)
     case_boards = operators.boards(entries, reference)
+    doc = await rankings.operator_doc(request, key.path)
+    charts = await run_in_threadpool(operators.best_over_time, request.app.state.history, doc)
     values, declared, older = await run_in_threadpool(_operator_extras, request.app.state.history, entries)
     for board in case_boards:
         for standing in board.standings:
@@ -162,6 +170,8 @@ async def operator_page(request: Request) -> Response:
             standing.older_harness = board.case_id in older.get(standing.kernel_id, ())
     return _render(request, "operator.html", {
         "title": key.path, "key": key, "boards": case_boards, "entries": entries, "reference": reference,
+        "doc": doc, "rows": {k["kernel_id"]: k for k in doc["kernels"]},
+        "params": {c["test_case_id"]: c["params"] for c in doc["cases"]}, "charts": charts,
         "declared": declared, "reference_tag": operators.REFERENCE_TAG,
         "reference_names": operators.REFERENCE_NAMES})
 

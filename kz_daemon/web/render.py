@@ -69,6 +69,21 @@ def fmt_speedup(value: Any) -> str:
     return f"{value:.3g}×" if value < 100 else f"{value:.0f}×"
 
 
+def fmt_pct(value: Any, signed: bool = True) -> str:
+    """A percentage as ``-76.2 %`` (signed) or ``12.5 %``; empty when unknown."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    text = f"{value:+.1f}" if signed else (f"{value:.1f}" if value >= 0.1 or value == 0 else f"{value:.2g}")
+    return text.replace("-", "−") + " %"
+
+
+def fmt_params(params: Any) -> str:
+    """A case's params as ``rows=64, cols=128``; empty for none."""
+    if not isinstance(params, dict):
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
 def short_sha(sha: Any) -> str:
     """The first 10 characters of a commit SHA."""
     return str(sha or "")[:10]
@@ -85,7 +100,8 @@ def make_templates() -> Jinja2Templates:
     """The page templates, with autoescaping on for every template (not only ``*.html``)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(markdown=markdown, value=fmt_value, speedup=fmt_speedup, sha=short_sha, when=when)
+    env.filters.update(markdown=markdown, value=fmt_value, speedup=fmt_speedup, sha=short_sha, when=when,
+                       pct=fmt_pct, params=fmt_params)
     return Jinja2Templates(env=env)
 
 

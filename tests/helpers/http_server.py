@@ -79,8 +79,9 @@ class LiveServer:
     @classmethod
     def start(cls, tmp: Path, *, kernels: list[str] | None = None, runners: tuple[str, ...] = ("r1", "r2"),
               settings: dict[str, Any] | None = None, config_yaml: str | None = None,
-              submitters: tuple[str, ...] = ("alice",)) -> "LiveServer":
-        """Initialise ``tmp/state`` and serve it (``submitters``: the ids given a submitter token)."""
+              submitters: tuple[str, ...] = ("alice",), clock: Any = None) -> "LiveServer":
+        """Initialise ``tmp/state`` and serve it (``submitters``: the ids given a submitter token;
+        ``clock``: the Zoo's clock, epoch seconds, for commit times and leases)."""
         from kz_daemon.config.tokens import TokenStore
         from kz_daemon.storage.history import KernelHistory
         from kz_daemon.http.app import create_app, make_server
@@ -99,7 +100,7 @@ class LiveServer:
         tokens = {f"runner:{rid}": store.issue("runner", rid) for rid in runners}
         tokens["admin"] = store.issue("admin", "root")
         tokens.update({f"submitter:{sid}": store.issue("submitter", sid) for sid in submitters})
-        zoo = Zoo(config)
+        zoo = Zoo(config, clock) if clock is not None else Zoo(config)
         zoo.start()
         app = create_app(zoo, store, from_config(config, **(settings or {})),
                          history=KernelHistory(config.paths.repo, config.repo.branch))

@@ -1,0 +1,134 @@
+"""What an accept changed: per case the previous best, this run's value, whether the best moved, the delta.
+
+An accept rewrites the kernel's scorecard (``kz_daemon.core.scorecard``); comparing the
+card before it (the one in the source commit's tree, which the run was judged against)
+with the card it committed says, for each case's primary metric:
+
+- ``previous_best``: the best value before (None when only the seed placeholder stood);
+- ``value``: this run's value (its ``metrics_current``), ``best``: the best after;
+- ``new_best``: the best record is now this run's (it beat the old one beyond the noise,
+  or there was none);
+- ``delta_pct``: the signed relative change of this run against the previous best,
+  ``100 * (value - previous) / previous`` (negative is faster for a time), and
+  ``speedup``: how many times better than the previous best (above 1 = better, in the
+  metric's direction).
+
+The overall speed-up is the geometric mean of the per-case ones (cases without a
+previous best left out), as the operator score is. :func:`accept_outcome` adds the
+kernel's rank in its operator before and after. Pure functions over plain values: the
+accept saga records the outcome in ``accept.completed`` and the home page computes the
+same deltas from git for the latest records.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kz_daemon.board import ranking
+from kz_daemon.core.noise import interval_of
+from kz_runner.contract.layout import is_seed_sha
+
+__all__ = ["case_deltas", "overall", "accept_outcome", "entry_with_card"]
+
+LOWER, HIGHER = "lower_better", "higher_better"
+
+
+def _cases(card: Any) -> dict[str, Mapping[str, Any]]:
+    cases = card.get("cases") if isinstance(card, Mapping) else None
+    return {str(c.get("test_case_id")): c for c in cases or [] if isinstance(c, Mapping)}
+
+
+def _real(record: Any) -> Mapping[str, Any] | None:
+    if not isinstance(record, Mapping) or is_seed_sha(record.get("commit_sha")):
+        return None
+    return record if interval_of(record) is not None else None
+
+
+def case_deltas(before: Any, after: Any, metas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per METAS case of ``after`` (see the module docstring); ``metas`` give primary metric, unit, direction."""
+    old, new = _cases(before), _cases(after)
+    out = []
+    for meta in metas:
+        cid = str(meta.get("test_case_id"))
+        primary = meta.get("primary_metric")
+        declared = next((m for m in meta.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary),
+                        {})
+        direction = str(declared.get("direction") or LOWER)
+        prev = _real(((old.get(cid) or {}).get("metrics_best") or {}).get(primary))
+        cur = _real(((new.get(cid) or {}).get("metrics_current") or {}).get(primary))
+        best = _real(((new.get(cid) or {}).get("metrics_best") or {}).get(primary))
+        if cur is None:
+            continue
+        value = float(cur["value"])
+        previous = float(prev["value"]) if prev is not None else None
+        moved = best is not None and best.get("commit_sha") == cur.get("commit_sha") and \
+            (prev is None or prev.get("commit_sha") != best.get("commit_sha") or prev.get("value") != best.get("value"))
+        entry: dict[str, Any] = {
+            "test_case_id": cid, "metric": primary, "unit": declared.get("unit"), "direction": direction,
+            "previous_best": previous, "value": value, "best": float(best["value"]) if best is not None else None,
+            "new_best": bool(moved), "delta_pct": None, "speedup": None}
+        if previous is not None and previous > 0 and value > 0:
+            entry["delta_pct"] = round(100.0 * (value - previous) / previous, 4)
+            entry["speedup"] = previous / value if direction == LOWER else value / previous
+        out.append(entry)
+    return out
+
+
+def overall(deltas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{new_best, cases_improved, speedup, delta_pct}`` over the case deltas (geometric mean speed-up)."""
+    ups = [d["speedup"] for d in deltas if d.get("speedup")]
+    speedup = math.exp(math.fsum(math.log(u) for u in ups) / len(ups)) if ups else None
+    return {"new_best": any(d.get("new_best") for d in deltas),
+            "cases_improved": sum(1 for d in deltas if d.get("new_best")),
+            "speedup": speedup, "delta_pct": round(100.0 * (1.0 / speedup - 1.0), 4) if speedup else None}
+
+
+def entry_with_card(entry: Mapping[str, Any], card: Any) -> dict[str, Any]:
+    """A copy of an index entry whose cases' best/current records come from ``card`` (a scorecard)."""
+    cases = _cases(card)
+    out = dict(entry)
+    new_cases = []
+    for case in entry.get("cases") or []:
+        if not isinstance(case, Mapping):
+            continue
+        primary = case.get("primary_metric")
+        found = cases.get(str(case.get("test_case_id"))) or {}
+        copied = dict(case)
+        for key, field in (("best", "metrics_best"), ("current", "metrics_current")):
+            record = (found.get(field) or {}).get(primary) if primary else None
+            copied[key] = dict(record, seed=is_seed_sha(record.get("commit_sha"))) \
+                if isinstance(record, Mapping) else None
+        new_cases.append(copied)
+    out["cases"] = new_cases
+    return out
+
+
+def accept_outcome(kernel_id: str, before: Any, after: Any, metas: Sequence[Mapping[str, Any]],
+                   operator_entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The structured outcome of an accept: case deltas, the overall figures, the kernel's rank before and after.
+
+    ``operator_entries`` are the index entries of the kernel's operator *after* the accept
+    (the kernel's own entry included, or absent for a kernel the index does not list yet);
+    the ranking before is the same operator with this kernel's records taken from
+    ``before`` (absent when ``before`` has no real record: a new kernel).
+    """
+    deltas = case_deltas(before, after, metas)
+    operator = next((ranking.operator_of(e) for e in operator_entries if e.get("kernel_id") == kernel_id),
+                    "/".join(kernel_id.split("/")[:4]))
+    own = next((e for e in operator_entries if e.get("kernel_id") == kernel_id), None)
+    others = [e for e in operator_entries if e.get("kernel_id") != kernel_id]
+    after_entries = others + ([own] if own is not None else [])
+    had_records = any(_real(((c.get("metrics_best") or {}).get(m.get("primary_metric"))))
+                      for m in metas for c in [_cases(before).get(str(m.get("test_case_id"))) or {}])
+    before_entries = others + ([entry_with_card(own, before)] if own is not None and had_records else [])
+
+    def rank_in(entries: list) -> tuple[int | None, bool]:
+        row = ranking.rank_operator(operator, entries).get(kernel_id) if entries else None
+        return (row.rank, row.approx) if row is not None else (None, False)
+
+    rank_before, approx_before = rank_in(before_entries)
+    rank_after, approx_after = rank_in(after_entries)
+    return {"kernel_id": kernel_id, "operator": operator, **overall(deltas), "cases": deltas,
+            "rank_before": rank_before, "rank_before_approx": approx_before,
+            "rank_after": rank_after, "rank_after_approx": approx_after}

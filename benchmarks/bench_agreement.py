@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
     import torch  # noqa: F401  (do_bench needs torch's CUDA context; both share the primary context)
     import triton.testing
-
     from axpy_fp16 import axpy
-    from kz_runner import bench
     from ref_attention import mha_forward
+
+    from kz_runner import bench
 
     rows = []
     rng = cp.random.default_rng(7)

@@ -39,9 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 
+from machine import AppendCounter, calibration_s, machine_facts, percentile, timed_coroutines, timed_threads  # noqa: E402  (benchmarks/ is sys.path[0])
+
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, axpy_tarball, drop_into_inbox, package_files  # noqa: E402
-from machine import (AppendCounter, calibration_s, machine_facts, percentile,  # noqa: E402  (benchmarks/ is sys.path[0])
-                     timed_coroutines, timed_threads)
 
 
 def machine() -> dict:

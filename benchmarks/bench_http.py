@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test helpers (tests/helpers) that build the packages
 from machine import machine_facts, percentile  # noqa: E402  (benchmarks/ is sys.path[0])
+
 AXPY = "cpu/Elementwise/Axpy/fp32/numpy_ref"
 
 
@@ -207,13 +208,13 @@ def submit_to_claim(daemon: Daemon, runs: int) -> list[float]:
             got: dict = {}
             waiting = threading.Event()
 
-            def claim() -> None:
+            def claim(got: dict, waiting: threading.Event) -> None:
                 waiting.set()
                 resp = runner.post("/api/runner/claim", json={"arch": "cpu", "wait": 30})
                 got["t"] = time.perf_counter()
                 got["body"] = resp.json() if resp.status_code == 200 else None
 
-            thread = threading.Thread(target=claim)
+            thread = threading.Thread(target=claim, args=(got, waiting))
             thread.start()
             waiting.wait()
             time.sleep(0.3)  # the runner is parked in the long poll

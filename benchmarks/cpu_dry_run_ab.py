@@ -47,7 +47,7 @@ def dry_run(tree: Path, package: str, cpu: int | None, scratch: Path) -> dict[st
     try:
         doc = json.loads(proc.stdout)
     except ValueError:
-        raise SystemExit(f"dry-run of {package} under {tree} printed no JSON:\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"dry-run of {package} under {tree} printed no JSON:\n{proc.stderr[-2000:]}") from None
     if not doc.get("ok"):
         raise SystemExit(f"dry-run of {package} under {tree} failed: {json.dumps(doc)[:2000]}")
     return {c["test_case_id"]: c["value"] for c in doc["cases"]}

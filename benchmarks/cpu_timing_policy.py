@@ -31,8 +31,9 @@ import random
 import resource
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -41,11 +42,12 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+from machine import machine_facts, percentile as pct  # noqa: E402
+
 from kz_runner.bench import copies  # noqa: E402
 from kz_runner.bench.harness import CPU_TRIALS  # noqa: E402
 from kz_runner.bench.timing import time_fn  # noqa: E402
 from kz_runner.bench.trials import Trials  # noqa: E402
-from machine import machine_facts, percentile as pct  # noqa: E402
 
 # The CPU examples' own timing settings (their benchmark.py).
 SETTINGS = {"device": "cpu", "target_rse": 0.01, "min_reps": 20, "budget_s": 0.15}

@@ -93,7 +93,7 @@ class AppendCounter:
         self.count += 1
         return self._real(records)
 
-    def __enter__(self) -> "AppendCounter":
+    def __enter__(self) -> AppendCounter:
         self.store._log.append = self._append
         return self
 

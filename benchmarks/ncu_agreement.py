@@ -83,6 +83,7 @@ def main() -> int:
 
     import cupy as cp
     from axpy_fp16 import axpy
+
     from kz_runner import bench
 
     ours = []

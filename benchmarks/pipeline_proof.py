@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 from machine import machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
+
 DEFAULT_PACKAGES = sorted(str(p.parent.parent.relative_to(ROOT))
                           for p in (ROOT / "examples" / "sm_90").glob("*/*/*/*/.kernel_package/desc.yaml"))
 

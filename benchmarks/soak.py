@@ -39,12 +39,21 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 import httpx  # noqa: E402
-
 from machine import calibration_s, machine_facts  # noqa: E402
+
 from kz_events.replay import replay_dir  # noqa: E402
 from kz_events.status import TERMINAL  # noqa: E402
-from tests.helpers.system import (Ack, ProtocolRunner, RunnerProcess, Tmpfs, ZooProcess,  # noqa: E402
-                                  check_invariants, kernel_ids, submit, tiny_tarball)
+from tests.helpers.system import (  # noqa: E402
+    Ack,
+    ProtocolRunner,
+    RunnerProcess,
+    Tmpfs,
+    ZooProcess,
+    check_invariants,
+    kernel_ids,
+    submit,
+    tiny_tarball,
+)
 from tests.helpers.workload import LoopThreads, Readers, wait_terminal_in_log  # noqa: E402
 
 FOLDERS = ("events", "repo", "spool", "pending", "runs")

@@ -25,9 +25,10 @@ list means every anchor holds. Seq 0 anchors the empty log (64 zeros).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from kz_events.codec import GENESIS, DecodeError, canonical_bytes, decode_dict, parse_json
 from kz_events.log import list_segments, segment_name

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from json import encoder as _enc
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from json import encoder as _enc
+from typing import Any
 
 from kz_events.events import EVENT_TYPES, Event
 
@@ -79,7 +80,7 @@ def line_hash(line: bytes) -> str:
 
 def format_ts(epoch: float) -> str:
     """UTC RFC 3339 with microseconds, e.g. ``2026-11-30T06:30:45.123456Z``."""
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +152,7 @@ def encode_fast(event: Event, seq: int, ts: str, prev: str,
     payload = event.payload()
     pj = _dumps(payload)
     line = (f'{{"payload":{pj},"prev":"{prev}","seq":{seq},"subject":{_dumps(subject)},'
-            f'"ts":"{ts}","type":"{event.TYPE}","v":{event.VERSION}}}').encode("utf-8")
+            f'"ts":"{ts}","type":"{event.TYPE}","v":{event.VERSION}}}').encode()
     if _has_containers(type(event)):
         payload = parse_json(pj)
     return line, payload
@@ -171,7 +172,7 @@ class TimestampFormatter:
         if micros >= 1_000_000:  # rounding up to the next second
             second, micros = second + 1, micros - 1_000_000
         if second != self._second:
-            self._prefix = datetime.fromtimestamp(second, timezone.utc).strftime(
+            self._prefix = datetime.fromtimestamp(second, UTC).strftime(
                 "%Y-%m-%dT%H:%M:%S.")
             self._second = second
         return f"{self._prefix}{micros:06d}Z"

@@ -21,9 +21,9 @@ import fcntl
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from kz_events.codec import GENESIS, parse_json
 from kz_events.durable import fsync_dir
@@ -178,7 +178,7 @@ class EventLog:
 
     @classmethod
     def open(cls, events_dir: Path | str, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-             fsync: bool = True, readonly: bool = False) -> "EventLog":
+             fsync: bool = True, readonly: bool = False) -> EventLog:
         """Lock ``events_dir`` (created if missing), list segments, repair a torn tail.
 
         ``readonly=True`` is for tools reading a log that a daemon may be writing:

@@ -6,8 +6,9 @@ running daemon (a line being written is not shown until it is complete).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from kz_events import events as E
 from kz_events.codec import parse_json

@@ -7,7 +7,7 @@ from them by ``kz docs``.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 SCHEMA_DIR = Path(__file__).resolve().parent
@@ -18,7 +18,7 @@ def names() -> list[str]:
     return sorted(p.stem for p in SCHEMA_DIR.glob("*.json"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str) -> dict:
     """Return the parsed schema ``<name>.json``; raises KeyError for an unknown name."""
     path = SCHEMA_DIR / f"{name}.json"

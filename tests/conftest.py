@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+# The API clients anon, r1 and r2 (each needs the module's own ``live`` fixture, made by
+# live_api.live_server). Registered here, not imported into each module, so a test's
+# parameter does not shadow an imported name.
+pytest_plugins = ["tests.helpers.live_api"]
+
 
 def _gpu_reason() -> str | None:
     """None when CuPy sees a device, else the reason GPU tests are skipped."""

@@ -6,12 +6,11 @@ from types import SimpleNamespace
 import pytest
 from starlette.requests import Request
 
+from kz_daemon.api import authz
 from kz_daemon.config.tokens import Principal, TokenStore
 from kz_daemon.core.errors import ZooError
-from kz_daemon.api import authz
 from tests.helpers.http_server import CPU_AXPY, package_tarball
-from tests.helpers.live_api import anon, api_error, live_server  # noqa: F401 (anon is a fixture)
-
+from tests.helpers.live_api import api_error, live_server
 
 live = live_server("authz")
 
@@ -46,7 +45,7 @@ def test_runner_routes_take_runner_tokens_only(tokens):
     assert _code(lambda: authz.require_runner(_request(tokens))) == "UNAUTHORIZED"
     assert _code(lambda: authz.require_runner(_request(tokens, "unknown"))) == "UNAUTHORIZED"
     for kind in ("submitter", "admin"):
-        assert _code(lambda: authz.require_runner(_request(tokens, tokens[kind]))) == "FORBIDDEN", kind
+        assert _code(lambda k=kind: authz.require_runner(_request(tokens, tokens[k]))) == "FORBIDDEN", kind
 
 
 def test_submission_routes_by_principal(tokens):
@@ -59,7 +58,7 @@ def test_submission_routes_by_principal(tokens):
     admin = Principal("admin", "admin")
     assert authz.header_submitter(_request(tokens, tokens["admin"], "bob")) == (admin, "bob")  # as anyone
     for bound in ("alice", "admin"):  # ids a submitter or admin token is bound to: not without it
-        assert _code(lambda: authz.header_submitter(_request(tokens, submitter=bound))) == "SUBMITTER_ID_BOUND"
+        assert _code(lambda b=bound: authz.header_submitter(_request(tokens, submitter=b))) == "SUBMITTER_ID_BOUND"
     assert _code(lambda: authz.header_submitter(_request(tokens, submitter="no spaces"))) == "VALIDATION_ERROR"
 
 

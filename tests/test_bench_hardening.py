@@ -24,8 +24,7 @@ from kz_runner import bench
 from kz_runner.bench import integrity, trials
 from kz_runner.bench.timing import UNSYNCED_FLOOR_US, _GpuClock
 from kz_runner.contract.validate import validate_package_dir
-from tests.helpers.cheats import _CHEATS as CHEAT_TABLE
-from tests.helpers.cheats import AXPY, EXAMPLES, GPU_AXPY, SOFTMAX, Cheat, cheat_packages
+from tests.helpers.cheats import _CHEATS as CHEAT_TABLE, AXPY, EXAMPLES, GPU_AXPY, SOFTMAX, Cheat, cheat_packages
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,8 +28,18 @@ import pytest
 from kz_daemon.accept.saga import CRASH_POINTS
 from kz_events.replay import replay_dir
 from tests.helpers.daemon import axpy_result, wait_for
-from tests.helpers.system import (Ack, ProtocolRunner, RunnerProcess, Tmpfs, ZooProcess, check_invariants,
-                                  half_upload, kernel_ids, submit, tiny_tarball)
+from tests.helpers.system import (
+    Ack,
+    ProtocolRunner,
+    RunnerProcess,
+    Tmpfs,
+    ZooProcess,
+    check_invariants,
+    half_upload,
+    kernel_ids,
+    submit,
+    tiny_tarball,
+)
 from tests.helpers.workload import Submitters, wait_terminal_in_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]

@@ -4,8 +4,14 @@ from __future__ import annotations
 import json
 
 from kz_daemon.cli import main
-from tests.helpers.contract_fixtures import (DEFAULT_ID, NEWCOMER, make_tarball, mark_repo, package_members,
-                                             write_package)
+from tests.helpers.contract_fixtures import (
+    DEFAULT_ID,
+    NEWCOMER,
+    make_tarball,
+    mark_repo,
+    package_members,
+    write_package,
+)
 
 
 def test_valid_directory_exits_0(capsys):

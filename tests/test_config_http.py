@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from kz_daemon.api.shim_settings import from_config
 from kz_daemon.config.settings import Config, write_default
 from kz_daemon.core.errors import ZooError
-from kz_daemon.api.shim_settings import from_config
 
 
 def test_http_limits_from_kz_yaml_reach_the_shim(tmp_path):

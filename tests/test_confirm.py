@@ -11,19 +11,18 @@ import sys
 import pytest
 import yaml
 
-from kz_daemon.queue import confirm
 from kz_daemon.accept.saga import case_summary
-from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.api.views import submission_doc
 from kz_daemon.config.settings import Config
 from kz_daemon.core.errors import ZooError
-from kz_daemon.api.views import submission_doc
+from kz_daemon.ops.repo_audit import audit_state_dir
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
+from kz_daemon.queue import confirm
 from kz_events import events as ev
 from kz_events.reducer import InvalidTransition, apply_record
 from kz_events.state import State
-from tests.helpers.daemon import (AXPY_ID, EXAMPLES, ROOT, axpy_result, axpy_tarball, drop_and_decide,
-                                  real_run)
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, axpy_result, axpy_tarball, drop_and_decide, real_run
 
 CARD = f"{AXPY_ID}/.kernel_package/bench_result.yaml"
 METAS = [{"test_case_id": "a", "primary_metric": "ms",

@@ -4,13 +4,20 @@ from __future__ import annotations
 import io
 import tarfile
 
-import kz_schemas
 import pytest
 from jsonschema import Draft202012Validator
 
+import kz_schemas
 from kz_daemon.cli import main
-from kz_runner.contract.kernel_id import (KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES, MAX_SEGMENT_BYTES, SEGMENTS,
-                                          check_kernel_id, kernel_id_errors, kernel_id_problems)
+from kz_runner.contract.kernel_id import (
+    KERNEL_ID_PATTERN,
+    MAX_KERNEL_ID_BYTES,
+    MAX_SEGMENT_BYTES,
+    SEGMENTS,
+    check_kernel_id,
+    kernel_id_errors,
+    kernel_id_problems,
+)
 from kz_runner.contract.pack import build_tarball
 from kz_runner.contract.tarball import scan_tarball
 from kz_runner.contract.validate import validate_package_dir, validate_tarball

@@ -44,7 +44,7 @@ def test_a_package_using_a_constant_validates(tmp_path):
     (f"_N = 1\nif True:\n    _METRICS = [{METRIC}]\n", "", "not bound by a plain module-level"),
     (f"_N = 1\n_METRICS = [{METRIC}]\ndef f():\n    global _METRICS\n    _METRICS = []\n", "",
      "`_METRICS` is bound 2 times"),
-    (f"_N = 1\n", f"_METRICS = [{METRIC}]\n", "`_METRICS` is bound after it is used"),
+    ("_N = 1\n", f"_METRICS = [{METRIC}]\n", "`_METRICS` is bound after it is used"),
     ("_N = 1\n", "", "`_METRICS` is not bound at module level"),
     (f"import os\n_N = os.cpu_count\n_METRICS = [{METRIC}]\n", "", "`os.cpu_count` is computed"),
     (f"_N = 1\n_METRICS = [m for m in [{METRIC}]]\n", "", "is computed"),

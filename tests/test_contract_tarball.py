@@ -11,9 +11,18 @@ import pytest
 
 from kz_runner.contract.tarball import Limits, read_member, safe_unpack, scan_tarball
 from kz_runner.contract.validate import validate_tarball
-from tests.helpers.contract_fixtures import (DEFAULT_ID, NEWCOMER_ID, copy_newcomer, dir_member, file_member,
-                                             make_tarball, mark_repo, package_members, special_member,
-                                             write_package)
+from tests.helpers.contract_fixtures import (
+    DEFAULT_ID,
+    NEWCOMER_ID,
+    copy_newcomer,
+    dir_member,
+    file_member,
+    make_tarball,
+    mark_repo,
+    package_members,
+    special_member,
+    write_package,
+)
 
 KID = DEFAULT_ID
 

@@ -10,8 +10,7 @@ import pytest
 from kz_runner.contract.codes import CODES
 from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.validate import validate_package_dir
-from tests.helpers.contract_fixtures import (DEFAULT_ID, NEWCOMER, NEWCOMER_ID, copy_newcomer, mark_repo,
-                                             write_package)
+from tests.helpers.contract_fixtures import DEFAULT_ID, NEWCOMER, NEWCOMER_ID, copy_newcomer, mark_repo, write_package
 
 
 @pytest.fixture

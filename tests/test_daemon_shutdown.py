@@ -11,8 +11,8 @@ import threading
 
 import httpx
 
-from kz_daemon.ops.repo_audit import audit_state_dir
 from kz_daemon.config.tokens import TokenStore
+from kz_daemon.ops.repo_audit import audit_state_dir
 from kz_daemon.ops.runtime import init_state_dir
 from tests.helpers.daemon import EXAMPLES, ROOT, wait_for
 from tests.helpers.http_server import CPU_AXPY, package_tarball

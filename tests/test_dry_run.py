@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -99,15 +98,15 @@ if __name__ == "__main__":
     raise SystemExit(h.run(body))
 '''
 
-DESC = f'''schema_version: "1.0.0"
+DESC = '''schema_version: "1.0.0"
 name: Tiny test package
-category: {{arch: cpu, op_class: Test, sub_class: Tiny, quant: fp32}}
+category: {arch: cpu, op_class: Test, sub_class: Tiny, quant: fp32}
 summary: "doubles a vector"
 description: "## Math definition\\nout = 2 x"
 io_signature:
-  - {{name: x, kind: in, dtype: fp32, shape: [8]}}
-  - {{name: out, kind: out, dtype: fp32, shape: [8]}}
-quantization: {{scheme: none}}
+  - {name: x, kind: in, dtype: fp32, shape: [8]}
+  - {name: out, kind: out, dtype: fp32, shape: [8]}
+quantization: {scheme: none}
 reference_sources: [src/impl.py]
 status: normal
 '''

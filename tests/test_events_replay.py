@@ -8,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kz_events import codec
-from kz_events import events as E
+from kz_events import codec, events as E, replay as replay_module, replay_worker
 from kz_events.codec import GENESIS, canonical_bytes, line_hash
 from kz_events.log import CorruptLog, segment_name
-from kz_events import replay as replay_module
-from kz_events import replay_worker
 from kz_events.replay import replay_dir
 from kz_events.workload import build_log
 

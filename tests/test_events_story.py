@@ -1,8 +1,7 @@
 """kz_events.story: the sentences ``kz events`` prints for each event."""
 from __future__ import annotations
 
-from kz_events import events as E
-from kz_events import story
+from kz_events import events as E, story
 from kz_events.workload import build_log
 
 

@@ -14,17 +14,25 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from kz_daemon.upkeep import prune_runs as gc
-from kz_daemon.config.tokens import TokenStore
 from kz_daemon.config.settings import DEFAULT_YAML, Config
+from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
 from kz_daemon.http.app import create_app
-from kz_daemon.storage.run_logs import TAILS_FILE
-from kz_daemon.storage.pending import LOGS_FILE, PACKAGE_FILE, RESULT_FILE, SUBMISSION_FILE
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
-from tests.helpers.daemon import (AXPY_ID, EXAMPLES, ROOT, axpy_result, axpy_tarball, drop_and_decide,
-                                  drop_queued_axpy, wait_for)
+from kz_daemon.storage.pending import LOGS_FILE, PACKAGE_FILE, RESULT_FILE, SUBMISSION_FILE
+from kz_daemon.storage.run_logs import TAILS_FILE
+from kz_daemon.upkeep import prune_runs as gc
+from tests.helpers.daemon import (
+    AXPY_ID,
+    EXAMPLES,
+    ROOT,
+    axpy_result,
+    axpy_tarball,
+    drop_and_decide,
+    drop_queued_axpy,
+    wait_for,
+)
 
 DAY = 86400.0
 BEHIND = 40 * DAY

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_intake_rejections import CASES, FROZEN_ID, KID, LIMITS
 
 from kz_daemon.storage.gitstore import GitStore, format_message
 from kz_events.replay import replay_dir
-from test_intake_rejections import CASES, FROZEN_ID, KID, LIMITS
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, EXAMPLES, axpy_tarball, package_files, wait_for
 from tests.helpers.system import Ack, RunnerProcess, ZooProcess, check_invariants, submit, tiny_tarball
 from tests.helpers.workload import wait_terminal_in_log
@@ -248,7 +248,7 @@ def test_hostile_input_is_refused_over_http_and_the_spool(system):
         subs = replay_dir(zoo.config.paths.events).submissions
         return subs if all(subs[received[n]].status not in ("received",) for n in names) else None
     subs = wait_for(all_decided, timeout=240, interval=0.5)
-    for name, (label, codes) in sorted(names.items()):
+    for name, (_label, codes) in sorted(names.items()):
         sub = subs[received[name]]
         got = sub.reasons[0]["code"] if sub.reasons else None
         if sub.status != "rejected" or got not in codes:

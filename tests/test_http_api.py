@@ -14,8 +14,7 @@ import time
 
 from tests.helpers.events import hold_log_appends
 from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, package_tarball
-from tests.helpers.live_api import (  # noqa: F401 (anon, r1, r2 are fixtures)
-    AXPY_CASES, anon, api_error, claim_job, live_server, queue_submission, r1, r2, result_doc)
+from tests.helpers.live_api import AXPY_CASES, api_error, claim_job, live_server, queue_submission, result_doc
 
 live = live_server("api")
 

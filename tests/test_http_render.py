@@ -8,15 +8,15 @@ import xml.etree.ElementTree as ET
 import pytest
 from starlette.testclient import TestClient
 
+from kz_daemon.api.metrics import HttpCounters, render_metrics
+from kz_daemon.api.rate_limits import TokenBucket
+from kz_daemon.api.views import Catalog, case_metric, matches
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
 from kz_daemon.http.app import create_app
-from kz_daemon.web.pages import log_blocks
 from kz_daemon.web import charts as web_charts
-from kz_daemon.api.rate_limits import TokenBucket
-from kz_daemon.api.metrics import HttpCounters, render_metrics
+from kz_daemon.web.pages import log_blocks
 from kz_daemon.web.render import TEMPLATES, fmt_speedup, markdown
-from kz_daemon.api.views import Catalog, case_metric, matches
 
 SVG = "{http://www.w3.org/2000/svg}"
 

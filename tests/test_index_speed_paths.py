@@ -11,9 +11,9 @@ import json
 import pytest
 
 from kz_runner.contract.indexing import build as index_module
-from kz_runner.contract.rules import pysource
 from kz_runner.contract.indexing.build import build_index, dumps
 from kz_runner.contract.indexing.cache import ContentsCache
+from kz_runner.contract.rules import pysource
 from kz_runner.contract.rules.pysource import BENCHMARK_FILE
 from tests.helpers.contract_fixtures import mark_repo, write_package
 

@@ -8,10 +8,10 @@ import tarfile
 
 import pytest
 
-from kz_daemon.storage.gitstore import GitStore, format_message
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
-from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_and_decide, package_files, AXPY_DIR, wait_for
+from kz_daemon.storage.gitstore import GitStore, format_message
+from tests.helpers.daemon import AXPY_DIR, AXPY_ID, EXAMPLES, axpy_tarball, drop_and_decide, package_files
 
 KID = "cpu/Elementwise/Axpy/fp32/hostile"
 FROZEN_ID = "cpu/Elementwise/Axpy/fp32/frozen_pkg"

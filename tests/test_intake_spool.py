@@ -8,8 +8,8 @@ import pwd
 
 import pytest
 
-from kz_daemon.intake import spool
 from kz_daemon.core.errors import ZooError
+from kz_daemon.intake import spool
 from kz_daemon.intake.admit import validate_file
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kz_runner.worker import job
 from kz_runner.contract import checks
+from kz_runner.worker import job
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runner"
 PREFIX = "cpu/Test/Runner/fp32"

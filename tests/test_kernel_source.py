@@ -6,8 +6,8 @@ git is read back with dulwich to compare what the API serves with what the repo 
 from __future__ import annotations
 
 import base64
-import json
 import io
+import json
 import shutil
 import tarfile
 import time
@@ -20,7 +20,7 @@ from dulwich.repo import Repo
 from kz_runner.contract.pack import pack_package
 from kz_runner.contract.validate import validate_tarball
 from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, EXAMPLES, package_tarball
-from tests.helpers.live_api import anon, api_error, live_server, result_doc  # noqa: F401 (anon is a fixture)
+from tests.helpers.live_api import api_error, live_server, result_doc
 
 live = live_server("source")
 FASTER = b"\n# a faster axpy: same maths\n"

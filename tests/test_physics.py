@@ -24,8 +24,18 @@ from kz_runner.contract.rules.floor import case_bytes, resolve_dim, signature_pr
 from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.validate import validate_package_dir
 from tests.helpers.cheats import input_cheat_packages
-from tests.helpers.daemon import (AXPY_DIR, AXPY_ID, EXAMPLES, SOFTMAX_ID, axpy_result, axpy_tarball,
-                                  drop_and_decide, package_files, real_run, tarball_bytes)
+from tests.helpers.daemon import (
+    AXPY_DIR,
+    AXPY_ID,
+    EXAMPLES,
+    SOFTMAX_ID,
+    axpy_result,
+    axpy_tarball,
+    drop_and_decide,
+    package_files,
+    real_run,
+    tarball_bytes,
+)
 
 DESC = yaml.safe_load((AXPY_DIR / ".kernel_package/desc.yaml").read_text())
 METAS, _ = read_metas((AXPY_DIR / ".kernel_package/benchmark.py").read_text())

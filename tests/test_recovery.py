@@ -15,20 +15,29 @@ import time
 
 import pytest
 
-from kz_daemon.accept import saga as accept
-from kz_daemon.queue import confirm
-from kz_daemon.ops import recovery
-from kz_daemon.accept import revoke
+from kz_daemon.accept import revoke, saga as accept
 from kz_daemon.accept.saga import CRASH_POINTS
+from kz_daemon.ops import recovery
 from kz_daemon.ops.repo_audit import audit_state_dir
-from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
+from kz_daemon.queue import confirm
+from kz_daemon.storage.gitstore import GitStore
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.story import iter_events
-from tests.helpers.daemon import (AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_result, axpy_tarball,
-                                  drop_into_inbox, drop_queued_axpy, real_run, wait_for)
+from tests.helpers.daemon import (
+    AXPY_ID,
+    EXAMPLES,
+    ROOT,
+    accept_axpy,
+    axpy_result,
+    axpy_tarball,
+    drop_into_inbox,
+    drop_queued_axpy,
+    real_run,
+    wait_for,
+)
 
 GIT = shutil.which("git")
 

@@ -2,8 +2,7 @@
 checked, and the replay carries on alone when the worker goes away."""
 from __future__ import annotations
 
-from kz_events import replay as replay_module
-from kz_events import replay_worker
+from kz_events import replay as replay_module, replay_worker
 from kz_events.codec import GENESIS, line_hash
 from kz_events.log import segment_name
 from kz_events.replay import replay_dir

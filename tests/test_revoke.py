@@ -12,15 +12,23 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kz_daemon.ops.repo_audit import audit_state_dir
-from kz_daemon.config.settings import Config
-from kz_daemon.storage.gitstore import format_message
 from kz_daemon.accept.revoke import CRASH_POINTS
-from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.config.settings import Config
 from kz_daemon.core.scorecard import recompute_best
+from kz_daemon.ops.repo_audit import audit_state_dir
+from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
-from tests.helpers.daemon import (AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_result, axpy_tarball,
-                                  drop_and_decide, real_run)
+from kz_daemon.storage.gitstore import format_message
+from tests.helpers.daemon import (
+    AXPY_ID,
+    EXAMPLES,
+    ROOT,
+    accept_axpy,
+    axpy_result,
+    axpy_tarball,
+    drop_and_decide,
+    real_run,
+)
 from tests.helpers.http_server import LiveServer
 
 CARD = f"{AXPY_ID}/.kernel_package/bench_result.yaml"

@@ -5,8 +5,7 @@ import threading
 import time
 
 from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX
-from tests.helpers.live_api import (  # noqa: F401 (anon, r1, r2 are fixtures)
-    anon, api_error, claim_job, live_server, queue_submission, r1, r2, result_doc)
+from tests.helpers.live_api import api_error, claim_job, live_server, queue_submission, result_doc
 
 live = live_server("runner_api")
 

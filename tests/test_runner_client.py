@@ -15,7 +15,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kz_runner.worker.client import (ApiError, Claim, NetworkError, ProtocolError, ResponseTooLarge, RetryPolicy, ZooClient)
+from kz_runner.worker.client import (
+    ApiError,
+    Claim,
+    NetworkError,
+    ProtocolError,
+    ResponseTooLarge,
+    RetryPolicy,
+    ZooClient,
+)
 
 
 class ScriptServer:

@@ -17,9 +17,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_job import PREFIX, pack_fixture
 
 from kz_runner.worker import contain, job, sandbox
-from test_job import PREFIX, pack_fixture
 
 NAME = "contained"
 AS_ROOT = os.geteuid() == 0

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from kz_runner.worker.client import ZooClient
 from test_job import PREFIX, leftovers, pack_fixture
 from test_runner_loop import finish, start_runner
+
+from kz_runner.worker.client import ZooClient
 
 CONFIG = """\
 queue:

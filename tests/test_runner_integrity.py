@@ -7,12 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-
-from kz_runner.worker import result_channel as channel
-from kz_runner.worker import contain
-from kz_runner.worker import seal as integrity
-from kz_runner.worker import job
 from test_job import PREFIX, pack_fixture
+
+from kz_runner.worker import contain, job, result_channel as channel, seal as integrity
 
 
 def run(name: str, tmp_path: Path, **settings) -> job.JobOutcome:

@@ -20,7 +20,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from test_job import PREFIX, leftovers, pack_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,7 +238,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
-        raise AssertionError("the runner did not exit:\n" + err.decode(errors="replace")[-3000:])
+        raise AssertionError("the runner did not exit:\n" + err.decode(errors="replace")[-3000:]) from None
     return proc.returncode, err.decode(errors="replace")
 
 
@@ -420,7 +419,7 @@ def test_a_report_that_cannot_get_through_is_given_up_when_the_lease_ends(tmp_pa
 
 
 def test_a_report_is_not_retried_after_a_definitive_refusal(zoo, tmp_path):
-    uuid = zoo.add(pack_fixture("ok", tmp_path), f"{PREFIX}/ok")
+    zoo.add(pack_fixture("ok", tmp_path), f"{PREFIX}/ok")
     zoo.refuse_reports = (409, "LEASE_LOST")
     code, err = finish(start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5"))
     assert code == 1 and "LEASE_LOST" in err
@@ -509,7 +508,7 @@ def test_without_a_work_root_a_temporary_one_is_used_and_removed(zoo, tmp_path):
                            "--once", "--wait", "5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr
     assert uuid in zoo.results
-    line = next(l for l in proc.stderr.splitlines() if "work root" in l)
+    line = next(ln for ln in proc.stderr.splitlines() if "work root" in ln)
     root = Path(line.split("work root ", 1)[1].split(",")[0])
     assert root.parent == tmp_path and root.name.startswith("kz-runner-")
     assert not root.exists()

@@ -223,7 +223,7 @@ def test_no_network_not_even_the_hosts_loopback(tmp_path):
                     conn, _ = sock.accept()
                     accepted.append(sock.family)
                     conn.close()
-                except (socket.timeout, OSError):
+                except (TimeoutError, OSError):
                     pass
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

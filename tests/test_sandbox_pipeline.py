@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_job import host_processes
 
 from kz_runner.worker import sandbox
-from test_job import host_processes
 from tests.helpers.daemon import axpy_tarball
 from tests.test_up import REPO, Up
 

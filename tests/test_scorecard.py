@@ -8,8 +8,7 @@ import pytest
 
 import kz_daemon.core.scorecard as sc
 from kz_daemon.core.scorecard import dump, load, seed_scorecard, stamp, update_scorecard
-from kz_runner.contract.layout import PENDING_COMMIT as PENDING
-from kz_runner.contract.layout import SEED_SHA as SENTINEL
+from kz_runner.contract.layout import PENDING_COMMIT as PENDING, SEED_SHA as SENTINEL
 
 KID = "cpu/Elementwise/add/fp32/ref"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z"

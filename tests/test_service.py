@@ -16,8 +16,16 @@ import yaml
 from kz_daemon.core.errors import ZooError
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
-from tests.helpers.daemon import (AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, drop_queued_axpy,
-                                  real_run, wait_for)
+from tests.helpers.daemon import (
+    AXPY_ID,
+    EXAMPLES,
+    axpy_result,
+    axpy_tarball,
+    drop_into_inbox,
+    drop_queued_axpy,
+    real_run,
+    wait_for,
+)
 
 GIT = shutil.which("git")
 

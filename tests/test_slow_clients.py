@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_runner_loop import finish, start_runner
 
 from kz_daemon.config.settings import Config
 from kz_daemon.core.errors import ZooError
-from test_runner_loop import finish, start_runner
 from tests.helpers.daemon import wait_for
 from tests.helpers.http_server import CPU_AXPY, LiveServer
 from tests.helpers.slowloris import SlowLoris
@@ -87,8 +87,8 @@ def test_a_kept_alive_connection_whose_next_head_stalls_is_closed(live):
 
 def test_a_stalled_upload_body_is_408_and_nothing_is_recorded(live):
     before = len(live.zoo.store.state.submissions)
-    head = (f"POST /api/submissions HTTP/1.1\r\nHost: zoo\r\nX-Submitter-Id: carol\r\n"
-            f"Content-Type: multipart/form-data; boundary=kzb\r\nContent-Length: 100000\r\n\r\n").encode()
+    head = (b"POST /api/submissions HTTP/1.1\r\nHost: zoo\r\nX-Submitter-Id: carol\r\n"
+            b"Content-Type: multipart/form-data; boundary=kzb\r\nContent-Length: 100000\r\n\r\n")
     with socket.create_connection(("127.0.0.1", _port(live))) as sock:
         sock.sendall(head + b"--kzb\r\nContent-Disposition: form-data; name=\"kernel_id\"\r\n\r\ncpu/El")
         status, body = _answer(_read_to_eof(sock))  # read to EOF: the server closed it

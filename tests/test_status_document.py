@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from kz_daemon.core.hints import hint_for, with_hint
-from kz_runner.worker import result_channel as channel
-from kz_runner.worker import job
 from kz_runner.contract import checks
 from kz_runner.contract.codes import CODES
+from kz_runner.worker import job, result_channel as channel
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +117,7 @@ def test_post_answers_queued_even_when_a_runner_claimed_the_job_first(live, monk
     real_wait = zoo.wait_intake
 
     def runner_wins_the_race(uuid, timeout):
-        view = real_wait(uuid, timeout)
+        real_wait(uuid, timeout)
         got = zoo.claim("r2", "cpu", 0)
         assert got is not None and got.uuid == uuid
         return zoo.submission(uuid)

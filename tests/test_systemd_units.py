@@ -78,7 +78,7 @@ def test_runner_unit_is_one_per_gpu_with_gpu_devices_and_no_token():
     assert u["Service.User"] == ["kz-runner"] and u["Service.NoNewPrivileges"] == ["yes"]
     assert u["Service.EnvironmentFile"] == ["/etc/kz/runner.env"]
     text = (SYSTEMD / "kz-runner@.service").read_text()
-    assert "KZ_RUNNER_TOKEN=" not in "".join(l for l in text.splitlines() if not l.startswith("#"))
+    assert "KZ_RUNNER_TOKEN=" not in "".join(ln for ln in text.splitlines() if not ln.startswith("#"))
 
 
 def test_sysusers_and_tmpfiles_apply_to_a_scratch_root(tmp_path):
@@ -142,7 +142,7 @@ def test_the_daemon_units_command_says_ready_and_pings_the_watchdog(tmp_path):
         while time.monotonic() < end and not {"READY=1", "WATCHDOG=1"} <= seen and proc.poll() is None:
             try:
                 seen.update(listener.recv(4096).decode().split("\n"))
-            except socket.timeout:
+            except TimeoutError:
                 pass
     finally:
         proc.terminate()

@@ -99,7 +99,7 @@ class NotifyListener(threading.Thread):
         while True:
             try:
                 data = self.sock.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from kz_daemon.intake import idempotency
-from kz_daemon.core.errors import ZooError
 from kz_daemon.api import authz
+from kz_daemon.core.errors import ZooError
+from kz_daemon.intake import idempotency
 from kz_runner.contract import upload
 
 KEYS = ["k", "a b", "~" * 128, "~" * 129, "", "key\n", "ключ", "tab\there", " lead"]

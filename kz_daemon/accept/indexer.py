@@ -18,20 +18,20 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dulwich.diff_tree import tree_changes
 
+from kz_daemon.config.ports import Daemon
 from kz_daemon.core.clock import iso_now
 from kz_daemon.storage.gitstore import GitStore
-from kz_daemon.config.ports import Daemon
-from kz_events import durable
-from kz_events import events as ev
+from kz_events import durable, events as ev
+from kz_runner.contract.host import usable_cpus
 from kz_runner.contract.indexing import build as lib
 from kz_runner.contract.indexing.cache import ContentsCache
 from kz_runner.contract.layout import KP
-from kz_runner.contract.host import usable_cpus
 
 
 def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,

@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import kz_schemas
-
 from kz_daemon.api.spec import Op
 from kz_runner.contract import upload
 from kz_runner.contract.kernel_id import KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES

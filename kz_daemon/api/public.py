@@ -18,16 +18,13 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from kz_daemon.upkeep import health
-from kz_daemon.intake import idempotency
-from kz_daemon.core.errors import ZooError
-from kz_daemon.api import authz
-from kz_daemon.api import rate_limits as limits
-from kz_daemon.api import rankings
-from kz_daemon.api import views
-from kz_daemon.api.spec import Op, Param
+from kz_daemon.api import authz, rankings, rate_limits as limits, views
 from kz_daemon.api.metrics import accept_latency, render_metrics
+from kz_daemon.api.spec import Op, Param
+from kz_daemon.core.errors import ZooError
+from kz_daemon.intake import idempotency
 from kz_daemon.storage.run_logs import logs_doc
+from kz_daemon.upkeep import health
 from kz_events.status import Status
 from kz_runner.contract.kernel_id import kernel_id_problems
 

@@ -8,19 +8,17 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
-from kz_daemon.core.errors import ZooError
-from kz_daemon.api import authz
-from kz_daemon.api import rate_limits as limits
-from kz_daemon.api import views
+from kz_daemon.api import authz, rate_limits as limits, views
 from kz_daemon.api.public import wait_slices
 from kz_daemon.api.spec import Op
+from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.run_logs import clean_tails
 
 
@@ -28,7 +26,7 @@ def rfc3339(epoch: float | str | None) -> str | None:
     """Epoch seconds as an RFC 3339 UTC timestamp (strings pass through)."""
     if epoch is None or isinstance(epoch, str):
         return epoch
-    return datetime.fromtimestamp(float(epoch), tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(float(epoch), tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def _str_field(doc: dict[str, Any], name: str, required: bool = True) -> str | None:

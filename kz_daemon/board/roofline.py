@@ -24,8 +24,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from kz_daemon.core.noise import Interval
-from kz_runner.contract.rules.floor import (BANDWIDTH_UNITS, COMPUTE_UNITS, DEFAULT_CEILINGS, TIME_UNITS, Ceiling,
-                                            case_bytes, metric_kind)
+from kz_runner.contract.rules.floor import (
+    BANDWIDTH_UNITS,
+    COMPUTE_UNITS,
+    DEFAULT_CEILINGS,
+    TIME_UNITS,
+    Ceiling,
+    case_bytes,
+    metric_kind,
+)
 
 __all__ = ["speed_of_light"]
 

@@ -62,9 +62,9 @@ def _through_server(args: argparse.Namespace) -> int:
 
 
 def _on_state_dir(args: argparse.Namespace) -> int:
+    from kz_daemon.api.views import submission_doc
     from kz_daemon.config.settings import Config
     from kz_daemon.core.errors import ZooError
-    from kz_daemon.api.views import submission_doc
     from kz_daemon.ops.service import Zoo
     from kz_events.log import LogLocked
 

@@ -6,13 +6,14 @@ keeps them free of the service module, so imports run one way: service → them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from kz_daemon.config.settings import Config
+from kz_daemon.core.readmodel import SubmissionView
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import PendingStore
-from kz_daemon.core.readmodel import SubmissionView
 from kz_events.store import Store
 
 __all__ = ["Daemon", "IndexPort", "IntakePort"]

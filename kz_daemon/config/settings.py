@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from kz_events import defaults
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards.harness_lock import parse_maintainers
 from kz_daemon.guards.physics import Physics, parse_physics
 from kz_daemon.guards.static_rules import RuleSettings, parse_rules
+from kz_events import defaults
 from kz_runner.contract.tarball import Limits as TarballLimits
 
 MIB = 1024 * 1024
@@ -308,12 +308,12 @@ class Config:
         return self.paths.spool / "rejected"
 
     @classmethod
-    def default(cls, state_dir: str | Path) -> "Config":
+    def default(cls, state_dir: str | Path) -> Config:
         """The built-in defaults for ``state_dir`` (no file read)."""
         return cls.from_dict({}, state_dir)
 
     @classmethod
-    def load(cls, state_dir: str | Path, config_file: str | Path | None = None) -> "Config":
+    def load(cls, state_dir: str | Path, config_file: str | Path | None = None) -> Config:
         """Read ``config_file`` (default ``state_dir/kz.yaml``; missing file = defaults).
 
         Raises ZooError(CONFIG_INVALID) naming the offending key on any bad value.
@@ -330,7 +330,7 @@ class Config:
         return dataclasses.replace(config, source_file=path if path.exists() else None)
 
     @classmethod
-    def from_dict(cls, data: Any, state_dir: str | Path, source: str = "kz.yaml") -> "Config":
+    def from_dict(cls, data: Any, state_dir: str | Path, source: str = "kz.yaml") -> Config:
         """Build a Config from a parsed YAML mapping; unknown keys and bad types raise CONFIG_INVALID."""
         state_dir = Path(state_dir).resolve()
         if not isinstance(data, dict):
@@ -370,7 +370,7 @@ class Config:
         _check_ranges(config, source)
         return config
 
-    def with_paths(self, **overrides: str | Path) -> "Config":
+    def with_paths(self, **overrides: str | Path) -> Config:
         """A copy with some paths replaced (e.g. ``repo=`` from ``kz daemon --repo``)."""
         new = dataclasses.replace(self.paths, **{k: Path(v).resolve() for k, v in overrides.items()})
         return dataclasses.replace(self, paths=new)

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["epoch_of", "iso_at", "iso_now"]
 
 
 def iso_at(ts: float) -> str:
     """UTC RFC 3339 with seconds for the epoch time ``ts``."""
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def iso_now(clock: Callable[[], float]) -> str:

@@ -12,8 +12,9 @@ so it compares by value, as it always did. Pure functions over plain values.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Interval", "interval_of", "spread_of", "overlaps", "better_beyond_noise"]
 
@@ -34,11 +35,11 @@ class Interval:
         """Whether the interval is a point: no spread was recorded."""
         return self.lo == self.hi == self.value
 
-    def scaled(self, factor: float) -> "Interval":
+    def scaled(self, factor: float) -> Interval:
         """The interval of ``value * factor`` (``factor`` > 0)."""
         return Interval(self.value * factor, self.lo * factor, self.hi * factor, self.n)
 
-    def inverted(self, numerator: float) -> "Interval":
+    def inverted(self, numerator: float) -> Interval:
         """The interval of ``numerator / value`` (all positive): the ends swap."""
         return Interval(numerator / self.value, numerator / self.hi, numerator / self.lo, self.n)
 

@@ -39,13 +39,20 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
 from kz_daemon.core import noise
-from kz_runner.contract.layout import PENDING_COMMIT, SEED_RECORDED_AT, SEED_SHA, SEED_SUBMITTER, is_seed_sha
-from kz_runner.contract.layout import seed_scorecard  # noqa: F401  (one seed for the daemon and kz dry-run)
+from kz_runner.contract.layout import (
+    PENDING_COMMIT,
+    SEED_RECORDED_AT,
+    SEED_SHA,
+    SEED_SUBMITTER,
+    is_seed_sha,
+    seed_scorecard,  # noqa: F401  (one seed for the daemon and kz dry-run)
+)
 from kz_runner.contract.yamlio import load_yaml
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

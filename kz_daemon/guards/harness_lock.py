@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.gitstore import GitStore

@@ -12,8 +12,9 @@ has no floor on this server (an arch without a ceiling, say) is refused before i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from kz_daemon.core.errors import ZooError
 from kz_runner.contract.rules import floor

@@ -14,7 +14,15 @@ from typing import Any
 
 from kz_daemon.core.errors import ZooError
 from kz_runner.contract.layout import KP
-from kz_runner.contract.rules.engine import (DEFAULT_GEMM_OP_CLASSES, DEFAULT_VENDOR_CALLS, HOLD, REJECT, RULES_BY_ID, Finding, check_sources)
+from kz_runner.contract.rules.engine import (
+    DEFAULT_GEMM_OP_CLASSES,
+    DEFAULT_VENDOR_CALLS,
+    HOLD,
+    REJECT,
+    RULES_BY_ID,
+    Finding,
+    check_sources,
+)
 from kz_runner.contract.tarball import Limits, scan_tarball
 
 __all__ = ["RuleSettings", "parse_rules", "screen"]

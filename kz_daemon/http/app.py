@@ -23,24 +23,19 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kz_daemon.config.tokens import TokenStore
-from kz_daemon.api import public as api
-from kz_daemon.api import openapi
-from kz_daemon.browse import source_api
-from kz_daemon.web import pages
-from kz_daemon.web import source_pages
-from kz_daemon.mcp.in_process import McpEndpoint
-from kz_daemon.api import rankings
-from kz_daemon.api import runner as runner_api
-from kz_daemon.api.spec import Op, routes
+from kz_daemon.api import openapi, public as api, rankings, runner as runner_api
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
-from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket, parse_networks
-from kz_daemon.http.guard import (BodyDeadline, ConnectionGuard, accept_backlog, protocol_class,
-                                  raise_fd_limit)
 from kz_daemon.api.metrics import HttpCounters
+from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket, parse_networks
 from kz_daemon.api.shim_settings import ShimSettings
+from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.views import Catalog
+from kz_daemon.browse import source_api
+from kz_daemon.config.tokens import TokenStore
+from kz_daemon.http.guard import BodyDeadline, ConnectionGuard, accept_backlog, protocol_class, raise_fd_limit
+from kz_daemon.mcp.in_process import McpEndpoint
 from kz_daemon.upkeep.sdnotify import Notifier
+from kz_daemon.web import pages, source_pages
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
 #: Seconds between sd_notify STATUS updates.

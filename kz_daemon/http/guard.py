@@ -206,7 +206,7 @@ class BodyDeadline:
                 raise _body_timeout(self.timeout_s)
             try:
                 message = await asyncio.wait_for(receive(), self.timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 state["expired"] = True
                 raise _body_timeout(self.timeout_s) from None
             if message.get("type") != "http.request" or not message.get("more_body", False):

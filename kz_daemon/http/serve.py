@@ -18,15 +18,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from kz_events import defaults
+from kz_daemon.api.shim_settings import from_config
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
-from kz_daemon.storage.history import KernelHistory
 from kz_daemon.http.app import create_app, make_server
-from kz_daemon.api.shim_settings import from_config
+from kz_daemon.ops.service import Zoo
+from kz_daemon.storage.history import KernelHistory
 from kz_daemon.upkeep.sdnotify import Notifier
 from kz_daemon.upkeep.supervise import RUNNER_REFUSALS, Supervisor
-from kz_daemon.ops.service import Zoo
+from kz_events import defaults
 from kz_runner import __version__
 
 

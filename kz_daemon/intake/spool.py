@@ -25,9 +25,10 @@ import os
 import pwd
 import stat
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kz_daemon.accept import saga as accept
-from kz_daemon.queue import confirm
-from kz_daemon.queue import leases as queue
 from kz_daemon.config.ports import Daemon
+from kz_daemon.queue import confirm, leases as queue
 from kz_events.status import Status
 
 

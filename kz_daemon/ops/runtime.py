@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from kz_daemon.config.settings import Config, write_default
-from kz_daemon.storage.gitstore import GitStore, file_mode, format_message
 from kz_daemon.ops.service import Zoo
+from kz_daemon.storage.gitstore import GitStore, file_mode, format_message
 from kz_events.log import CorruptLog, LogError, LogLocked
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache"}

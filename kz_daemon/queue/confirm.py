@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.guards import unconfined
 from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
-from kz_daemon.config.ports import Daemon
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP, is_seed_sha

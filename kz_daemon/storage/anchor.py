@@ -14,8 +14,9 @@ rewrite the log, git and every mirror together can make them agree again.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from kz_events.audit import check_anchors
 

@@ -26,10 +26,11 @@ import shutil
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Union
+from typing import Union
 
 from dulwich.diff_tree import tree_changes
 from dulwich.index import index_entry_from_stat
@@ -138,13 +139,13 @@ class GitStore:
     # -- opening -------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, branch: str = "main", fsync: bool = True,
-             clock: Callable[[], float] = time.time) -> "GitStore":
+             clock: Callable[[], float] = time.time) -> GitStore:
         """Open an existing repository at ``path`` (its worktree root)."""
         return cls(Repo(str(path)), branch, fsync, clock)
 
     @classmethod
     def init(cls, path: str | Path, branch: str = "main", fsync: bool = True,
-             clock: Callable[[], float] = time.time) -> "GitStore":
+             clock: Callable[[], float] = time.time) -> GitStore:
         """Create a non-bare repository at ``path`` whose HEAD names ``branch`` (no commit yet)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -154,7 +155,7 @@ class GitStore:
 
     @classmethod
     def open_or_init(cls, path: str | Path, branch: str = "main", fsync: bool = True,
-                     clock: Callable[[], float] = time.time) -> "GitStore":
+                     clock: Callable[[], float] = time.time) -> GitStore:
         """Open the repository at ``path``, creating it (empty) if there is none."""
         if (Path(path) / ".git").exists():
             return cls.open(path, branch, fsync, clock)

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kz_daemon.config.settings import Config
-from kz_daemon.upkeep.prune_runs import DAY_S, TRASH_PREFIX, Removal, remove, tree_size
-from kz_daemon.storage.pending import PACKAGE_FILE
 from kz_daemon.intake.spool import is_uuid
+from kz_daemon.storage.pending import PACKAGE_FILE
+from kz_daemon.upkeep.prune_runs import DAY_S, TRASH_PREFIX, Removal, remove, tree_size
 
 REASON_FILE = "reason.json"
 

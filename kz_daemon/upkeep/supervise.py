@@ -71,7 +71,7 @@ class Supervisor:
         """One line on the operator's stream."""
         print(f"kz up: {self.name}: {message}", file=self.out, flush=True)
 
-    def start(self) -> "Supervisor":
+    def start(self) -> Supervisor:
         """Start the child and the thread that restarts it."""
         self._spawn()
         self._thread = threading.Thread(target=self._watch, name=f"kz-supervise-{self.name}", daemon=True)

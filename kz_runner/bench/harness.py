@@ -28,11 +28,11 @@ import os
 import random
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any
 
-from kz_runner.bench import channel, pristine
-from kz_runner.bench import device as _device
+from kz_runner.bench import channel, device as _device, pristine
 from kz_runner.bench.check import Check, check as _check
 from kz_runner.bench.integrity import HARNESS_ERROR, TIMER_TAMPERED, Finding, Guard, IntegrityFailure
 from kz_runner.bench.output import build_document, case_result, write_document
@@ -57,7 +57,7 @@ class StdoutGuard:
         self._saved_fd: int | None = None
         self._saved_sys_stdout = None
 
-    def __enter__(self) -> "StdoutGuard":
+    def __enter__(self) -> StdoutGuard:
         sys.stdout.flush()
         self._saved_fd = os.dup(1)
         os.dup2(2, 1)
@@ -111,7 +111,7 @@ def metric_spread(value: float, timing: Timing, direction: str) -> dict[str, Any
 class CaseRun:
     """One case being measured: inputs, the correctness check, timings and metrics."""
 
-    def __init__(self, harness: "Harness", meta: dict[str, Any]) -> None:
+    def __init__(self, harness: Harness, meta: dict[str, Any]) -> None:
         self.harness = harness
         self.meta = meta
         self.id: str = meta["test_case_id"]
@@ -213,7 +213,7 @@ class CaseRun:
         else:
             self.metric_timings.pop(name, None)
 
-    def __enter__(self) -> "CaseRun":
+    def __enter__(self) -> CaseRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -268,7 +268,7 @@ class Harness:
 
     @classmethod
     def from_argv(cls, argv: Sequence[str], package_file: str | Path, metas: Sequence[dict[str, Any]],
-                  *, guard_stdout: bool = True, **kwargs: Any) -> "Harness":
+                  *, guard_stdout: bool = True, **kwargs: Any) -> Harness:
         """``python benchmark.py <workdir>``: exits 2 with usage on bad arguments.
 
         With ``guard_stdout`` (default) fd 1 is redirected to stderr until ``finish``.

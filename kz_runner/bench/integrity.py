@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from kz_runner.bench import pristine
 
@@ -34,7 +35,7 @@ class Finding:
     case: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
 
-    def with_case(self, case: str | None) -> "Finding":
+    def with_case(self, case: str | None) -> Finding:
         """The same finding attributed to ``case`` (kept when already set)."""
         return self if self.case is not None else Finding(self.code, self.message, case, self.evidence)
 

@@ -5,15 +5,16 @@ import json
 import math
 import os
 import sys
-from datetime import datetime, timezone
-from typing import IO, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import IO, Any
 
 SCHEMA_VERSION = "1.0.0"
 
 
 def utc_now() -> str:
     """The current UTC time, RFC 3339 with a ``Z`` suffix and seconds precision."""
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def nonfinite_paths(value: Any, path: str = "$") -> list[str]:
@@ -126,6 +127,7 @@ def build_document(
 def _validate_schema(doc: dict[str, Any]) -> None:
     try:
         import jsonschema
+
         import kz_schemas
     except ImportError:  # a bare GPU host: the server validates anyway
         return

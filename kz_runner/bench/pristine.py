@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 perf_counter = time.perf_counter
 perf_counter_ns = time.perf_counter_ns

@@ -41,7 +41,7 @@ class Scorecard:
     current_values: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
-    def from_document(cls, doc: Any) -> "Scorecard":
+    def from_document(cls, doc: Any) -> Scorecard:
         """Build from a parsed bench_result document (anything else gives an empty card)."""
         if not isinstance(doc, dict):
             return cls()
@@ -63,7 +63,7 @@ class Scorecard:
         return cls(kid if isinstance(kid, str) else None, best, current)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Scorecard":
+    def load(cls, path: str | Path) -> Scorecard:
         """Read ``bench_result.yaml``; a missing or unreadable file gives an empty card."""
         import yaml
 

@@ -12,11 +12,11 @@ the figure's noise.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from kz_runner.bench import device as _device
-from kz_runner.bench import pristine
+from kz_runner.bench import device as _device, pristine
 from kz_runner.bench.integrity import UNSYNCED_WORK, Finding
 
 # Why the loop stopped (Timing.stop_reason).

@@ -34,7 +34,8 @@ harness's to fix).
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -374,7 +375,7 @@ class Trials:
 
     # -- per call, used by the clocks --------------------------------------------------------
 
-    def calibration(self) -> "_Calibration":
+    def calibration(self) -> _Calibration:
         """The same refill and poison around each call, without checks (for the clock's calibration)."""
         return _Calibration(self)
 
@@ -534,3 +535,37 @@ class _Calibration:
 
 def _copy(value: Any) -> Any:
     return value.copy() if _is_array(value) else value
+
+
+def judge_inputs(base: Sequence[Any], vary: Callable[[random.Random, tuple], tuple] | None = None
+                 ) -> Callable[[np.random.Generator], tuple]:
+    """The judge's ``inputs_fn``: the trial content of one call, drawn from the judge's generator.
+
+    The same variation as :class:`Trials` (R Q P block moves, per-element factors in
+    [0.875, 1) on floats, integers and booleans only moved; ``vary(rng, inputs)`` instead when
+    given), computed in the judge's process from a seed the judge draws from its secret: the
+    worker that runs the kernel only ever sees the content. A pure function of the generator,
+    as the judge requires (it regenerates a compared call's inputs privately).
+    """
+    base = tuple(_copy(a) for a in base)
+    factors = Factors()
+    if vary is None:
+        for a in base:
+            if _is_array(a) and scaled(a.dtype):
+                factors.prepare(int(a.size))
+
+    def inputs_fn(gen: np.random.Generator) -> tuple:
+        rng = random.Random(int(gen.integers(0, 2 ** 63)))
+        if vary is not None:
+            return tuple(vary(rng, base))
+        out = []
+        for b in base:
+            if _is_array(b):
+                d = np.empty_like(b)
+                permute_into(np, d, b, rng, factors)
+                out.append(d)
+            else:
+                out.append(b)
+        return tuple(out)
+
+    return inputs_fn

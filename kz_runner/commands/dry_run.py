@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def server_scorecard(server: str):
     """``scorecard_for`` of :func:`dry_run`: the server's current scorecard, the seed for a kernel it lacks."""
-    from kz_runner.worker.client import RetryPolicy, ZooClient
     from kz_runner.tools.dryrun import Scorecard, scorecard_from_kernel_doc
+    from kz_runner.worker.client import RetryPolicy, ZooClient
 
     client = ZooClient(server, retry=RetryPolicy(attempts=2))
 
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.build_timeout <= 0 or args.bench_timeout <= 0:
         print("kz dry-run: timeouts must be positive", file=sys.stderr)
         return 2
-    from kz_runner.worker.client import ClientError
     from kz_runner.tools.dryrun import dry_run, render_text
+    from kz_runner.worker.client import ClientError
 
     try:
         scorecard_for = server_scorecard(args.server) if args.server else None

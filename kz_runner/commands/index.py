@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the index atomically and print a summary; 0 written, 2 usage error."""
+    from kz_runner.contract.host import usable_cpus
     from kz_runner.contract.indexing.build import build_index, default_paths, dumps, write_index
     from kz_runner.contract.indexing.cache import ContentsCache, default_cache_path
-    from kz_runner.contract.host import usable_cpus
 
     env_repo, env_index = default_paths()
     repo = args.repo or str(env_repo)

@@ -16,8 +16,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 CPU = "cpu"
 

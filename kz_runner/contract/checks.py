@@ -36,8 +36,9 @@ A result is *accepted* when no check fails and the package itself says
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from kz_runner.contract.problems import ERROR, Problem, clip
 from kz_runner.contract.schema_check import nonfinite_paths

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["KP", "DESC", "BENCH_RESULT", "BUILD_TEST_ENV", "BENCHMARK", "CONTRACT_FILES",
            "HARNESS_FILES", "SEED_SHA", "SEED_SUBMITTER", "SEED_RECORDED_AT", "PENDING_COMMIT", "is_seed_sha",
-           "seed_scorecard", "CONTROL_ENV", "RESULT_ENV", "LIBRARY_CODES"]
+           "seed_scorecard", "CONTROL_ENV", "RESULT_ENV", "LIBRARY_CODES", "WORKER_SANDBOX_ENV",
+           "WORKER_SOURCE_ENV", "MEASUREMENTS"]
 
 #: the contract area's folder name.
 KP = ".kernel_package"
@@ -32,7 +33,17 @@ SEED_RECORDED_AT = "1970-01-01T00:00:00Z"
 CONTROL_ENV = "KZ_CONTROL_FD"
 RESULT_ENV = "KZ_RESULT_FD"
 LIBRARY_CODES = ("TIMER_TAMPERED", "UNSYNCED_WORK", "THREAD_LEAK", "OUTPUT_TYPE", "STALE_OUTPUT",
-                 "TIMED_MISMATCH", "WEAK_TRIALS", "HARNESS_ERROR")
+                 "TIMED_MISMATCH", "WEAK_TRIALS", "HARNESS_ERROR", "WRONG_OUTPUT", "PROTOCOL_ERROR",
+                 "MACHINE_BUSY")
+#: the judge's step: the JSON argv prefix of the sandbox the benchmark starts the kernel's worker
+#: in (``[]``: no sandbox), and the package folder whose ``src/`` the worker imports from. Set by
+#: the runner (and ``kz dry-run``) for a harness that times through ``bench.kernel``; a
+#: benchmark process started without them times in-process, unverified.
+WORKER_SANDBOX_ENV = "KZ_WORKER_SANDBOX"
+WORKER_SOURCE_ENV = "KZ_WORKER_SOURCE"
+#: how a run's figures were measured (``env.measurement``): by the judge, whose process never
+#: ran the package's code, or by a harness that ran it in its own process (never ranked).
+MEASUREMENTS = ("judged", "unverified")
 #: the placeholder the accept saga writes into the scorecard before its source commit exists.
 PENDING_COMMIT = "__PENDING_COMMIT__"
 
@@ -47,11 +58,12 @@ def seed_scorecard(kernel_id: str, metas, recorded_at: str = SEED_RECORDED_AT) -
 
     The server commits it with a new package; ``kz dry-run`` judges a new package against it.
     """
+    def records(meta) -> dict:
+        return {m["name"]: {"value": 0, "submitter": SEED_SUBMITTER, "commit_sha": SEED_SHA,
+                            "recorded_at": recorded_at} for m in meta.get("metrics", [])}
+
     cases = []
     for meta in metas:
-        def records() -> dict:
-            return {m["name"]: {"value": 0, "submitter": SEED_SUBMITTER, "commit_sha": SEED_SHA,
-                                "recorded_at": recorded_at} for m in meta.get("metrics", [])}
-        cases.append({"test_case_id": meta["test_case_id"], "metrics_best": records(),
-                      "metrics_current": records(), "correctness_current": "unknown"})
+        cases.append({"test_case_id": meta["test_case_id"], "metrics_best": records(meta),
+                      "metrics_current": records(meta), "correctness_current": "unknown"})
     return {"schema_version": "1.0.0", "kernel_id": kernel_id, "cases": cases}

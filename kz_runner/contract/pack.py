@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kz_events.durable import atomic_write
-
 from kz_runner.contract.kernel_id import find_repo_root
 from kz_runner.contract.problems import Problem, Report
 from kz_runner.contract.tarball import Limits
 from kz_runner.contract.targz import deterministic_targz
-from kz_runner.contract.validate import (BENCH_RESULT, analyze_package_dir, bench_kernel_id, contract_path, is_ignored, resolve_kernel_id, validate_package_dir, validate_tarball)
+from kz_runner.contract.validate import (
+    BENCH_RESULT,
+    analyze_package_dir,
+    bench_kernel_id,
+    contract_path,
+    is_ignored,
+    resolve_kernel_id,
+    validate_package_dir,
+    validate_tarball,
+)
 
 BENCH_RESULT_REL = contract_path(BENCH_RESULT)
 

@@ -7,8 +7,9 @@ a bad package is an expected outcome, not a bug. Each problem has a stable
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 ERROR = "error"
 WARNING = "warning"
@@ -67,7 +68,7 @@ class Report:
         """True when there is no error (warnings do not invalidate)."""
         return not self.errors
 
-    def with_problems(self, more: Iterable[Problem]) -> "Report":
+    def with_problems(self, more: Iterable[Problem]) -> Report:
         """A copy with ``more`` problems appended."""
         return Report(self.subject, self.problems + tuple(more), dict(self.facts))
 

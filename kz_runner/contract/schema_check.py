@@ -11,8 +11,9 @@ import datetime as _dt
 import json
 import math
 import re
-from functools import lru_cache
-from typing import Any, Iterator
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
 
 from kz_runner.contract.codes import problem
 from kz_runner.contract.problems import Problem, clip
@@ -35,7 +36,7 @@ def is_rfc3339(value: object) -> bool:
     return True
 
 
-@lru_cache(maxsize=None)
+@cache
 def _format_checker():
     import jsonschema
 
@@ -44,10 +45,11 @@ def _format_checker():
     return checker
 
 
-@lru_cache(maxsize=None)
+@cache
 def validator(name: str):
     """The compiled jsonschema validator for ``schemas/<name>.json`` (cached)."""
     import jsonschema
+
     import kz_schemas
 
     schema = kz_schemas.load(name)
@@ -55,7 +57,7 @@ def validator(name: str):
     return cls(schema, format_checker=_format_checker())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fast_validator(name: str):
     """A jsonschema_rs validator when that optional package is installed, else None.
 
@@ -65,6 +67,7 @@ def _fast_validator(name: str):
     """
     try:
         import jsonschema_rs
+
         import kz_schemas
     except ImportError:
         return None

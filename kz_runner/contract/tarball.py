@@ -29,9 +29,10 @@ import re
 import stat
 import tarfile
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO
 
 from kz_runner.contract.codes import problem
 from kz_runner.contract.gitpath import git_component_problem, git_symlink_problem

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-from typing import Mapping
+from collections.abc import Mapping
 
 from kz_runner.contract.tarball import normalized_mode
 

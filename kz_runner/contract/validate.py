@@ -19,20 +19,39 @@ import os
 import posixpath
 import re
 import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from kz_runner.contract.codes import problem
+from kz_runner.contract.kernel_id import (
+    category_mismatches,
+    check_kernel_id,
+    find_repo_root,
+    is_valid_kernel_id,
+    kernel_id_from_path,
+    path_ends_with,
+)
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, CONTRACT_FILES, DESC, HARNESS_FILES
-from kz_runner.contract.kernel_id import (category_mismatches, check_kernel_id, find_repo_root, is_valid_kernel_id, kernel_id_from_path, path_ends_with)
 from kz_runner.contract.problems import ERROR, WARNING, Problem, Report
 from kz_runner.contract.rules.engine import REJECT, RULES_BY_ID, SOURCE_SUFFIXES, check_sources
 from kz_runner.contract.rules.floor import signature_problems
-from kz_runner.contract.rules.pysource import (check_benchmark_source, check_build_env_source, decode_utf8_sig, read_metas)  # noqa: F401
+from kz_runner.contract.rules.pysource import (  # noqa: F401
+    check_benchmark_source,
+    check_build_env_source,
+    decode_utf8_sig,
+    read_metas,
+)
 from kz_runner.contract.schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
-from kz_runner.contract.tarball import (KERNEL_PACKAGE_DIR, Limits, MiB, control_character_problem, find_package_root,
-                                        scan_tarball)
+from kz_runner.contract.tarball import (
+    KERNEL_PACKAGE_DIR,
+    Limits,
+    MiB,
+    control_character_problem,
+    find_package_root,
+    scan_tarball,
+)
 from kz_runner.contract.yamlio import YAMLError, load_yaml, yaml_error_text
 
 BUILD_ENV = BUILD_TEST_ENV

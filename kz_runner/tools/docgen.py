@@ -9,7 +9,8 @@ compares it with the committed file.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from kz_runner.contract.codes import CODES
 

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from kz_events.status import TERMINAL, Status
-from kz_runner.worker.client import ApiError, NetworkError, RetryPolicy, ZooClient
 from kz_runner.contract.checks import HINTS as RESULT_HINTS
 from kz_runner.contract.codes import CODES, problem
 from kz_runner.contract.kernel_id import REPO_MARKERS, check_kernel_id, find_repo_root
 from kz_runner.contract.layout import BENCH_RESULT, KP
 from kz_runner.contract.pack import bench_result_kernel_id, pack_kernel_id, pack_package
-from kz_runner.contract.validate import validate_tarball
 from kz_runner.contract.upload import IDEMPOTENCY_HEADER
+from kz_runner.contract.validate import validate_tarball
+from kz_runner.worker.client import ApiError, NetworkError, RetryPolicy, ZooClient
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
 #: the upload is retried on network errors and 5xx answers; the idempotency key makes that safe

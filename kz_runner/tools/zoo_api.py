@@ -13,12 +13,13 @@ import io
 import os
 import tempfile
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kz_runner.contract.validate import validate_package_dir, validate_tarball
 from kz_runner.tools import submit as submitting
-from kz_runner.worker.client import ApiError, ClientError, NetworkError, NO_RETRY, ZooClient
+from kz_runner.worker.client import NO_RETRY, ApiError, ClientError, NetworkError, ZooClient
 
 #: ``GET /api/kernels`` pages through the catalogue this many at a time (the server's maximum).
 PAGE = 1000

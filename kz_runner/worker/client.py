@@ -25,9 +25,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid as uuidlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from kz_runner import __version__
 
@@ -122,7 +123,7 @@ class Claim:
     timeouts: dict[str, float]
 
     @classmethod
-    def from_json(cls, doc: Any) -> "Claim":
+    def from_json(cls, doc: Any) -> Claim:
         """Parse a claim answer; raises ProtocolError when a field is missing."""
         if not isinstance(doc, dict):
             raise ProtocolError(f"claim answer is not a JSON object: {doc!r:.200}")
@@ -295,14 +296,14 @@ class ZooClient:
         file_path = Path(file_path)
         boundary = f"kz-{uuidlib.uuid4().hex}"
         head = b"".join(
-            f'--{boundary}\r\nContent-Disposition: form-data; name="{_quote(k)}"\r\n\r\n'.encode("utf-8")
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{_quote(k)}"\r\n\r\n'.encode()
             + str(v).encode("utf-8") + b"\r\n"
             for k, v in fields.items()
         )
         head += (
             f'--{boundary}\r\nContent-Disposition: form-data; name="{_quote(file_field)}"; '
             f'filename="{_quote(filename or file_path.name)}"\r\nContent-Type: {content_type}\r\n\r\n'
-        ).encode("utf-8")
+        ).encode()
         tail = f"\r\n--{boundary}--\r\n".encode("ascii")
         size = file_path.stat().st_size
 

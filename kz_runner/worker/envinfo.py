@@ -14,7 +14,8 @@ import shutil
 import socket
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kz_runner import __version__
 from kz_runner.contract.arch import visible_device_env

@@ -46,18 +46,15 @@ import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from kz_runner.worker import result_channel as channel
-from kz_runner.worker import contain
-from kz_runner.worker import harnesslib
-from kz_runner.worker import sandbox
-from kz_runner.worker import seal as integrity
 from kz_runner.contract import tarball
 from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP
 from kz_runner.contract.rules.pysource import read_metas
+from kz_runner.worker import contain, harnesslib, result_channel as channel, sandbox, seal as integrity
 from kz_runner.worker.logtail import Redactor, tail
 from kz_runner.worker.procs import StepResult, run_step
 
@@ -188,7 +185,7 @@ class JobOutcome:
 
 
 def _now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def child_env(settings: JobSettings, job_dir: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -258,21 +255,21 @@ class _Logs:
         self.parts: list[bytes] = []
 
     def note(self, text: str) -> None:
-        self.parts.append(f"[kz-runner {_now_rfc3339()}] {text}\n".encode("utf-8"))
+        self.parts.append(f"[kz-runner {_now_rfc3339()}] {text}\n".encode())
 
     def section(self, title: str, data: bytes, dropped: int = 0) -> None:
-        self.parts.append(f"===== {title} ({len(data) + dropped} bytes) =====\n".encode("utf-8"))
+        self.parts.append(f"===== {title} ({len(data) + dropped} bytes) =====\n".encode())
         self.parts.append(data)
         if data and not data.endswith(b"\n"):
             self.parts.append(b"\n")
         if dropped:
-            self.parts.append(f"[kz-runner: truncated, {dropped} more bytes dropped]\n".encode("utf-8"))
+            self.parts.append(f"[kz-runner: truncated, {dropped} more bytes dropped]\n".encode())
 
     def value(self, cap: int) -> bytes:
         data = b"".join(self.parts)
         if len(data) <= cap:
             return data
-        marker = f"\n[kz-runner: logs truncated, {len(data) - cap} bytes dropped]\n".encode("utf-8")
+        marker = f"\n[kz-runner: logs truncated, {len(data) - cap} bytes dropped]\n".encode()
         return data[: max(0, cap - len(marker))] + marker
 
 

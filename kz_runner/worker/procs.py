@@ -24,9 +24,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 # How long to keep draining pipes after the group is gone (a process that left the
 # group with setsid() may still hold them open; it is not waited for).

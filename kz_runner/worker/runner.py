@@ -44,17 +44,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
-from kz_runner.worker import contain
-from kz_runner.worker import envinfo
-from kz_runner.worker import sandbox
 from kz_runner.contract.arch import detect_arch
-from kz_runner.worker.client import (NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient)
-from kz_runner.worker.job import (SANDBOX_UNAVAILABLE, UNPACK_FAILED, JobOutcome, JobSettings, execute_job,
-                                  preflight)
+from kz_runner.worker import contain, envinfo, sandbox
+from kz_runner.worker.client import NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
+from kz_runner.worker.job import SANDBOX_UNAVAILABLE, UNPACK_FAILED, JobOutcome, JobSettings, execute_job, preflight
 
 MiB = 1024 * 1024
 

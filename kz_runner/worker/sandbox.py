@@ -59,9 +59,10 @@ import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
 # An operator's bwrap instead of the bundled one (a path; a missing one fails closed)
@@ -128,7 +129,7 @@ class SandboxUnavailable(RuntimeError):
 
     code = SANDBOX_UNAVAILABLE
 
-    def __init__(self, report: "SandboxReport") -> None:
+    def __init__(self, report: SandboxReport) -> None:
         super().__init__(f"{SANDBOX_UNAVAILABLE}: {report.reason} (fix: {report.fix})")
         self.report = report
 

@@ -28,11 +28,11 @@ from pathlib import Path
 import httpx
 
 from kz_daemon.config.tokens import TokenStore
-from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.ops.runtime import init_state_dir
+from kz_daemon.storage.gitstore import GitStore
 from kz_events.replay import replay_dir
 from kz_events.status import TERMINAL
-from tests.helpers.daemon import AXPY_ID, ROOT, axpy_result, axpy_tarball, wait_for
+from tests.helpers.daemon import ROOT, axpy_result, axpy_tarball, wait_for
 
 #: kernel_ids of the tiny CPU packages the suites submit (the CPU Axpy example, renamed)
 KERNEL_PREFIX = "cpu/Elementwise/Axpy/fp32"
@@ -155,7 +155,7 @@ class ZooProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(30)
-            raise AssertionError(f"the daemon did not stop within {timeout} s:\n{self.log_tail()}")
+            raise AssertionError(f"the daemon did not stop within {timeout} s:\n{self.log_tail()}") from None
 
     def log_tail(self, n: int = 4000) -> str:
         """The end of the current run's output."""
@@ -502,7 +502,7 @@ def check_invariants(zoo: ZooProcess, acks: list[Ack], *, require_terminal: bool
                 by_uuid.setdefault(info.trailers["Kz-Submission"], []).append(info)
     finally:
         git.close()
-    for uuid, commits in by_uuid.items():
+    for uuid in by_uuid:
         sub = subs.get(uuid)
         verdict.require(sub is not None and sub.status == "accepted",
                         f"{uuid}: has commits but is {sub.status if sub else 'unknown'}")

@@ -154,7 +154,7 @@ class Submitters:
         data = tiny_tarball(kernel_id, f"{self.tag}-{i}")
         key = str(uuidlib.uuid4())
         started = time.time()
-        for attempt in range(60):
+        for _ in range(60):
             try:
                 resp = submit(self.zoo.url, kernel_id, data, f"user{i % 7}", key=key, client=client)
             except httpx.HTTPError:
@@ -184,7 +184,7 @@ class Submitters:
                     return
                 self._one(client, i)
 
-    def start(self) -> "Submitters":
+    def start(self) -> Submitters:
         """Start the threads."""
         for t in self.threads:
             t.start()
@@ -213,7 +213,7 @@ class RssSampler:
                 self.samples.append(rss)
             self.stop_event.wait(self.every)
 
-    def start(self) -> "RssSampler":
+    def start(self) -> RssSampler:
         """Start sampling."""
         self.thread.start()
         return self

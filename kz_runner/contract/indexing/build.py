@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 try:
     import fcntl
@@ -22,7 +23,6 @@ except ImportError:  # pragma: no cover - not POSIX: no forked workers either
     fcntl = None  # type: ignore[assignment]
 
 from kz_events.durable import atomic_write
-
 from kz_runner.contract.codes import problem
 from kz_runner.contract.indexing.cache import ContentsCache
 from kz_runner.contract.kernel_id import CATEGORY_FIELDS

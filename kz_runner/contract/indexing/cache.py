@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kz_events.durable import atomic_write
-
 from kz_runner.contract.problems import Problem
 from kz_runner.contract.schema_check import _json_finite
 from kz_runner.contract.validate import CONTRACT_FILES, Analysis, analyze_contents
@@ -33,7 +33,7 @@ _DESC_KEYS = ("reference_sources",)
 CONTRACT_DIR = Path(__file__).resolve().parent.parent
 
 
-@lru_cache(maxsize=None)
+@cache
 def validator_fingerprint(contract: Path = CONTRACT_DIR) -> str:
     """SHA-256 over the contract package's sources and the schemas: changes whenever verdicts may."""
     import kz_schemas
@@ -148,7 +148,7 @@ class ContentsCache:
         self.misses += misses
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "ContentsCache":
+    def load(cls, path: str | os.PathLike) -> ContentsCache:
         """A cache filled from ``path``; empty when the file is missing, unreadable or from another version."""
         cache = cls()
         try:

@@ -25,8 +25,8 @@ import ast
 import io
 import re
 import tokenize
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 __all__ = ["Rule", "Finding", "RULES", "RULES_BY_ID", "REJECT", "HOLD", "DEFAULT_VENDOR_CALLS",
            "DEFAULT_GEMM_OP_CLASSES", "SHADOWED_MODULES", "SOURCE_SUFFIXES", "check_sources", "decode_python",

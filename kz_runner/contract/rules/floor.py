@@ -31,8 +31,9 @@ over values, shared by the daemon and ``kz dry-run``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from kz_runner.contract.codes import problem
 from kz_runner.contract.problems import Problem

@@ -20,8 +20,8 @@ from typing import Any
 
 from kz_runner.contract.codes import problem
 from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP
-from kz_runner.contract.rules.literals import NotLiteral, literal_value
 from kz_runner.contract.problems import Problem
+from kz_runner.contract.rules.literals import NotLiteral, literal_value
 from kz_runner.contract.schema_check import _json_finite, nonfinite_paths, schema_problems
 
 METAS_NAME = "KERNEL_ZOO_TEST_CASE_METAS"

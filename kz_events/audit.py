@@ -92,6 +92,8 @@ class _Auditor:
 
     def resolve_pending(self, next_link_broken: bool) -> None:
         """Name the edited line of a broken link, now that the next link is known."""
+        if self.pending is None:
+            return
         seq, segment, offset = self.pending
         self.pending = None
         if next_link_broken:

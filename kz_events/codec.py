@@ -46,11 +46,12 @@ def _make_dumps() -> Callable[[Any], str]:
     per call), sorted keys, compact, no ASCII escaping, NaN refused."""
     slow = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                             allow_nan=False).encode
-    if _enc.c_make_encoder is None:  # pragma: no cover - CPython always has it
+    make_encoder = getattr(_enc, "c_make_encoder", None)  # not in json's type stubs
+    if make_encoder is None:  # pragma: no cover - CPython always has it
         return slow
     # markers=None: no cycle check (event payloads are JSON data, not object graphs)
-    fast = _enc.c_make_encoder(None, _not_json, _enc.encode_basestring, None, ":", ",",
-                               True, False, False)
+    fast = make_encoder(None, _not_json, _enc.encode_basestring, None, ":", ",",
+                        True, False, False)
 
     def dumps(obj: Any) -> str:
         """Canonical JSON text of ``obj``."""

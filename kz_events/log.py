@@ -278,23 +278,24 @@ class EventLog:
     def _open_for_append(self) -> int:
         if self.readonly:
             raise LogError("this EventLog was opened read-only")
-        if self._fd is None:
-            if not self.segments:
-                self._new_segment(1)
-            else:
-                self._fd = os.open(self.dir / segment_name(self.segments[-1]),
-                                   os.O_WRONLY | os.O_APPEND)
+        if self._fd is not None:
+            return self._fd
+        if not self.segments:
+            return self._new_segment(1)
+        self._fd = os.open(self.dir / segment_name(self.segments[-1]), os.O_WRONLY | os.O_APPEND)
         return self._fd
 
-    def _new_segment(self, first_seq: int) -> None:
+    def _new_segment(self, first_seq: int) -> int:
+        """Start segment ``first_seq`` and make it the one appended to; returns its descriptor."""
         if self._fd is not None:
             os.close(self._fd)
         path = self.dir / segment_name(first_seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
         if self._fsync:
             fsync_dir(self.dir)
         self.segments.append(first_seq)
         self.tail = Position(self.tail.seq, self.tail.hash, first_seq, 0, 0)
+        return fd
 
     def append(self, records: list[tuple[int, bytes, str]]) -> None:
         """Write (seq, line without newline, hash) records in order, then fsync once.
@@ -330,8 +331,7 @@ class EventLog:
                 if self._fsync:
                     os.fdatasync(fd)
                 parts = []
-                self._new_segment(rseq)
-                fd = self._fd
+                fd = self._new_segment(rseq)
                 seg, size = rseq, 0
             parts.append(line)
             parts.append(b"\n")

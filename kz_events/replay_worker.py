@@ -131,7 +131,8 @@ def spawn(events_dir: Path, segments: list[int], segment: int, offset: int, seq:
                                 stderr=subprocess.DEVNULL, env=env, bufsize=_PIPE_BYTES)
     except OSError:
         return None
-    _deepen_pipe(proc.stdout.fileno())
+    if proc.stdout is not None:  # always: stdout=PIPE
+        _deepen_pipe(proc.stdout.fileno())
     return proc
 
 
@@ -160,7 +161,8 @@ def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
-    proc.stdout.close()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _deepen_pipe(fd: int) -> None:
@@ -177,7 +179,7 @@ def _vouch(group: list[bytes], seq: int, h: bytes) -> tuple[tuple | None, bytes]
     """(the V message's fields after n, or None) and the hash of the group's last line."""
     fields = cut_group(group)
     digests = check_chain(fields, group, seq, h) if fields is not None else None
-    if digests is None:
+    if fields is None or digests is None:
         return None, hashlib.sha256(group[-1]).hexdigest().encode()
     last = digests[-1].hex().encode()
     return (last, len(group[-1]), payload_array(group, fields[4]), b" ".join(fields[2]),

@@ -6,7 +6,7 @@ running daemon (a line being written is not shown until it is complete).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,8 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
 def describe(event: dict) -> str:
     """One human sentence for an event dict (a parsed log line)."""
     word = event.get("type")
-    fn = _DESCRIBE.get(E.EVENT_TYPES.get(word)) if isinstance(word, str) else None
+    cls = E.EVENT_TYPES.get(word) if isinstance(word, str) else None
+    fn = _DESCRIBE.get(cls) if cls is not None else None
     try:
         return fn(event["payload"]) if fn else f"{event.get('type')} {event.get('payload')}"
     except (KeyError, TypeError):
@@ -136,7 +137,7 @@ def follow_events(events_dir: Path | str, after_seq: int, *, poll_s: float = 0.5
         sleep(poll_s)
 
 
-def _new_events(events_dir: Path, segment: int, offset: int, after_seq: int) -> Iterator[dict]:
+def _new_events(events_dir: Path, segment: int, offset: int, after_seq: int) -> Generator[dict, None, int]:
     """Complete lines of ``segment`` from ``offset`` with seq > after_seq; returns the new offset."""
     try:
         with open(events_dir / segment_name(segment), "rb") as f:

@@ -231,8 +231,8 @@ def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdic
         problems.append(_problem("RESULT_KERNEL_ID",
                                  f"kernel_id is {reported_id!r}, the submission's is {kernel_id!r}", "kernel_id"))
 
-    cases = doc.get("cases") if isinstance(doc.get("cases"), list) else []
-    cases = [c for c in cases if isinstance(c, dict)]
+    listed = doc.get("cases")
+    cases = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
     ids = [c.get("test_case_id") for c in cases]
     expected = set(case_ids)
     seen, dupes = set(), []
@@ -253,7 +253,9 @@ def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdic
         problems.append(_problem("RESULT_CASES", "cases differ from KERNEL_ZOO_TEST_CASE_METAS: " + "; ".join(parts),
                                  "cases"))
 
-    overall = doc.get("overall") if isinstance(doc.get("overall"), dict) else {}
+    overall = doc.get("overall")
+    if not isinstance(overall, dict):
+        overall = {}
     package_accept = overall.get("accept") if isinstance(overall.get("accept"), bool) else None
     if package_accept:
         not_passed = [f"{c.get('test_case_id')}={c.get('correctness')}" for c in cases

@@ -136,7 +136,8 @@ class _InflatingReader:
 
     def __init__(self, counting: _CountingReader, limits: Limits):
         self.counting = counting
-        self.gzip = gzip.GzipFile(fileobj=counting, mode="rb")  # type: ignore[arg-type]
+        # no seek(): the reader only reads forward, so gzip never rewinds it
+        self.gzip = gzip.GzipFile(fileobj=counting, mode="rb")  # type: ignore[call-overload]
         self.limits = limits
         # tar headers and padding add to the file bytes: allow 1 KiB per member on top
         self.cap = limits.total_bytes + 1024 * (limits.members + 2) + MiB
@@ -457,7 +458,7 @@ def safe_unpack(tar_path, dest_dir, limits: Limits = Limits(), expected_kernel_i
         scan.problems.append(problem("TARBALL_DUPLICATE", f"already exists in the destination: {exc.filename}"))
     if scan.problems or not scan.complete:
         return Report(subject, tuple(scan.problems or [problem("TARBALL_CORRUPT", "second pass failed")]))
-    facts = {"files": written["files"], "bytes": written["bytes"]}
+    facts: dict[str, int | str] = {"files": written["files"], "bytes": written["bytes"]}
     if root is not None:
         facts.update(kernel_id=root, package_dir=str((dest / root).resolve()))
     return Report(subject, (), facts)

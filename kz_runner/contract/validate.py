@@ -228,10 +228,8 @@ def _check_bench(an: Analysis, data: bytes, id_valid: bool | None = True) -> Non
 def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
     if an.metas is None or bench_cases is None:
         return
-    meta_ids = {m.get("test_case_id") for m in an.metas if isinstance(m, dict)}
-    bench_ids = {c.get("test_case_id") for c in bench_cases if isinstance(c, dict)}
-    meta_ids = {i for i in meta_ids if isinstance(i, str)}
-    bench_ids = {i for i in bench_ids if isinstance(i, str)}
+    meta_ids: set[str] = {i for m in an.metas if isinstance(m, dict) and isinstance(i := m.get("test_case_id"), str)}
+    bench_ids: set[str] = {i for c in bench_cases if isinstance(c, dict) and isinstance(i := c.get("test_case_id"), str)}
     if meta_ids != bench_ids:
         parts = []
         if meta_ids - bench_ids:
@@ -546,8 +544,12 @@ def rule_problems(files: dict[str, bytes], desc: dict | None) -> list[Problem]:
     apply (a server may configure other vendor calls or switch rules off).
     """
     desc = desc if isinstance(desc, dict) else {}
-    category = desc.get("category") if isinstance(desc.get("category"), dict) else {}
-    refs = desc.get("reference_sources") if isinstance(desc.get("reference_sources"), list) else []
+    category = desc.get("category")
+    if not isinstance(category, dict):
+        category = {}
+    refs = desc.get("reference_sources")
+    if not isinstance(refs, list):
+        refs = []
     out = []
     for f in check_sources(files, op_class=str(category.get("op_class") or ""),
                            reference_sources=[str(r).strip("/") for r in refs]):
@@ -621,7 +623,7 @@ def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: st
         problems.append(problem("TARBALL_NAME", f"{name!r} does not end in .tar.gz", file=name))
     scan = scan_tarball(source, limits, capture=_is_contract_member, capture_bytes=MAX_CONTRACT_FILE_BYTES)
     problems.extend(scan.problems)
-    extra = {"compressed_bytes": scan.compressed_bytes, "unpacked_bytes": scan.unpacked_bytes,
+    extra: dict[str, Any] = {"compressed_bytes": scan.compressed_bytes, "unpacked_bytes": scan.unpacked_bytes,
              "members": len(scan.members)}
     if not scan.complete or not scan.members:
         return Analysis(kernel_id, problems).report(name, extra)

@@ -119,7 +119,7 @@ def _cases(an: Analysis) -> list[dict]:
     return out
 
 
-def _ancestor_package(repo_root: Path, kernel_id: str) -> str | None:
+def _ancestor_package(repo_root: str | os.PathLike, kernel_id: str) -> str | None:
     base = os.fspath(repo_root)
     parts = kernel_id.split("/")
     for i in range(1, len(parts)):

@@ -163,8 +163,9 @@ class ContentsCache:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the entries used since load (older ones are dropped) atomically to ``path``."""
-        entries = {}
+        entries: dict[str, dict] = {}
         for key in sorted(self._used):
+            record: dict | None
             if key in self._stored:
                 record = self._stored[key]
             elif key in self._memory and key in self._derived:

@@ -97,8 +97,8 @@ def module_bindings(tree: ast.Module) -> tuple[dict[str, Binding], bool]:
             plain[stmt.target.id] = (index, stmt.value)
     out = {}
     for name, count in counts.items():
-        index, value = plain.get(name, (None, None))
-        out[name] = Binding(count, index, value) if count == 1 else Binding(count)
+        bound = plain.get(name)
+        out[name] = Binding(count, *bound) if count == 1 and bound is not None else Binding(count)
     return out, star
 
 

@@ -92,7 +92,7 @@ def _assigned_names(node: ast.stmt) -> list[str]:
     return []
 
 
-def _metas_value_nodes(tree: ast.Module) -> tuple[list[ast.stmt], bool]:
+def _metas_value_nodes(tree: ast.Module) -> tuple[list[ast.Assign | ast.AnnAssign | ast.AugAssign], bool]:
     """Module-level statements binding the METAS name, and whether a nested one exists."""
     top = [node for node in tree.body
            if isinstance(node, _BINDING_STATEMENTS) and METAS_NAME in _assigned_names(node)]

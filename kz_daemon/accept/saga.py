@@ -112,7 +112,9 @@ def judge(sub: Any, result: Any, failure: dict | None, metas: list[dict]):
         return True, "", verdict.reason, {}, False
     details = {"problems": [p.to_json() for p in verdict.problems]}
     code = verdict.problems[0].code if verdict.problems else "PACKAGE_REJECTED"
-    return False, code, verdict.reason, details, verdict.invalid
+    # the reason's message says what is wrong; its code is beside it (verdict.reason starts with the code)
+    message = verdict.problems[0].message if verdict.problems else verdict.reason
+    return False, code, message, details, verdict.invalid
 
 
 def verdict_of(zoo: Daemon, sub: Any, result: Any, failure: dict | None, metas: list[dict],

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from starlette.concurrency import run_in_threadpool
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from kz_daemon.api import authz, rankings, rate_limits as limits, views
@@ -26,6 +26,7 @@ from kz_daemon.intake import idempotency
 from kz_daemon.storage.run_logs import logs_doc
 from kz_daemon.upkeep import health
 from kz_events.status import Status
+from kz_runner.contract import upload
 from kz_runner.contract.kernel_id import kernel_id_problems
 
 MAX_PER_PAGE = 1000
@@ -139,11 +140,27 @@ async def create_submission(request: Request) -> Response:
         await _discard_body(request, cap)
         raise
     stream = limits.capped_stream(request, cap, "the upload", shown=settings.max_upload_bytes)
-    parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=8, max_part_size=64 * 1024)
+    tail = bytearray()  # the body's end: did the closing boundary arrive?
+
+    async def watched():
+        async for chunk in stream:
+            tail.extend(chunk)
+            del tail[:-upload.MULTIPART_TAIL_BYTES]
+            yield chunk
+
+    parser = MultiPartParser(request.headers, watched(), max_files=1, max_fields=8, max_part_size=64 * 1024)
     try:
         form = await parser.parse()
     except MultiPartException as exc:
         raise ZooError("BAD_REQUEST", f"the multipart body could not be read: {exc.message}") from None
+    except ClientDisconnect:
+        raise ZooError("UPLOAD_TRUNCATED", "the connection closed before the upload's body was complete; "
+                       "send it again") from None
+    if not upload.multipart_complete(ctype, bytes(tail)):
+        await form.close()
+        raise ZooError("UPLOAD_TRUNCATED", "the upload ended before the multipart body's closing boundary: "
+                       "the body was cut short on the way (a dropped connection, a proxy's size limit); "
+                       "send it again")
     try:
         kernel_id = form.get("kernel_id")
         package = form.get("package")
@@ -357,7 +374,10 @@ async def reject_review(request: Request) -> Response:
 
 
 async def revoke_submission(request: Request) -> Response:
-    """POST /api/submissions/{uuid}/revoke: an admin takes an accepted record back (``{"reason": ...}``)."""
+    """POST /api/submissions/{uuid}/revoke: an admin takes an accepted record back (``{"reason": ...}``).
+
+    ``uuid`` may be an unambiguous prefix of the record's uuid (``kz`` prints 8 characters).
+    """
     state = request.app.state
     uuid = request.path_params["uuid"]
     principal = authz.token_principal(request)
@@ -370,8 +390,8 @@ async def revoke_submission(request: Request) -> Response:
     if not isinstance(reason, str) or not reason.strip():
         raise ZooError("BAD_REQUEST", "send {\"reason\": \"...\"}: why the record is revoked",
                        {"field": "reason"})
-    view = await run_in_threadpool(state.zoo.revoke, uuid, principal.id, reason)
-    return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
+    view = await run_in_threadpool(state.zoo.revoke, uuid, principal.id, reason)  # uuid may be a short id
+    return JSONResponse(views.submission_doc(view, _status_url(request, view.uuid), state.zoo))
 
 
 async def queue(request: Request) -> Response:

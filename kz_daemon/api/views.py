@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kz_daemon.core import hints
+from kz_daemon.intake import review
 from kz_daemon.storage import run_logs as logs
 from kz_daemon.accept.saga import case_summary
 from kz_events.status import TERMINAL, Status
@@ -250,6 +251,9 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) ->
         else:
             doc["cases"] = []
     doc["terminal"] = doc.get("status") in TERMINAL
+    result = doc.get("result")
+    if isinstance(result, dict) and "outcome" in result:  # what the accept changed (accept.completed v2)
+        doc["outcome"] = result.pop("outcome")
     if status_url:
         doc["status_url"] = status_url
     doc["reasons"] = [hints.with_hint(r) for r in doc["reasons"]]
@@ -257,6 +261,7 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) ->
     if zoo is not None and sub_uuid:
         add_run_logs(doc, zoo, sub_uuid)
         add_queue_warning(doc, zoo)
+        add_hold(doc, zoo, sub_uuid)
     return doc
 
 
@@ -269,6 +274,14 @@ def add_run_logs(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
     tails = logs.load_tails(pending.run_folder(sub_uuid)) if pending is not None else {}
     if tails:
         doc["log_tails"] = tails
+
+
+def add_hold(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
+    """``held``: the rules that hold a held submission and their evidence (a file read), so a submitter sees why."""
+    if doc.get("status") != Status.HELD or getattr(zoo, "pending", None) is None:
+        return
+    evidence = [f for f in review.evidence_of(zoo, sub_uuid) if isinstance(f, dict)]
+    doc["held"] = {"rules": sorted({str(f.get("rule")) for f in evidence if f.get("rule")}), "evidence": evidence}
 
 
 def add_queue_warning(doc: dict[str, Any], zoo: Any) -> None:

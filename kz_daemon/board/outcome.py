@@ -119,7 +119,7 @@ def accept_outcome(kernel_id: str, before: Any, after: Any, metas: Sequence[Mapp
     own = next((e for e in operator_entries if e.get("kernel_id") == kernel_id), None)
     others = [e for e in operator_entries if e.get("kernel_id") != kernel_id]
     after_entries = others + ([own] if own is not None else [])
-    had_records = any(_real(((c.get("metrics_best") or {}).get(m.get("primary_metric"))))
+    had_records = any(_real((c.get("metrics_best") or {}).get(m.get("primary_metric")))
                       for m in metas for c in [_cases(before).get(str(m.get("test_case_id"))) or {}])
     before_entries = others + ([entry_with_card(own, before)] if own is not None and had_records else [])
 

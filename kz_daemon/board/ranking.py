@@ -206,12 +206,14 @@ def rank_operator(operator: str, entries: Sequence[Mapping[str, Any]]) -> Operat
             metric, unit, direction = spec[cid]
             best = measured(case.get("best"))
             ref = ref_values.get(cid)
-            record = case.get("best") if isinstance(case.get("best"), Mapping) else {}
+            raw = case.get("best")
+            record: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
             standings[cid] = CaseStanding(cid, metric, unit, direction, best, ref,
                                           speedup_interval(best, ref, direction) if best and ref else None,
                                           record)
-        missing = tuple(cid for cid in scored if standings.get(cid) is None or standings[cid].speedup is None)
-        score = geomean([standings[cid].speedup for cid in scored]) if scored and not missing else None
+        ups = [standings[cid].speedup if cid in standings else None for cid in scored]
+        missing = tuple(cid for cid, up in zip(scored, ups) if up is None)
+        score = geomean([up for up in ups if up is not None]) if scored and not missing else None
         kernels.append(KernelScore(kid, str(entry.get("name") or ""), standings, score, missing,
                                    is_reference=kid == reference))
     by_id = {k.kernel_id: k for k in kernels}

@@ -65,9 +65,10 @@ def speed_of_light(value: Interval | float | None, unit: Any, direction: Any, pa
         if moved is None:
             return None
         peaks = [ceiling.flops.get(d) for d in moved[1]]
-        if not peaks or None in peaks:
+        known = [p for p in peaks if p is not None]
+        if not known or len(known) != len(peaks):
             return None
-        peak = max(peaks)
+        peak = max(known)
         scale = COMPUTE_UNITS[unit_key]
         return {"kind": kind, "achieved_flops": iv.value * scale, "peak_flops": peak,
                 "pct_of_peak": _pct(iv.value * scale, peak),

@@ -1,4 +1,7 @@
-"""``kz gc``: prune what finished submissions left in pending/ and runs/ (``retention:`` in kz.yaml)."""
+"""``kz gc``: prune what finished submissions left in pending/ and runs/ (``retention:`` in kz.yaml).
+
+Prints each removal and a total in words; ``--json`` prints one document instead.
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
                         help="state directory (default ./kz-data): its kz.yaml, event log, pending/ and runs/")
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document: dry_run, removed [{path, what, bytes}], count, submissions, bytes")
 
 
 def _human(n: int) -> str:
@@ -49,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
     result = gc.sweep(config, gc.finished(state.submissions.values()), time.time(), dry_run=args.dry_run)
     result.removed.extend(retention.sweep(config, state.submissions.__contains__, time.time(), args.dry_run))
     verb = "would remove" if args.dry_run else "removed"
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps({"dry_run": bool(args.dry_run), "count": result.count, "submissions": result.submissions,
+                          "bytes": result.bytes, "removed": [{"path": str(r.path), "what": r.what, "bytes": r.bytes}
+                                                             for r in result.removed]}, indent=2))
+        return 0
     for r in result.removed:
         print(f"{verb} {r.path} ({r.what}, {_human(r.bytes)})")
     print(f"kz gc: {verb} {result.count} file(s)/folder(s) of {result.submissions} submission(s), "

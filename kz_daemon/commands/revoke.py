@@ -1,12 +1,14 @@
 """``kz revoke UUID --reason TEXT``: an admin takes an accepted record back.
 
-Through a running server (``--server URL`` with an admin token, ``--token`` or env
-``KZ_TOKEN``: ``POST /api/submissions/{uuid}/revoke``), or, with ``--state-dir DIR``,
-directly on a state directory whose daemon is stopped (the event log admits one writer).
-Either way the revocation is recorded as events and as a commit on the kernel that
-restores its scorecard's best without that record; history is never rewritten.
-Prints the submission's status document as JSON. Exit 0 revoked, 1 refused (not
-found, not accepted, not an admin), 2 usage or environment error.
+``UUID`` is the record's uuid or an unambiguous prefix of it (the 8 characters ``kz``
+prints); a prefix that starts several records is refused, listing them. Through a
+running server (``--server URL`` with an admin token, ``--token`` or env ``KZ_TOKEN``:
+``POST /api/submissions/{uuid}/revoke``), or, with ``--state-dir DIR``, directly on a
+state directory whose daemon is stopped (the event log admits one writer). Either way
+the revocation is recorded as events and as a commit on the kernel that restores it as
+the standing records leave it; history is never rewritten. Prints what happened in
+words (``--json``: the submission's status document). Exit 0 revoked, 1 refused (not
+found, ambiguous, not accepted, not an admin), 2 usage or environment error.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ HELP = "revoke an accepted record (admin): events, a revocation commit, the best
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Fill the ``kz revoke`` parser."""
-    parser.add_argument("uuid", help="the accepted submission's uuid")
+    parser.add_argument("uuid", help="the accepted submission's uuid, or an unambiguous prefix (8 characters)")
     parser.add_argument("--reason", required=True, help="why (kept in the event log and the commit)")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="URL of a running server (needs an admin token)")
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("KZ_TOKEN"),
                         help="admin token for --server (env KZ_TOKEN)")
     parser.add_argument("--by", default="operator", help="who revokes, with --state-dir (default operator)")
+    parser.add_argument("--json", action="store_true", help="print the submission's status document as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +45,37 @@ def run(args: argparse.Namespace) -> int:
     return _on_state_dir(args)
 
 
+def describe(doc: dict) -> list[str]:
+    """The revocation in words: which record, by whom and why, its commit, whether the best changed."""
+    uuid = str(doc.get("uuid") or "")
+    lines = [f"{doc.get('status')}: {doc.get('kernel_id')} ({uuid[:8]}, {uuid}), submitted by {doc.get('submitter_id')}"]
+    entry = next((r for r in reversed(doc.get("reasons") or []) if isinstance(r, dict) and r.get("stage") == "revoke"),
+                 None)
+    if entry is not None:
+        lines.append(f"revoked by {entry.get('by')}: {entry.get('message')}")
+        if entry.get("sha"):
+            changed = entry.get("best_changed")
+            lines.append(f"revocation commit: {entry['sha']}" + (
+                "" if changed is None else f" ({'the kernel is back as the standing records leave it' if changed else 'no figure of the kernel changed'})"))
+        else:
+            lines.append("revocation commit: not made yet (the daemon finishes it)")
+    return lines
+
+
+def _refused(code: str, message: str, details: dict | None) -> int:
+    print(f"kz revoke: {code}: {message}", file=sys.stderr)
+    for candidate in (details or {}).get("candidates") or []:
+        print(f"  {candidate}", file=sys.stderr)
+    return 1
+
+
+def _print(args: argparse.Namespace, doc: dict) -> None:
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+    else:
+        print("\n".join(describe(doc)))
+
+
 def _through_server(args: argparse.Namespace) -> int:
     from kz_runner.worker.client import ApiError, ClientError, ZooClient
 
@@ -50,14 +84,13 @@ def _through_server(args: argparse.Namespace) -> int:
         return 2
     client = ZooClient(args.server, args.token)
     try:
-        resp = client.request_json("POST", f"/api/submissions/{args.uuid}/revoke", {"reason": args.reason})
+        resp = client.request_json("POST", f"/api/submissions/{args.uuid.strip()}/revoke", {"reason": args.reason})
     except ApiError as exc:
-        print(f"kz revoke: {exc}", file=sys.stderr)
-        return 1
+        return _refused(exc.code, exc.message, exc.details)
     except ClientError as exc:
         print(f"kz revoke: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(resp.body, indent=2, ensure_ascii=False))
+    _print(args, resp.body if isinstance(resp.body, dict) else {})
     return 0
 
 
@@ -80,9 +113,8 @@ def _on_state_dir(args: argparse.Namespace) -> int:
         zoo.start()
         view = zoo.revoke(args.uuid, args.by, args.reason)
     except ZooError as exc:
-        print(f"kz revoke: {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
+        return _refused(exc.code, exc.message, exc.details)
     finally:
         zoo.stop()
-    print(json.dumps(submission_doc(view), indent=2, ensure_ascii=False, default=str))
+    _print(args, json.loads(json.dumps(submission_doc(view), default=str)))
     return 0

@@ -57,9 +57,14 @@ def spread_of(raw: Any, value: float) -> dict[str, Any] | None:
     if not isinstance(raw, Mapping) or not _number(value):
         return None
     n, lo, hi = raw.get("n"), raw.get("lo"), raw.get("hi")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1 and _number(lo) and _number(hi) and lo <= hi):
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
         return None
-    return {"n": n, "lo": float(min(lo, value)), "hi": float(max(hi, value))}
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and _number(lo) and _number(hi)):
+        return None
+    low, high = float(lo), float(hi)
+    if low > high:
+        return None
+    return {"n": n, "lo": min(low, float(value)), "hi": max(high, float(value))}
 
 
 def interval_of(record: Any) -> Interval | None:

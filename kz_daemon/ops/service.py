@@ -35,6 +35,7 @@ from kz_daemon.upkeep import prune_rejected as rejected_uploads
 from kz_daemon.storage import run_logs as logs_store
 from kz_daemon.core.clock import iso_now
 from kz_daemon.config.settings import Config
+from kz_daemon.core import short_ids
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.accept.indexer import Indexer
@@ -353,7 +354,12 @@ class Zoo:
         harness_lock.record_verified(self.config.state_dir, sub_uuid, kind, principal_id)
 
     def revoke(self, sub_uuid: str, by: str, reason: str) -> SubmissionView:
-        """Take an accepted record back (``kz_daemon.accept.revoke``): events, revocation commit, index; its view."""
+        """Take an accepted record back (``kz_daemon.accept.revoke``): events, revocation commit, index; its view.
+
+        ``sub_uuid`` may be an unambiguous prefix of an accepted record's uuid (``kz_daemon.core.short_ids``).
+        """
+        with self.store.lock:
+            sub_uuid = short_ids.resolve(sub_uuid, short_ids.records(self.store.state), "accepted record")
         revoke.revoke(self, sub_uuid, by, reason)
         return self.submission(sub_uuid)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 #: Values spanning more than this ratio get a log axis.
@@ -160,7 +160,7 @@ def time_labels(xs: Sequence[float], count: int = 3) -> dict[float, str]:
     positions = [lo] if span == 0 else [lo + span * i / (count - 1) for i in range(count)]
     out: dict[float, str] = {}
     for x in positions:
-        text = datetime.fromtimestamp(x, tz=timezone.utc).strftime(fmt)
+        text = datetime.fromtimestamp(x, tz=UTC).strftime(fmt)
         if text not in out.values():  # points within one second: one label
             out[x] = text
     return out

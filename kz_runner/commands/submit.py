@@ -1,9 +1,13 @@
 """`kz submit PATH`: validate and pack locally, upload, follow the status, print the verdict.
 
 Exit codes: 0 accepted (or queued with --no-wait), 1 rejected (locally, at intake or
-by the run), 2 error (network, auth, limits, timeout, usage). With ``--json`` stdout
+by the run), 2 error (network, auth, limits, timeout, usage), 3 held: a static rule
+holds the package until an admin approves or rejects it (``kz submit`` returns at once
+with the rule and its evidence; the status URL follows it). With ``--json`` stdout
 holds exactly one JSON document whatever the outcome (errors too: ``{"status":
-"error", ...}``); progress and warnings go to stderr.
+"error", ...}``); progress and warnings go to stderr. An accepted submission's
+outcome (new bests with their deltas, the kernel's rank before and after) is printed
+under the case table.
 """
 from __future__ import annotations
 
@@ -146,13 +150,17 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"submitted {prepared.kernel_id} as {uuid} ({created.get('status')}); "
                   f"status: {args.server.rstrip('/')}/submissions/{uuid}", file=sys.stderr)
-        if args.no_wait:
+        if created.get("status") == "held":  # an admin decides, maybe hours from now: say why and return
+            final = client.request_json("GET", f"/api/submissions/{uuid}/status").body
+            final = final if isinstance(final, dict) else dict(created)
+        elif args.no_wait:
             if args.json:
                 _emit_json(created)
             else:
                 print(uuid)
             return sub.EXIT_ACCEPTED
-        final = sub.follow(client, uuid, args.timeout, watcher.progress, on_doc=watcher.document)
+        else:
+            final = sub.follow(client, uuid, args.timeout, watcher.progress, on_doc=watcher.document)
     except ApiError as exc:
         return _error(args, f"server answered {exc.status} {exc.code}: {exc.message}", exc.code,
                       uuid=uuid, details=exc.details)
@@ -166,9 +174,14 @@ def run(args: argparse.Namespace) -> int:
         _emit_json(final)
     else:
         print(f"{status}: {prepared.kernel_id} ({uuid})")
+        if status == "held":
+            for line in sub.held_lines(final):
+                print(line)
+            print(f"follow it: {args.server.rstrip('/')}/submissions/{uuid}")
+            return sub.exit_code_for(status)
         print(sub.case_table(final))
         if final.get("commit_sha"):
             print(f"commit: {final['commit_sha']}")
-        for line in sub.reason_lines(final.get("reasons")) + sub.log_tail_lines(final):
+        for line in sub.outcome_lines(final) + sub.reason_lines(final.get("reasons")) + sub.log_tail_lines(final):
             print(line)
     return sub.exit_code_for(status)

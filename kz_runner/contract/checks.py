@@ -229,7 +229,9 @@ def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdic
     reported_id = doc.get("kernel_id")
     if reported_id != kernel_id:
         problems.append(_problem("RESULT_KERNEL_ID",
-                                 f"kernel_id is {reported_id!r}, the submission's is {kernel_id!r}", "kernel_id"))
+                                 f"the benchmark's document says kernel_id {reported_id!r} but this submission is "
+                                 f"{kernel_id!r}: the benchmark must print the kernel_id of the package it measures",
+                                 "kernel_id"))
 
     listed = doc.get("cases")
     cases = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []

@@ -31,6 +31,8 @@ from kz_runner.contract.validate import validate_tarball
 from kz_runner.worker.client import ApiError, NetworkError, RetryPolicy, ZooClient
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
+#: held for an admin's review: not a verdict yet, and nothing happens until an admin decides
+EXIT_HELD = 3
 #: the upload is retried on network errors and 5xx answers; the idempotency key makes that safe
 UPLOAD_RETRY = RetryPolicy(attempts=4, base_s=1.0, cap_s=10.0)
 
@@ -155,10 +157,11 @@ def follow(client: ZooClient, uuid: str, timeout_s: float,
            progress: Callable[[dict[str, Any], float], None] | None = None,
            clock: Callable[[], float] = time.monotonic,
            on_doc: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Long-poll the status until terminal or ``timeout_s``.
+    """Long-poll the status until terminal, held for review, or ``timeout_s``.
 
     ``progress`` is called on each new status, ``on_doc`` with every status document
-    the server answers (warnings can arrive without a status change).
+    the server answers (warnings can arrive without a status change). A held submission
+    waits for an admin, for hours perhaps: the document is returned at once.
     """
     start = clock()
     last_status = None
@@ -176,7 +179,7 @@ def follow(client: ZooClient, uuid: str, timeout_s: float,
             last_status = status
             if progress is not None:
                 progress(doc, clock() - start)
-        if status in TERMINAL:
+        if status in TERMINAL or status == Status.HELD:
             return doc
         if clock() - start >= timeout_s:
             raise SubmitError(f"gave up after {timeout_s:.0f} s; submission {uuid} is still {status}; "
@@ -251,12 +254,53 @@ def queue_warning_line(doc: dict[str, Any]) -> str | None:
 
 
 def exit_code_for(status: str | None) -> int:
-    """0 accepted, 1 rejected/failed/cancelled, 2 anything else."""
+    """0 accepted, 1 rejected/failed/cancelled/revoked, 3 held for review, 2 anything else."""
     if status == Status.ACCEPTED:
         return EXIT_ACCEPTED
     if status in TERMINAL:
         return EXIT_REJECTED
+    if status == Status.HELD:
+        return EXIT_HELD
     return EXIT_ERROR
+
+
+def held_lines(doc: dict[str, Any]) -> list[str]:
+    """Why a held submission waits: each rule's finding (``file:line: text``), and what happens next."""
+    held = doc.get("held") if isinstance(doc.get("held"), dict) else {}
+    lines = [f"held: a static rule holds it until an admin approves or rejects it "
+             f"(rules: {', '.join(held.get('rules') or []) or 'not listed'})"]
+    for finding in held.get("evidence") or []:
+        if isinstance(finding, dict):
+            where = f"{finding.get('file')}:{finding.get('line')}" if finding.get("line") else str(finding.get("file"))
+            lines.append(f"  {finding.get('rule')}: {where}: {finding.get('text', '')}".rstrip())
+    return lines
+
+
+def outcome_lines(doc: dict[str, Any]) -> list[str]:
+    """What an accept changed (the status document's ``outcome``): new bests with their numbers, ranks."""
+    out = doc.get("outcome")
+    if not isinstance(out, dict):
+        return []
+    lines = []
+    speedup = out.get("speedup")
+    lines.append(("new best in " + f"{out.get('cases_improved', 0)} case(s)" if out.get("new_best") else "no new best")
+                 + (f"; {speedup:.3g}x the previous best overall ({out.get('delta_pct'):+.1f} %)"
+                    if isinstance(speedup, (int, float)) else ""))
+    for case in out.get("cases") or []:
+        if not isinstance(case, dict):
+            continue
+        prev, value, unit = case.get("previous_best"), case.get("value"), case.get("unit") or ""
+        change = f" ({case['delta_pct']:+.1f} %)" if isinstance(case.get("delta_pct"), (int, float)) else ""
+        was = f"{prev:.6g} -> " if isinstance(prev, (int, float)) else ""
+        lines.append(f"  {case.get('test_case_id')}: {case.get('metric')} {was}{value:.6g} {unit}{change}"
+                     f"{'  new best' if case.get('new_best') else ''}".rstrip())
+
+    def rank(value: Any, approx: Any) -> str:
+        return "unranked" if value is None else f"{'≈' if approx else ''}{value}"
+
+    lines.append(f"rank in {out.get('operator')}: {rank(out.get('rank_before'), out.get('rank_before_approx'))}"
+                 f" -> {rank(out.get('rank_after'), out.get('rank_after_approx'))}")
+    return lines
 
 
 def discard(prepared: Prepared) -> None:
@@ -267,4 +311,5 @@ def discard(prepared: Prepared) -> None:
 
 __all__ = ["ApiError", "NetworkError", "Prepared", "discard", "SubmitError", "LocalRejection", "prepare", "upload",
            "follow", "case_table", "exit_code_for", "new_idempotency_key", "reason_lines", "log_tail_lines",
+           "held_lines", "outcome_lines", "EXIT_HELD",
            "queue_warning_line", "kernel_id_sources_tried"]

@@ -335,7 +335,7 @@ class Config:
         state_dir = Path(state_dir).resolve()
         if not isinstance(data, dict):
             raise _invalid(f"{source}: the top level must be a mapping of sections", path=source)
-        sections = {
+        sections: dict[str, type | None] = {
             "paths": None, "repo": RepoSettings, "limits": Limits, "queue": QueueSettings,
             "timeouts": Timeouts, "intake": IntakeSettings, "policy": Policy,
             "http": HttpSettings, "mirrors": None,

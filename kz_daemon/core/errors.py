@@ -74,4 +74,4 @@ def _setattr(self: ZooError, name: str, value: Any) -> None:
     _frozen_setattr(self, name, value)
 
 
-ZooError.__setattr__ = _setattr  # type: ignore[method-assign]
+ZooError.__setattr__ = _setattr  # type: ignore[method-assign, assignment]

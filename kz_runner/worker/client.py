@@ -154,14 +154,16 @@ def _error_from_http(exc: urllib.error.HTTPError) -> ApiError:
         raw = exc.read(64 * 1024)
     except Exception:  # the body is a courtesy; the status is what counts
         pass
-    code, message, details = f"HTTP_{exc.code}", (raw.decode("utf-8", "replace")[:500] or str(exc.reason)), {}
+    code, message = f"HTTP_{exc.code}", (raw.decode("utf-8", "replace")[:500] or str(exc.reason))
+    details: dict = {}
     try:
         doc = json.loads(raw)
         err = doc.get("error", doc) if isinstance(doc, dict) else {}
         if isinstance(err, dict) and err.get("code"):
             code = str(err["code"])
             message = str(err.get("message", message))
-            details = err.get("details") if isinstance(err.get("details"), dict) else {}
+            given = err.get("details")
+            details = given if isinstance(given, dict) else {}
     except ValueError:
         pass
     return ApiError(exc.code, code, message, details)

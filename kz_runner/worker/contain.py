@@ -63,8 +63,7 @@ def parse_user(text: str) -> tuple[int, int]:
     """
     user, _, group = text.partition(":")
     if user.isdigit():
-        uid = int(user)
-        gid = int(user) if not group else None
+        uid = gid = int(user)  # a group given below replaces the gid
     else:
         try:
             entry = pwd.getpwnam(user)

@@ -158,9 +158,11 @@ def run_step(
     for fd in pass_fds:
         _close(fd)
 
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both are PIPE
     out, err = _Capped(stdout_cap), _Capped(stderr_cap, TAIL_BYTES)
     extras = {name: _Capped(cap) for name, (_fd, cap) in reads.items()}
-    sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    sinks = {stdout.fileno(): out, stderr.fileno(): err}
     sinks.update({fd: extras[name] for name, (fd, _cap) in reads.items()})
     sel = selectors.DefaultSelector()
     for fd in sinks:
@@ -215,8 +217,8 @@ def run_step(
         if exited_at is None:  # an exception while supervising: leave nothing behind
             _signal_group(pgid, signal.SIGKILL)
         proc.wait()  # reap the leader only now: its pid was the group id until here
-        proc.stdout.close()
-        proc.stderr.close()
+        stdout.close()
+        stderr.close()
         for fd, _cap in reads.values():
             _close(fd)
     return StepResult(

@@ -371,12 +371,23 @@ class AcceptScorecardCommitted(Event):
 
 @register
 class AcceptCompleted(Event):
-    """The branch moved to the scorecard commit; terminal ``accepted``."""
+    """The branch moved to the scorecard commit; terminal ``accepted``.
+
+    Version 2 added ``outcome`` (version 1 lines read as ``null``): what the accept
+    changed, computed by the saga when it committed, which the status document shows.
+    """
 
     TYPE = "accept.completed"
+    VERSION = 2
     uuid: str = doc(_UUID)
     sha_src: str = doc("SHA of the source commit.", pattern=_SHA_PATTERN)
     sha_br: str = doc("SHA of the scorecard commit.", pattern=_SHA_PATTERN)
+    # a default, so that callers written before version 2 still build the event
+    outcome: Optional[dict] = field(default=None, metadata={"doc": (
+        "What the accept changed (kz_daemon.board.outcome): new_best, cases_improved, speedup, delta_pct, "
+        "per case {test_case_id, metric, unit, direction, previous_best, value, best, new_best, delta_pct, "
+        "speedup}, and the kernel's rank in its operator before and after; null on version 1 lines."),
+        "schema": {}})
 
 
 @register

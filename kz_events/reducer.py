@@ -398,7 +398,16 @@ def _completed(state: State, seq: int, ts: str, p: dict) -> None:
     kernel = _kernel(state, sub.kernel_id)
     kernel.head_src, kernel.head_br = sub.sha_src, sub.sha_br
     kernel.accepted += 1
+    if p["outcome"] is not None:  # what the accept changed (v2): kept beside the result it concerns
+        sub.result = dict(sub.result or {}, outcome=p["outcome"])
     _finish(state, sub, Status.ACCEPTED, seq, ts)
+
+
+@upcaster("accept.completed", 1)
+def _completed_v1(payload: dict) -> dict:
+    """Version 1 predates the accept's outcome: those accepts recorded none."""
+    payload["outcome"] = None
+    return payload
 
 
 def _rolled_back(state: State, seq: int, ts: str, p: dict) -> None:

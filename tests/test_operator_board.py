@@ -181,3 +181,24 @@ def test_a_browser_walks_home_to_the_operator_page(board):
         assert spread.startswith("9.5 – 10.5") and "n=200" in spread
         _shot(page, "operator")
         assert blocked == []
+
+
+def test_the_status_document_says_what_each_accept_changed(board):
+    with board.client() as http:
+        first = http.get(f"/api/submissions/{board.uuids[0]}/status").json()["outcome"]
+        second = http.get(f"/api/submissions/{board.uuids[3]}/status").json()
+        page = http.get(f"/submissions/{board.uuids[3]}").text
+    # the reference's first record: nothing before it, first of one
+    assert first["new_best"] and first["speedup"] is None and (first["rank_before"], first["rank_after"]) == (None, 1)
+    assert [c["previous_best"] for c in first["cases"]] == [None, None, None]
+    # fast's second run: a new best beyond the noise in every case, from second place to a shared first
+    out = second["outcome"]
+    assert "outcome" not in second["result"]  # shown once, beside the result
+    assert out["operator"] == OP and out["new_best"] and out["cases_improved"] == 3
+    assert [c["previous_best"] for c in out["cases"]] == [12.0, 120.0, 1200.0]
+    assert [c["value"] for c in out["cases"]] == [10.0, 100.0, 1000.0]
+    assert all(math.isclose(c["delta_pct"], -100 / 6, rel_tol=1e-3) for c in out["cases"])
+    assert math.isclose(out["speedup"], 1.2)
+    assert (out["rank_before"], out["rank_before_approx"]) == (2, False)
+    assert (out["rank_after"], out["rank_after_approx"]) == (1, True)
+    assert 'id="outcome"' in page and "New best" in page and "−16.7 %" in page

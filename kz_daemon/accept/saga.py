@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 from dulwich.file import FileLocked
 
+from kz_daemon.board import outcome, ranking
 from kz_daemon.queue import confirm
 from kz_daemon.guards import physics, unconfined
 from kz_daemon.core import scorecard
@@ -291,6 +292,29 @@ def new_scorecard(zoo: Daemon, sub: Any, sha_src: str, result: Any, metas: list[
     return scorecard.dump(scorecard.stamp(card, sha_src))
 
 
+def accept_outcome(zoo: Daemon, kernel_id: str, sha_src: str, sha_br: str, metas: list[dict],
+                   index_doc: dict | None) -> dict | None:
+    """What the accept changed (``kz_daemon.board.outcome``), for ``accept.completed``; None when unreadable.
+
+    The card before is commit 1's (the one the run was judged against), the card after
+    commit 2's; the ranks come from the operator's index entries, this kernel's already
+    updated. A pure function of git and the index at this point of the saga, so a saga
+    finished after a restart records the same outcome.
+    """
+    path = f"{kernel_id}/{KP}/{BENCH_RESULT}"
+    try:
+        before = scorecard.load(zoo.git.read_file(path, sha_src))
+        after = scorecard.load(zoo.git.read_file(path, sha_br))
+    except yaml.YAMLError:
+        return None
+    kernels = (index_doc or {}).get("kernels") or []
+    entries = [e for e in kernels if isinstance(e, dict)]
+    own = next((e for e in entries if e.get("kernel_id") == kernel_id), None)
+    operator = ranking.operator_of(own) if own is not None else "/".join(kernel_id.split("/")[:4])
+    return outcome.accept_outcome(kernel_id, before, after, metas,
+                                  [e for e in entries if ranking.operator_of(e) == operator])
+
+
 def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
                 metas: list[dict] | None = None) -> str:
     """Drive an ``accepting`` saga to its end: 'finished', 'rolled_back' (nothing of it in git), or 'pending'.
@@ -461,8 +485,9 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
             zoo.store.emit(ev.AcceptScorecardCommitted(uuid=sub_uuid, sha_src=sha_src, sha_br=sha_br))
             crash_point("after_scorecard_event")
 
-        zoo.indexer.update([kid])
+        index_doc = zoo.indexer.update([kid])
         crash_point("after_index")
-        zoo.store.emit(ev.AcceptCompleted(uuid=sub_uuid, sha_src=sha_src, sha_br=sha_br))
+        zoo.store.emit(ev.AcceptCompleted(uuid=sub_uuid, sha_src=sha_src, sha_br=sha_br,
+                                          outcome=accept_outcome(zoo, kid, sha_src, sha_br, case_metas(), index_doc)))
         crash_point("after_completed")
     zoo.after_accept(sha_br)

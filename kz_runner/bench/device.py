@@ -15,7 +15,7 @@ FALLBACK_L2_BYTES = 64 * 1024 * 1024
 @lru_cache(maxsize=1)
 def _probe() -> tuple[Any, str | None]:
     try:
-        import cupy  # type: ignore[import-not-found]
+        import cupy
     except Exception as exc:  # ImportError or a CUDA/ROCm library that fails to load
         return None, f"CuPy is not importable ({type(exc).__name__}: {exc})"
     try:

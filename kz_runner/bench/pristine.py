@@ -44,7 +44,7 @@ def _load_cupy() -> Any:
     if "cupy" not in sys.modules and importlib.util.find_spec("cupy") is None:
         return None
     try:
-        import cupy  # type: ignore[import-not-found]  # optional dependency
+        import cupy  # optional dependency
     except Exception:  # a broken CUDA/ROCm install: the GPU path reports it later
         return None
     return cupy
@@ -65,7 +65,11 @@ else:
 
 def _named(owner: Any, names: tuple[str, ...], label: str) -> dict[str, Callable[[], Any]]:
     """Getters for ``owner.<name>`` that re-read the public attribute each time."""
-    return {f"{label}.{n}": (lambda n=n: getattr(owner, n, None)) for n in names if hasattr(owner, n)}
+    return {f"{label}.{n}": _getter(owner, n) for n in names if hasattr(owner, n)}
+
+
+def _getter(owner: Any, name: str) -> Callable[[], Any]:
+    return lambda: getattr(owner, name, None)
 
 
 def _getters() -> dict[str, Callable[[], Any]]:

@@ -306,7 +306,10 @@ class Trials:
         self.rng = rng
         self.reference, self.vary = reference, vary
         self.base = tuple(_copy(a) for a in inputs)
-        first = reference(*self.base) if expected is None else expected
+        if expected is None:
+            assert reference is not None  # checked above
+            expected = reference(*self.base)
+        first = expected
         self.expected0 = xp.asarray(first)  # the base inputs' expectation
         self.dtype, self.shape = self.expected0.dtype, tuple(self.expected0.shape)
         self.scratch = Scratch(self.shape) if xp is np else None

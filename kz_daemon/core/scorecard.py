@@ -61,12 +61,14 @@ SCHEMA_VERSION = "1.0.0"
 
 
 def _record(value: Any, submitter: str, commit_sha: str, recorded_at: str,
-            harness: str | None = None, spread: dict | None = None) -> dict[str, Any]:
+            harness: str | None = None, spread: dict | None = None, unverified: bool = False) -> dict[str, Any]:
     record = {"value": value, "submitter": submitter, "commit_sha": commit_sha, "recorded_at": recorded_at}
     if harness:
         record["harness"] = harness
     if spread is not None:
         record["spread"] = spread
+    if unverified:
+        record["measurement"] = "unverified"
     return record
 
 
@@ -99,7 +101,12 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
 
     ``harness`` (the short blob sha of the benchmark.py the run was measured under)
     goes into every record this run writes; None writes records without it.
+
+    A result the runner marked ``measurement: unverified`` (the benchmark timed the kernel in
+    its own process) writes ``metrics_current`` with ``measurement: unverified`` on every record
+    and moves no best: such a record is shown, never ranked.
     """
+    unverified = result.get("measurement") == "unverified"
     old_cases = {c.get("test_case_id"): c for c in (current or {}).get("cases", []) or []}
     run_cases = {c["test_case_id"]: c for c in result.get("cases", [])}
     cases = []
@@ -116,13 +123,16 @@ def update_scorecard(current: dict | None, kernel_id: str, metas: list[dict], re
         order = declared + [name for name in values if name not in declared]
 
         current_records = {name: _record(values[name], submitter, PENDING_COMMIT, recorded_at, harness,
-                                         spreads.get(name))
+                                         spreads.get(name), unverified)
                            for name in order if name in values}
         best: dict[str, Any] = {}
         for name in declared:
             prev = old_best.get(name)
-            if name in values and (prev is None or is_seed_sha(prev.get("commit_sha"))
-                                   or takes_best(current_records[name], prev, direction[name], name == primary)):
+            if unverified:  # the seed stays a seed: nothing unverified is a best
+                best[name] = copy.deepcopy(prev) if prev is not None else \
+                    _record(0, SEED_SUBMITTER, SEED_SHA, SEED_RECORDED_AT)
+            elif name in values and (prev is None or is_seed_sha(prev.get("commit_sha"))
+                                     or takes_best(current_records[name], prev, direction[name], name == primary)):
                 best[name] = copy.deepcopy(current_records[name])
             elif prev is not None and not is_seed_sha(prev.get("commit_sha")):
                 best[name] = copy.deepcopy(prev)
@@ -170,7 +180,7 @@ def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
                 if isinstance(rec, dict) and not is_seed_sha(rec.get("commit_sha"))}
         for cases in run_cases:
             for name, rec in ((cases.get(case_id) or {}).get("metrics_current") or {}).items():
-                if name not in declared or not isinstance(rec, dict):
+                if name not in declared or not isinstance(rec, dict) or rec.get("measurement") == "unverified":
                     continue
                 prev = best.get(name)
                 if prev is None or takes_best(rec, prev, declared[name], name == primaries.get(case_id)):

@@ -206,7 +206,9 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
             card = scorecard.load(zoo.git.read_file(f"{sub.kernel_id}/{KP}/{BENCH_RESULT}"))
         arch = sub.arch or sub.kernel_id.split("/", 1)[0]  # the kernel id starts with the arch
         reason = beyond_margin(card, metas, cases, settings.margin_for(arch))
-        if reason is not None:
+        # an unverified result never becomes a best: a second run could not change what it records
+        unverified = isinstance(run.result, dict) and run.result.get("measurement") == "unverified"
+        if reason is not None and not unverified:
             return [ev.JobConfirmationRequested(
                 uuid=sub.uuid, runner_id=runner_id, lease_id=lease_id, result_sha256=run.sha256,
                 reason=reason, exclusive_until=float(zoo.clock()) + settings.exclusive_s)]

@@ -10,6 +10,9 @@
   the metric's direction.
 - :func:`emit` — a schema-valid benchmark_output document, one JSON on stdout.
 - :class:`Harness` — the whole loop, so a benchmark.py is a few dozen lines.
+- :func:`kernel` — names the kernel (``src/<module>.py``, a function) without importing it;
+  ``CaseRun.time`` then times it through the judge (:mod:`kz_runner.judge`), whose process
+  never runs the package's code.
 
 - :meth:`CaseRun.time` with ``expected=``/``reference=``/``out=`` — the checked
   timing: seeded trial inputs, poisoned output buffers, exact output types, the
@@ -29,7 +32,7 @@ from kz_runner.bench import channel, pristine  # noqa: I001
 import sys as _sys
 from kz_runner.bench.check import Check, check
 from kz_runner.bench.device import copies, cupy_or_none, detect_arch, gpu_unavailable_reason, l2_cache_bytes, rotation_count, to_numpy
-from kz_runner.bench.harness import CaseRun, Harness, StdoutGuard
+from kz_runner.bench.harness import CaseFailure, CaseRun, Harness, KernelRef, StdoutGuard, Unjudged, kernel
 from kz_runner.bench.integrity import CODES, Finding, IntegrityFailure
 from kz_runner.bench.manifest import write_build_manifest
 from kz_runner.bench.output import build_document, case_result, dumps, emit, nonfinite_paths, utc_now, write_document
@@ -40,13 +43,30 @@ from kz_runner.bench import integrity as _m_integrity, output as _m_output, timi
 from kz_runner.bench import scorecard as _m_scorecard, trials as _m_trials  # noqa: E402
 
 __all__ = [
-    "CODES", "CaseRun", "Check", "Finding", "Harness", "IntegrityFailure", "Regression", "SEED_SENTINEL", "Scorecard",
-    "Stats", "StdoutGuard", "Timing",
+    "CODES", "CaseFailure", "CaseRun", "Check", "Finding", "Harness", "IntegrityFailure", "KernelRef", "Regression",
+    "SEED_SENTINEL", "Scorecard", "Stats", "StdoutGuard", "Timing", "Unjudged", "kernel",
     "build_document", "case_result", "check", "copies", "cupy_or_none", "detect_arch", "dumps", "emit",
     "gpu_unavailable_reason", "is_sentinel", "l2_cache_bytes", "make_clock", "nonfinite_paths",
     "regression_check", "rotation_count", "summarize", "time_fn", "to_numpy", "utc_now",
     "write_build_manifest", "write_document",
 ]
+
+
+def _report_unjudged(kind, value, tb, _previous=_sys.excepthook) -> None:
+    """In the judge's step, a benchmark that dies importing its source area (absent there), or that
+    times what the judge cannot serve, says so on the result channel: the runner then runs it with the
+    source visible, unverified. Anything else dies as usual."""
+    if issubclass(kind, (ImportError, Unjudged)):
+        channel.send(channel.unjudged_document(f"{kind.__name__}: {value}"))
+        print(f"{UNJUDGED_MARK} {kind.__name__}: {value}", file=_sys.stderr, flush=True)  # kz dry-run reads it
+    _previous(kind, value, tb)
+
+
+#: the stderr line that says the judge's step cannot time this benchmark (see _report_unjudged)
+UNJUDGED_MARK = "[kz-bench] unjudged:"
+
+if channel.judged():
+    _sys.excepthook = _report_unjudged
 
 # Seal the library's own functions and the array libraries' as they are now, before package code runs.
 pristine.seal(_m_check, _m_device, _m_harness, _m_integrity, _m_output, _m_scorecard, _m_timing, _m_trials,

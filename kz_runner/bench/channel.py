@@ -9,8 +9,16 @@ keeps the result descriptor private (not inherited by child processes). Without
 ``KZ_CONTROL_FD`` (``kz dry-run``, a plain ``python benchmark.py``) the seed comes
 from ``os.urandom`` and there is no result channel: stdout alone carries the result.
 
-The result document is ``{"kind": "result", "result": <benchmark_output>}`` or
-``{"kind": "integrity", "code", "message", "case", "evidence"}``.
+The result document is ``{"kind": "result", "result": <benchmark_output>}``,
+``{"kind": "integrity", "code", "message", "case", "evidence"}`` or, from the judge's
+step only, ``{"kind": "unjudged", "reason"}``: this harness cannot run without the
+package's source area (it imports from it, or times a kernel the judge cannot serve), so
+the runner runs it again with the source visible and marks the result unverified.
+
+The judge's step also names, in ``KZ_WORKER_SANDBOX`` (a JSON list) and
+``KZ_WORKER_SOURCE``, the sandbox prefix and the package folder of the worker that runs
+the kernel (:mod:`kz_runner.judge`); both are taken out of the environment here. The
+trial seed is never handed to that worker: the judge draws its own secret seed.
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import json
 import os
 from typing import Any
 
-from kz_runner.contract.layout import CONTROL_ENV, RESULT_ENV
+from kz_runner.contract.layout import CONTROL_ENV, RESULT_ENV, WORKER_SANDBOX_ENV, WORKER_SOURCE_ENV
 
 SEED_LIMIT = 2 ** 63
 
@@ -75,13 +83,49 @@ def _open() -> tuple[int, int | None, str | None]:
     return seed, result, error
 
 
+def _worker() -> tuple[list[str] | None, str | None, str | None]:
+    """(sandbox prefix or None, source folder or None, error or None), consuming the variables."""
+    raw, source = os.environ.pop(WORKER_SANDBOX_ENV, None), os.environ.pop(WORKER_SOURCE_ENV, None)
+    if raw is None:
+        return None, source, None
+    try:
+        prefix = json.loads(raw)
+        if not isinstance(prefix, list) or not all(isinstance(a, str) for a in prefix):
+            raise ValueError("not a list of strings")
+    except ValueError as exc:
+        return None, source, f"{WORKER_SANDBOX_ENV} is not a JSON list of strings: {exc}"
+    return prefix, source, None
+
+
 _SEED, _RESULT_FD, _ERROR = _open()
+_PREFIX, _SOURCE, _WORKER_ERROR = _worker()
+_ERROR = _ERROR or _WORKER_ERROR
 _SENT = False
 
 
 def trial_seed() -> int:
     """The seed of this run's trial inputs and check schedule (the runner's, or random)."""
     return _SEED
+
+
+def judged() -> bool:
+    """Whether this process is the judge's step: kernels are timed only through ``bench.kernel``."""
+    return _PREFIX is not None
+
+
+def worker_sandbox() -> list[str]:
+    """The argv prefix of the kernel worker's sandbox (``[]``: none, a local run)."""
+    return list(_PREFIX or [])
+
+
+def worker_source() -> str | None:
+    """The package folder whose ``src/`` the worker imports (None: this benchmark's own package)."""
+    return _SOURCE
+
+
+def unjudged_document(reason: str) -> dict[str, Any]:
+    """The channel document saying this harness needs the source area (see the module docstring)."""
+    return {"kind": "unjudged", "reason": reason[:1000]}
 
 
 def protocol_error() -> str | None:

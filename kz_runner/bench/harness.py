@@ -13,6 +13,14 @@ Typical use (see examples/*/.kernel_package/benchmark.py)::
                 c.metric("latency_us", t.median_us)
         return h.finish()
 
+``bench.kernel("softmax", "softmax_rows")`` names a kernel without importing it (a
+:class:`KernelRef`); ``c.time(ref, ...)`` then times it through the judge
+(:mod:`kz_runner.judge`): the kernel runs in a worker process of its own, and this
+process, which never imports the package's source area, draws every call's inputs,
+compares a secret sample of the outputs with ``reference`` and checks the worker's clock
+against its own. A plain function is timed in this process, as before, only where no
+judge was asked for (a benchmark run by hand, the unverified fallback).
+
 Each ``with h.case(meta)`` block records one case; an exception inside it becomes
 that case's ``error`` (accept false) instead of crashing the run, so stdout still
 carries one valid document. ``finish`` judges every case (correctness passed and
@@ -21,28 +29,83 @@ writes the document to the real stdout and returns the exit code.
 """
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import math
 import os
 import random
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from kz_runner.bench import channel, device as _device, pristine
 from kz_runner.bench.check import Check, check as _check
-from kz_runner.bench.integrity import HARNESS_ERROR, TIMER_TAMPERED, Finding, Guard, IntegrityFailure
+from kz_runner.bench.integrity import (HARNESS_ERROR, OUTPUT_TYPE, TIMER_TAMPERED, WEAK_TRIALS, Finding, Guard,
+                                       IntegrityFailure)
 from kz_runner.bench.output import build_document, case_result, write_document
 from kz_runner.bench.scorecard import Scorecard, regression_check
-from kz_runner.bench.timing import Timing, time_fn
-from kz_runner.bench.trials import Trials
+from kz_runner.bench.timing import Timing, summarize, time_fn
+from kz_runner.bench.trials import Trials, judge_inputs, mismatches
 from kz_runner.contract.layout import BENCH_RESULT, KP
 
 USAGE = "usage: benchmark.py <workdir>"
 CPU_TRIALS = 4  # argument buffers rotated on the CPU, as many as the input copies it always rotated
+# The judge's findings that void the run (an integrity finding: the runner reports the code), by the
+# judge's code -> the code reported. The others are the case's error: a kernel that raises, crashes or
+# hangs fails its case, as an exception in the case body always did.
+JUDGE_VOIDS = {"WRONG_OUTPUT": "WRONG_OUTPUT", "TIMER_TAMPERED": TIMER_TAMPERED, "PROTOCOL_ERROR": "PROTOCOL_ERROR",
+               "BAD_OUTPUT": OUTPUT_TYPE, "MACHINE_BUSY": "MACHINE_BUSY"}
+# Times a judged timing is tried again when the machine was too busy to tell (MACHINE_BUSY): not a verdict.
+BUSY_RETRIES = 2
+# The judge's batches: at least this many (the spread of a figure is over the batches' means).
+JUDGE_MIN_BATCHES = 8
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class KernelRef:
+    """A kernel named, not imported: ``module`` (dotted, relative to the package's ``src/``) and ``function``."""
+
+    module: str
+    function: str
+
+    def __str__(self) -> str:
+        return f"src/{self.module.replace('.', '/')}.py:{self.function}"
+
+
+def kernel(module: str, function: str) -> KernelRef:
+    """Name the kernel ``function`` of ``src/<module>.py`` for :meth:`CaseRun.time`; nothing is imported.
+
+    The benchmark's process never imports the package's source area: the judge starts a
+    worker process that does, and times it from outside (:mod:`kz_runner.judge`).
+    """
+    if not (isinstance(module, str) and all(_IDENTIFIER.fullmatch(p) for p in module.split("."))):
+        raise ValueError(f"module must be a dotted module name under src/, not {module!r}")
+    if not (isinstance(function, str) and _IDENTIFIER.fullmatch(function)):
+        raise ValueError(f"function must be a name, not {function!r}")
+    return KernelRef(module, function)
+
+
+class CaseFailure(Exception):
+    """A finding that fails its case only (the kernel raised, crashed or hung in the judge's worker)."""
+
+
+class Unjudged(BaseException):
+    """The judge's step cannot time this harness (it needs the source area or a device the judge lacks):
+    sent on the result channel as ``unjudged`` so the runner runs it again, unverified."""
+
+
+def _import_kernel(ref: KernelRef, package_root: Path) -> Callable:
+    """``ref``'s function imported into this process (the unverified, in-process form)."""
+    src = str(Path(channel.worker_source() or package_root) / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    return getattr(importlib.import_module(ref.module), ref.function)
 
 
 class StdoutGuard:
@@ -148,6 +211,16 @@ class CaseRun:
              **overrides: Any) -> Timing:
         """Check ``fn`` and time it with the harness's settings (``overrides`` win); logged to stderr.
 
+        ``fn`` is a :func:`kernel` reference (the judged form) or, outside the judge's step,
+        a function (timed in this process, unverified). Judged: the same arguments; the first
+        call on ``inputs`` is the case's correctness check against ``expected``, then the
+        judge times calls on inputs it draws from its own secret seed (the variation below, or
+        ``vary``), compares a secret sample of them with ``reference`` (``WRONG_OUTPUT``) and
+        bounds the worker's reported times by its own clock (``TIMER_TAMPERED``). ``out`` says
+        the kernel takes an output buffer as its last argument (its shape from ``reference``).
+        ``target_rse``, ``min_reps`` and ``budget_s`` apply; the figures are the clean batches'
+        mean call times (see :class:`~kz_runner.bench.timing.Timing`).
+
         Checked form (give ``expected`` and/or ``reference``; without ``reference`` the
         timed calls get no fresh inputs and the timing ends in WEAK_TRIALS): ``inputs`` is
         one tuple of arguments; ``fn(*inputs)`` (or ``fn(*inputs, out)`` with an output buffer ``out``)
@@ -166,6 +239,20 @@ class CaseRun:
             raise IntegrityFailure(harness.finding)
         settings = dict(harness.timing_settings)
         settings.update(overrides)
+        if isinstance(fn, KernelRef):
+            if harness.xp.__name__ == "numpy":
+                timing = self._time_judged(fn, inputs, reference, expected, out, vary, settings)
+                self.timings.append(timing)
+                harness.log(f"case {self.id}: {timing.describe()} (judged)")
+                harness.log("timing " + json.dumps({"test_case_id": self.id, **timing.to_json()}))
+                return timing
+            if channel.judged():  # the judge serves host arrays only: a device kernel runs unverified
+                raise Unjudged(f"{fn} runs on a GPU, which the judge does not serve yet")
+            fn = _import_kernel(fn, harness.package_root)
+        elif channel.judged():
+            raise TypeError("in the judge's step a kernel is timed only through bench.kernel(module, function): "
+                            f"{getattr(fn, '__qualname__', fn)!r} would run in the judge's own process")
+        harness.unverified = True
         guard = Guard(harness._report_finding, self.id)
         if expected is None and reference is None:
             if out is not None or vary is not None or trials is not None:
@@ -200,6 +287,79 @@ class CaseRun:
             return time_fn(fn, run.sets, guard=guard, **settings)
         return time_fn(fn, probe=run, guard=guard, **settings)
 
+    def _time_judged(self, ref: KernelRef, inputs: Sequence[Any] | None, reference: Callable | None,
+                     expected: Any, out: Any, vary: Callable | None, settings: dict[str, Any]) -> Timing:
+        """Check and time ``ref`` through the judge (see the module docstring); the findings are values."""
+        import numpy as np
+
+        from kz_runner.judge import Judge
+
+        harness = self.harness
+        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (() if inputs is None else (inputs,))
+        base = tuple(np.array(a) if hasattr(a, "__array__") and not np.isscalar(a) else a for a in args)
+        tol = self.meta["tolerance"]
+        atol, rtol = float(tol["correctness_atol"]), float(tol["correctness_rtol"])
+        if reference is None:
+            # Without a reference no drawn input can be checked: a result kept from the first call would pass.
+            self._void(Finding(WEAK_TRIALS, "c.time has expected= but no reference=, so no timed call on fresh "
+                               "inputs can be checked: give reference= (a trusted function of the inputs)",
+                               self.id, {"reference": False, "vary": vary is not None}))
+        expected0 = np.asarray(expected) if expected is not None else np.asarray(reference(*base))
+        inputs_fn = judge_inputs(base, vary)
+        varied = np.asarray(reference(*inputs_fn(np.random.default_rng())))
+        if varied.shape == expected0.shape and mismatches(np, varied, expected0, atol, rtol) == 0:
+            self._void(Finding(WEAK_TRIALS, "a varied trial input's expected output is within the case's tolerance "
+                               "of the base inputs' (an order-independent result, inputs the variation does not "
+                               "change, or a tolerance wider than the outputs): give vary= that changes the "
+                               "result, or a tighter tolerance", self.id, {"reference": True,
+                                                                           "vary": vary is not None}))
+        prefix = channel.worker_sandbox()
+        env = dict(os.environ)
+        if prefix:  # the worker's view has its own /tmp and none of this process's folders
+            env.update({"HOME": "/tmp", "TMPDIR": "/tmp"})
+        src = Path(channel.worker_source() or harness.package_root) / "src"
+        options = dict(atol=atol, rtol=rtol, first_inputs=base, first_expected=expected0,
+                       calls=int(settings.get("min_reps", 10)), min_batches=JUDGE_MIN_BATCHES,
+                       target_rse=float(settings.get("target_rse", 0.005)),
+                       budget_s=float(settings.get("budget_s", 2.0)))
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                judge = Judge.start(prefix, src, ref.module, ref.function,
+                                    out_mode="out_pos" if out is not None else "return", env=env, harden=True)
+            except RuntimeError as exc:
+                self._void(Finding(HARNESS_ERROR, f"the judge could not start the kernel's worker: {exc}", self.id))
+            try:
+                result = judge.time(inputs_fn, reference, **options)
+            finally:
+                judge.close()
+            if result.codes != ["MACHINE_BUSY"] or attempt == BUSY_RETRIES:
+                break
+            harness.log(f"case {self.id}: the machine was too busy to judge the timing; again")
+        if result.first_output is not None:
+            first = result.first_output[0] if len(result.first_output) == 1 else tuple(result.first_output)
+            self.check(first, expected0)
+        for f in result.findings:
+            evidence = {k: v for k, v in f.evidence.items() if isinstance(v, (int, float, str, bool, type(None)))}
+            if f.code in JUDGE_VOIDS:
+                self._void(Finding(JUDGE_VOIDS[f.code], f.message, self.id, evidence))
+            raise CaseFailure(f.line())
+        clean = [m / 1e6 for m, ok in zip(result.batch_means_ns, result.clean) if ok] or \
+            [m / 1e6 for m in result.batch_means_ns]
+        if not clean:
+            raise CaseFailure("HARNESS_ERROR: the judge timed no batch")
+        return Timing(stats=summarize(clean), device="cpu", stop_reason=result.stop_reason or "batches",
+                      target_rse=options["target_rse"], warmup_calls=0, rotations=int(result.overhead.get("slots", 1)),
+                      l2_flush_bytes=0, elapsed_s=result.timed_wall_s, checked_calls=result.compared,
+                      judge={"batch_size": result.batch_size, "batches": len(result.walls_ns),
+                             "clean_batches": sum(result.clean), "calls": result.n,
+                             "overhead_ns": round(result.overhead.get("batch_overhead_ns", 0.0)),
+                             "elapsed_s": round(result.elapsed_s, 4)})
+
+    def _void(self, finding: Finding) -> None:
+        """Record ``finding`` on the harness (it voids the run) and stop the case."""
+        self.harness._report_finding(finding)
+        raise IntegrityFailure(finding)
+
     def metric(self, name: str, value: float) -> None:
         """Record a metric value (declared in the meta's ``metrics``).
 
@@ -219,6 +379,9 @@ class CaseRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and issubclass(exc_type, IntegrityFailure):
             self.error = exc.finding.line()
+        elif exc_type is not None and issubclass(exc_type, CaseFailure):
+            self.error = str(exc)
+            self.harness.log(f"case {self.id}: {exc}")
         elif exc_type is not None and issubclass(exc_type, Exception):
             self.error = f"{exc_type.__name__}: {exc}"
             self.harness.log(f"case {self.id}: error\n" + "".join(traceback.format_exception(exc_type, exc, tb)))
@@ -263,8 +426,9 @@ class Harness:
         self.timing_settings.update(timing)
         self.results: list[dict[str, Any]] = []
         self._guard: StdoutGuard | None = None
-        self.trial_seed = channel.trial_seed()
+        self.trial_seed = channel.trial_seed()  # the in-process (unverified) timing's; the judge draws its own
         self.finding: Finding | None = None  # the first integrity finding; it voids the run
+        self.unverified = False  # set once a kernel was timed in this process (not by the judge)
 
     @classmethod
     def from_argv(cls, argv: Sequence[str], package_file: str | Path, metas: Sequence[dict[str, Any]],

@@ -22,8 +22,12 @@ STALE_OUTPUT = "STALE_OUTPUT"  # the output is the poison pattern or another tri
 TIMED_MISMATCH = "TIMED_MISMATCH"  # a timed call's output is wrong although the untimed check passed
 WEAK_TRIALS = "WEAK_TRIALS"  # the harness's trial inputs cannot tell a cached result from a computed one
 HARNESS_ERROR = "HARNESS_ERROR"  # the library itself failed
+# The judge's (kz_runner.judge), for a kernel timed through bench.kernel:
+WRONG_OUTPUT = "WRONG_OUTPUT"  # a call on the judge's fresh inputs returned a wrong output
+PROTOCOL_ERROR = "PROTOCOL_ERROR"  # the kernel's worker sent the judge something malformed
+MACHINE_BUSY = "MACHINE_BUSY"  # the timing was void: the worker waited for a CPU too often (not a verdict)
 CODES = (TIMER_TAMPERED, UNSYNCED_WORK, THREAD_LEAK, OUTPUT_TYPE, STALE_OUTPUT, TIMED_MISMATCH, WEAK_TRIALS,
-         HARNESS_ERROR)
+         HARNESS_ERROR, WRONG_OUTPUT, PROTOCOL_ERROR, MACHINE_BUSY)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,9 @@ class Timing:
     elapsed_s: float  # wall time of the measuring loop
     checked_calls: int = 0  # timed calls whose output was compared with its expectation
     event_share: float | None = None  # GPU: summed event time / synchronised device time (about 1 when honest)
+    # timed by the judge (kz_runner.judge): its batches and overhead; the samples are then the clean
+    # batches' mean call times (only a batch's sum is checked against the judge's clock), n is the batches
+    judge: dict[str, Any] | None = None
 
     @property
     def median_ms(self) -> float:

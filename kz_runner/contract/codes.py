@@ -132,6 +132,11 @@ _ROWS = [
     ("METAS_MISSING", ERROR, "benchmark.py",
      "benchmark.py does not assign KERNEL_ZOO_TEST_CASE_METAS at module level.",
      "Add KERNEL_ZOO_TEST_CASE_METAS = [ {...}, ... ] at module level (see the guide's §3.4)."),
+    ("HARNESS_NOT_JUDGED", WARNING, "benchmark.py",
+     "benchmark.py times its kernel in its own process (it imports from src/ or never calls bench.kernel): the "
+     "judge cannot time it, so its results are unverified: accepted into the repository, never ranked, never a best.",
+     "Import nothing from src/; use bench.kernel(module, function) and pass the reference to c.time "
+     "(docs/kernel_package_guide_en.md, 3.5)."),
     ("METAS_NOT_LITERAL", ERROR, "benchmark.py",
      "KERNEL_ZOO_TEST_CASE_METAS is not a static literal list of dicts (something in it is computed, or a name in it is not a constant, or it is assigned more than once).",
      "Write the list from literals (strings, numbers, lists, dicts) and module-level constants bound once above it (NAME = <literal>); the server reads it with ast, never by importing."),

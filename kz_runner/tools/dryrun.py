@@ -11,7 +11,12 @@ Steps, in order; the first that fails ends the run and names itself:
 3. ``build-1``, ``build-2``  ``python .kernel_package/build_test_env.py WORKDIR`` in two
                    fresh workdirs (cwd = package root, own process group, timeout);
 4. ``idempotency`` ``inputs/``, ``expected/`` and ``build_manifest.json`` byte for byte;
-5. ``benchmark``   ``python .kernel_package/benchmark.py WORKDIR`` (workdir of build 1);
+5. ``benchmark``   ``python .kernel_package/benchmark.py WORKDIR`` (workdir of build 1), as the
+                   runner runs it: a harness that names its kernel with ``bench.kernel`` runs
+                   from a copy of ``.kernel_package/`` alone (the judge's view: no source area)
+                   and times the kernel through the judge, whose worker imports the package's
+                   ``src/`` (no sandbox here); one that imports from ``src/`` or never calls
+                   ``bench.kernel`` runs in place, its figures unverified (``measurement``);
 6. ``output``      stdout is exactly one JSON document;
 7. ``checks``      the schema and the server's hard checks (:mod:`.checks`);
 8. ``floor``       the physics floor (:mod:`kz_runner.contract.rules.floor`) with the default
@@ -90,6 +95,8 @@ class DryRun:
     workdirs: list[str] = field(default_factory=list)  # kept with keep=True
     warnings: tuple[Problem, ...] = ()
     judged_against: str | None = None  # set when a Scorecard replaced the package's own
+    measurement: str | None = None  # "judged" or "unverified", once the benchmark ran
+    unverified_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -123,6 +130,8 @@ class DryRun:
             "workdirs": self.workdirs,
             "judged_against": self.judged_against,
             "held": [p.to_json() for p in self.held],
+            "measurement": self.measurement,
+            "unverified_reason": self.unverified_reason,
         }
 
 
@@ -143,11 +152,33 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _run_child(script: str, package_dir: Path, workdir: Path, timeout_s: float, python: str):
+def _run_child(script: str, package_dir: Path, workdir: Path, timeout_s: float, python: str,
+               extra_env: dict[str, str] | None = None):
     from kz_runner.worker.procs import run_step
 
-    return run_step([python, f"{KP}/{script}", str(workdir)], cwd=package_dir, env=_child_env(),
+    return run_step([python, f"{KP}/{script}", str(workdir)], cwd=package_dir, env={**_child_env(), **(extra_env or {})},
                     timeout_s=timeout_s, stdout_cap=STDOUT_CAP, stderr_cap=STDERR_CAP, kill_grace_s=2.0)
+
+
+def _run_benchmark(run: DryRun, package_dir: Path, workdir: Path, scratch: Path, timeout_s: float, python: str):
+    """The benchmark as the runner runs it (see the module docstring); sets ``run.measurement``."""
+    from kz_runner.bench import UNJUDGED_MARK
+    from kz_runner.contract.layout import WORKER_SANDBOX_ENV, WORKER_SOURCE_ENV
+    from kz_runner.contract.rules.pysource import harness_not_judged
+
+    why = harness_not_judged((package_dir / KP / BENCHMARK).read_bytes())
+    if why is None:
+        view = scratch / "judge" / package_dir.name  # .kernel_package/ alone: the judge's view
+        shutil.copytree(package_dir / KP, view / KP, ignore=shutil.ignore_patterns("__pycache__"))
+        res = _run_child(BENCHMARK, view, workdir, timeout_s, python,
+                         {WORKER_SANDBOX_ENV: "[]", WORKER_SOURCE_ENV: str(package_dir)})
+        marks = [ln for ln in res.stderr.decode("utf-8", "replace").splitlines() if ln.startswith(UNJUDGED_MARK)]
+        if not marks:
+            run.measurement = "judged"
+            return res
+        why = marks[-1][len(UNJUDGED_MARK):].strip()
+    run.measurement, run.unverified_reason = "unverified", why
+    return _run_child(BENCHMARK, package_dir, workdir, timeout_s, python)
 
 
 def _child_step(name: str, res, timeout_s: float) -> Step:
@@ -363,8 +394,9 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
     if not same:
         return
 
-    res = _run_child(BENCHMARK, package_dir, workdirs[0], bench_timeout_s, python)
+    res = _run_benchmark(run, package_dir, workdirs[0], scratch, bench_timeout_s, python)
     step = _child_step("benchmark", res, bench_timeout_s)
+    step.detail += " (judged)" if run.measurement == "judged" else f" (unverified: {run.unverified_reason})"
     run.steps.append(step)
     if not step.ok:
         return
@@ -451,7 +483,9 @@ def render_text(run: DryRun) -> str:
     if run.ok:
         held = "".join(f"; held for an admin's review on the server: {p.code} {p.file}:{p.field}"
                        for p in run.held[:1]) + (f" (and {len(run.held) - 1} more)" if len(run.held) > 1 else "")
-        lines.append(f"verdict: PASS — {run.steps[-1].detail}{held}")
+        unverified = (f"; unverified ({run.unverified_reason}): the server accepts it but never ranks it"
+                      if run.measurement == "unverified" else "")
+        lines.append(f"verdict: PASS — {run.steps[-1].detail}{held}{unverified}")
     else:
         failed = next((s for s in run.steps if not s.ok), None)
         lines.append(f"verdict: FAIL at step {failed.name}: {clip(failed.detail, VERDICT_CHARS)}" if failed

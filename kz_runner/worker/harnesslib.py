@@ -25,6 +25,9 @@ from pathlib import Path
 # Top-level packages of this project that the staged library may carry.
 OURS = ("kz_runner", "kz_schemas", "kz_events")
 ROOT_MODULE = "kz_runner.bench"
+# Packages staged whole with the library: the judge's worker module is started by name
+# (``python -m kz_runner.judge.serve_kernel``), which no import statement names.
+WHOLE_PACKAGES = ("kz_runner.judge",)
 
 
 def _imports(path: Path, module: str, is_package: bool) -> set[str]:
@@ -52,7 +55,7 @@ def _imports(path: Path, module: str, is_package: bool) -> set[str]:
 def closure(root: str = ROOT_MODULE) -> dict[str, Path]:
     """``{module name: source file}`` of ``root``, its submodules and everything of ours
     they import, with the ``__init__`` of every package on the way."""
-    todo, seen = [root], {}
+    todo, seen = [root, *WHOLE_PACKAGES], {}
     while todo:
         name = todo.pop()
         if name in seen:
@@ -69,8 +72,8 @@ def closure(root: str = ROOT_MODULE) -> dict[str, Path]:
         todo.extend(_imports(origin, name, is_package))
         if "." in name:
             todo.append(name.rpartition(".")[0])
-        if name == root and is_package:
-            todo.extend(f"{root}.{p.stem}" for p in origin.parent.glob("*.py") if p.stem != "__init__")
+        if (name == root or name in WHOLE_PACKAGES) and is_package:
+            todo.extend(f"{name}.{p.stem}" for p in origin.parent.glob("*.py") if p.stem != "__init__")
     return seen
 
 

@@ -37,6 +37,7 @@ Expected failures are values: ``JobOutcome.failure_code`` is one of the codes in
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import shutil
 import signal
@@ -52,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from kz_runner.contract import tarball
-from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP
-from kz_runner.contract.rules.pysource import read_metas
+from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP, WORKER_SANDBOX_ENV, WORKER_SOURCE_ENV
+from kz_runner.contract.rules.pysource import harness_not_judged, read_metas
 from kz_runner.worker import contain, harnesslib, result_channel as channel, sandbox, seal as integrity
 from kz_runner.worker.logtail import Redactor, tail
 from kz_runner.worker.procs import StepResult, run_step
@@ -333,9 +334,11 @@ def device_view(settings: JobSettings) -> tuple[tuple[str, ...], tuple[str, ...]
 
 def sandbox_spec(settings: JobSettings, *, cwd: Path, env: Mapping[str, str], timeout_s: float,
                  readonly: Sequence[Path] = (), writable: Sequence[Path] = (), pass_fds: Sequence[int] = (),
-                 status_fd: int | None = None) -> sandbox.SandboxSpec:
+                 status_fd: int | None = None, nested: bool = False,
+                 readonly_at: Sequence[tuple[str, str]] = ()) -> sandbox.SandboxSpec:
     """The sandbox of one step: the given paths, the interpreter of ``settings.python``, the
-    lane's devices, the job user and limits of ``settings.containment``."""
+    lane's devices, the job user and limits of ``settings.containment``; ``nested``: the step
+    makes the kernel worker's sandbox (the judge's step)."""
     c = settings.containment
     devices, ro_try = device_view(settings)
     return sandbox.SandboxSpec(
@@ -343,7 +346,40 @@ def sandbox_spec(settings: JobSettings, *, cwd: Path, env: Mapping[str, str], ti
         interpreter=sandbox.interpreter_paths(settings.python), devices=devices,
         ro_try=tuple(ro_try) + library_paths(env), env=dict(env), pass_fds=tuple(pass_fds),
         cpu_s=c.cpu_seconds(timeout_s), fsize_bytes=c.fsize_bytes, nproc=c.nproc, nofile=c.nofile,
-        uid=c.uid, gid=c.gid, status_fd=status_fd)
+        uid=c.uid, gid=c.gid, status_fd=status_fd, nested=nested,
+        ro_at=tuple((str(a), str(b)) for a, b in readonly_at))
+
+
+# Where the judge's view holds what only the kernel's worker uses: the package's source area and the
+# build's outputs are not at their own paths there (a benchmark that imports from src/ fails, and is
+# run again unverified), but a nested sandbox can only show what its maker's view holds.
+WORKER_SOURCE_AT = "/.kz-worker/package"
+WORKER_BUILD_AT = "/.kz-worker/build"
+
+
+def worker_views(package_dir: Path, work: Path) -> list[tuple[str, str]]:
+    """(path in the judge's view, path in the worker's view) of the package and the build's ``build/``."""
+    pairs = [(WORKER_SOURCE_AT, str(package_dir))]
+    if (work / "build").is_dir():
+        pairs.append((WORKER_BUILD_AT, str(work / "build")))
+    return pairs
+
+
+def worker_prefix(settings: JobSettings, package_dir: Path, lib: Path, work: Path, env: Mapping[str, str],
+                  timeout_s: float) -> list[str]:
+    """The argv prefix of the kernel worker's sandbox, which the judge's step makes itself
+    (``KZ_WORKER_SANDBOX``): the package (its source area) and the staged library read-only,
+    ``build/`` of the workdir read-only when the build made one, never the inputs or expected
+    outputs; no network, the lane's devices, the step's limits; a user namespace below the
+    judge's (``userns`` mode whoever the runner is: the judge is never root)."""
+    c = settings.containment
+    devices, ro_try = device_view(settings)
+    spec = sandbox.SandboxSpec(
+        cwd=str(package_dir), ro=(str(lib),), ro_at=tuple(worker_views(package_dir, work)),
+        interpreter=sandbox.interpreter_paths(settings.python),
+        devices=devices, ro_try=tuple(ro_try) + library_paths(env), cpu_s=c.cpu_seconds(timeout_s),
+        fsize_bytes=c.fsize_bytes, nproc=c.nproc, nofile=c.nofile, hostname="kz-worker")
+    return sandbox.nested_command(spec)
 
 
 def _close_fds(fds: Sequence[int]) -> None:
@@ -357,7 +393,8 @@ def _close_fds(fds: Sequence[int]) -> None:
 def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env: Mapping[str, str],
                   timeout_s: float, readonly: Sequence[Path] = (), writable: Sequence[Path] = (),
                   pass_fds: Sequence[int] = (), reads: Mapping[str, tuple[int, int]] | None = None,
-                  cancel: threading.Event | None = None) -> StepResult:
+                  cancel: threading.Event | None = None, nested: bool = False,
+                  readonly_at: Sequence[tuple[str, str]] = ()) -> StepResult:
     """Run one job step in its own sandbox, supervised: the one way package code runs.
 
     ``argv`` runs with cwd ``cwd`` and exactly the environment ``env``, seeing ``readonly``
@@ -382,7 +419,8 @@ def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env:
     os.set_inheritable(status_read, False)
     try:
         spec = sandbox_spec(s, cwd=cwd, env=env, timeout_s=timeout_s, readonly=readonly, writable=writable,
-                            pass_fds=(*pass_fds, status_write), status_fd=status_write)
+                            pass_fds=(*pass_fds, status_write), status_fd=status_write, nested=nested,
+                            readonly_at=readonly_at)
         command = sandbox.command(spec, argv)
     except BaseException:
         _close_fds([status_read, status_write, *pass_fds, *(fd for fd, _cap in reads.values())])
@@ -456,6 +494,9 @@ def preflight(settings: JobSettings, work_root: Path) -> Preflight:
         report = sandbox.probe()
         if not report.ok:
             return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: {report.reason} (fix: {report.fix})", report)
+        nested = sandbox.probe_nested()  # the judge's step makes the kernel worker's sandbox itself
+        if not nested.ok:
+            return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: {nested.reason} (fix: {nested.fix})", nested)
         for sub in ("work", "home", "tmp"):
             (job_dir / sub).mkdir()
         _hand_over(settings, job_dir)
@@ -490,9 +531,13 @@ class _Steps:
         self.cancel = cancel
 
     def run(self, script: str, work: Path, timeout_s: float, pipes: channel.Pipes | None = None, *,
-            work_writable: bool) -> StepResult:
+            work_writable: bool, worker: list[str] | None = None) -> StepResult:
         """Run one step; ``pipes`` (the benchmark's) are handed over and drained. The build writes
-        ``work``; the benchmark sees it read-only (what the build made is sealed)."""
+        ``work``; the benchmark sees it read-only (what the build made is sealed).
+
+        ``worker`` (the kernel worker's sandbox prefix) makes it the judge's step: the benchmark
+        sees ``.kernel_package/``, the inputs and expected outputs and the library, never the
+        source area, and starts the kernel's worker itself in that sandbox."""
         env = dict(self.env)
         pass_fds: list[int] = []
         reads: dict[str, tuple[int, int]] = {}
@@ -500,13 +545,21 @@ class _Steps:
             env.update(pipes.env())
             pass_fds.extend(pipes.child_fds)
             reads["result"] = (pipes.result_read, channel.RESULT_CAP)
-        readonly = [self.job_dir / "pkg", self.job_dir / "lib"]
         writable = [self.job_dir / "home", self.job_dir / "tmp"]
-        (writable if work_writable else readonly).append(work)
+        if worker is not None:
+            env.update({WORKER_SANDBOX_ENV: json.dumps(worker), WORKER_SOURCE_ENV: str(self.package_dir)})
+            readonly = [self.package_dir / KP, self.job_dir / "lib"]
+            readonly += [work / sub for sub in ("inputs", "expected") if (work / sub).is_dir()]
+            shown_at = [(dest, src) for src, dest in worker_views(self.package_dir, work)]
+        else:
+            readonly = [self.job_dir / "pkg", self.job_dir / "lib"]
+            (writable if work_writable else readonly).append(work)
+            shown_at = []
         try:
             return run_sandboxed([self.settings.python, script, str(work)], self.settings, cwd=self.package_dir,
                                  env=env, timeout_s=timeout_s, readonly=readonly, writable=writable,
-                                 pass_fds=pass_fds, reads=reads, cancel=self.cancel)
+                                 pass_fds=pass_fds, reads=reads, cancel=self.cancel, nested=worker is not None,
+                                 readonly_at=shown_at)
         finally:
             if pipes is not None:  # run_sandboxed closed every end it was given
                 pipes.control_read = pipes.result_write = pipes.result_read = -1
@@ -601,11 +654,7 @@ def execute_job(
                               "workers": sealed.workers}
         logs.note(f"sealed {sealed.files} file(s) of the build ({sealed.bytes} bytes) in {sealed.seconds:.3f} s")
 
-        pipes = channel.open_pipes()
-        try:
-            bench = steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes, work_writable=False)
-        finally:
-            pipes.close()
+        bench = _run_benchmark(steps, settings, job_dir, package_dir, work, env, logs, facts)
         timings["benchmark_s"] = round(bench.duration_s, 6)
         tails["benchmark"] = tail(bench.stderr_tail, redactor)
         logs.note(_step_note(BENCHMARK, bench))
@@ -625,7 +674,10 @@ def execute_job(
                 message = f"the package's contract files changed during the benchmark: {tampered}"
             facts["result_channel"] = "harness" if bench.extra.get("result", b"").strip() else "stdout"
             return done(None, INTEGRITY_ERROR, message)
-        return done(*_judge_benchmark(bench, settings, logs, facts))
+        result, code, message = _judge_benchmark(bench, settings, logs, facts)
+        if isinstance(result, dict) and "measurement" in facts:  # the runner's word, never the package's
+            result["measurement"] = facts["measurement"]
+        return done(result, code, message)
     except sandbox.SandboxUnavailable as exc:  # the host's trouble: no step of the package ran
         logs.note(f"the sandbox could not be made: {exc.report.stderr or exc}")
         return done(None, SANDBOX_UNAVAILABLE, str(exc))
@@ -635,6 +687,40 @@ def execute_job(
     finally:
         if job_dir.exists() and not settings.keep_workdir:
             _rmtree(job_dir)
+
+
+def _run_benchmark(steps: _Steps, settings: JobSettings, job_dir: Path, package_dir: Path, work: Path,
+                   env: Mapping[str, str], logs: _Logs, facts: dict[str, Any]) -> StepResult:
+    """The benchmark: the judge's step when the harness names its kernel with ``bench.kernel`` and
+    imports nothing from the source area (``measurement: judged``); else, or when the judge's
+    step reports that it needs the source area, the whole benchmark in one sandbox with the source
+    visible, as before the judge (``measurement: unverified``: accepted, never ranked)."""
+    why = harness_not_judged((package_dir / BENCHMARK_SCRIPT).read_bytes())
+    if why is None:
+        prefix = [] if settings.containment.unconfined else worker_prefix(
+            settings, package_dir, job_dir / "lib", work, env, settings.benchmark_timeout_s)
+        pipes = channel.open_pipes()
+        try:
+            bench = steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes, work_writable=False,
+                              worker=prefix)
+        finally:
+            pipes.close()
+        doc, _problem = channel.parse_channel(bench.extra.get("result", b""))
+        if bench.cancelled or doc is None or doc.get("kind") != "unjudged":
+            facts["measurement"] = "judged"
+            return bench
+        why = str(doc.get("reason") or "")[:500]
+        logs.note(f"the judge's step needs the source area ({why}): run again with it, unverified")
+        logs.section(f"{BENCHMARK} stderr (the judge's step)", bench.stderr, bench.stderr_dropped)
+    else:
+        logs.note(f"{BENCHMARK} is not judged ({why}): it runs with the source area, unverified")
+    facts["measurement"] = "unverified"
+    facts["unverified_reason"] = why
+    pipes = channel.open_pipes()
+    try:
+        return steps.run(BENCHMARK_SCRIPT, work, settings.benchmark_timeout_s, pipes, work_writable=False)
+    finally:
+        pipes.close()
 
 
 def _contract_changes(before: integrity.Snapshot, contract_dir: Path) -> str:

@@ -124,7 +124,7 @@ def parse_channel(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         return None, f"the harness's result channel is not one JSON document ({exc})"
-    if not isinstance(doc, dict) or doc.get("kind") not in ("result", "integrity"):
+    if not isinstance(doc, dict) or doc.get("kind") not in ("result", "integrity", "unjudged"):
         return None, "the harness's result channel carried no result or integrity document"
     return doc, None
 
@@ -144,6 +144,9 @@ def judge(stdout: bytes, channel_data: bytes, *, channel_dropped: int = 0) -> Ve
         return Verdict(out, None, None, "stdout")
     if doc["kind"] == "integrity":
         return integrity_verdict(doc)
+    if doc["kind"] == "unjudged":  # only the judge's step may say so (kz_runner.worker.job runs it again)
+        return Verdict(None, INTEGRITY_ERROR, "the harness said it needs the source area outside the judge's step",
+                       "harness")
     result = doc.get("result")
     if not isinstance(result, dict):
         return Verdict(None, INTEGRITY_ERROR, "the harness's result document holds no benchmark output", "harness")

@@ -60,7 +60,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +240,8 @@ class SandboxSpec:
     rw: tuple[str, ...] = ()
     # read-only paths: the package, the staged harness library (a job's work/ for its benchmark)
     ro: tuple[str, ...] = ()
+    # read-only paths shown at another place: (source path, path in the view)
+    ro_at: tuple[tuple[str, str], ...] = ()
     # the interpreter's read-only paths (prefixes, site-packages)
     interpreter: tuple[str, ...] = field(default_factory=interpreter_paths)
     # device nodes (globs allowed, missing ones skipped): e.g. nvidia_view(0)[0]
@@ -268,6 +270,14 @@ class SandboxSpec:
     # and the program was found; anything else first = the sandbox failed, not the step
     # (:func:`started`). Closed before the step runs.
     status_fd: int | None = None
+    # the step may make one sandbox of its own (the judge's step, for the kernel's worker): in
+    # ``userns`` mode its user namespace does not forbid a nested one; the nested sandbox
+    # (:func:`nested_command`) forbids any further one
+    nested: bool = False
+    # a fresh /proc of the sandbox's pid namespace; False shows the enclosing sandbox's /proc
+    # read-only instead (a sandbox nested in another cannot mount one: the kernel refuses a proc
+    # mount where the enclosing /proc has parts covered, as bwrap covers /proc/sys)
+    fresh_proc: bool = True
 
     def limits(self) -> dict[str, tuple[int, int]]:
         """``{"CPU": (soft, hard)}``-style limits asked for (core dumps always off)."""
@@ -375,21 +385,25 @@ def _view(spec: SandboxSpec) -> list[str]:
         path = "/etc/" + name
         if os.path.lexists(path):
             v.mount("--ro-bind-try", path, path)
-    v.special(["--proc", "/proc"], "/proc")
+    if spec.fresh_proc:
+        v.special(["--proc", "/proc"], "/proc")
+    else:
+        v.mount("--ro-bind", "/proc", "/proc")
     v.special(["--dev", "/dev"], "/dev")
     v.special(["--perms", "1777", "--size", str(spec.tmp_bytes), "--tmpfs", "/dev/shm"], "/dev/shm")
     v.special(["--perms", "1777", "--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"], "/tmp")
     for pattern in spec.devices:
         for dev in sorted(glob.glob(pattern)) or []:
             v.mount("--dev-bind-try", dev, dev)
-    binds: list[tuple[str, str]] = []
-    binds += [("--ro-bind", p) for p in spec.interpreter]
-    binds += [("--ro-bind-try", p) for p in spec.ro_try if os.path.exists(p)]
-    binds += [("--ro-bind", os.path.abspath(p)) for p in spec.ro]
-    binds += [("--bind", os.path.abspath(p)) for p in spec.rw]
+    binds: list[tuple[str, str, str]] = []
+    binds += [("--ro-bind", p, p) for p in spec.interpreter]
+    binds += [("--ro-bind-try", p, p) for p in spec.ro_try if os.path.exists(p)]
+    binds += [("--ro-bind", os.path.abspath(p), os.path.abspath(p)) for p in spec.ro]
+    binds += [("--ro-bind", src, dest) for src, dest in spec.ro_at]
+    binds += [("--bind", os.path.abspath(p), os.path.abspath(p)) for p in spec.rw]
     # parents before children; at equal paths a later (writable) bind wins
-    for option, path in sorted(binds, key=lambda b: (len(Path(b[1]).parts), b[1])):
-        v.mount(option, path, path)
+    for option, src, dest in sorted(binds, key=lambda b: (len(Path(b[2]).parts), b[2])):
+        v.mount(option, src, dest)
     return v.args
 
 
@@ -398,7 +412,7 @@ def _command(spec: SandboxSpec, argv: Sequence[str], bwrap: str, mode: str) -> l
         raise ValueError("a sandboxed step must not run as uid or gid 0")
     cmd = [bwrap]
     if mode == "userns":
-        cmd += ["--unshare-all", "--unshare-user", "--disable-userns",
+        cmd += ["--unshare-all", "--unshare-user", *([] if spec.nested else ["--disable-userns"]),
                 "--uid", str(spec.uid), "--gid", str(spec.gid)]
     else:
         cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
@@ -428,6 +442,18 @@ def command(spec: SandboxSpec, argv: Sequence[str], *, bwrap: str | None = None)
     if not report.ok:
         raise SandboxUnavailable(report)
     return _command(spec, argv, str(report.bwrap), mode())
+
+
+def nested_command(spec: SandboxSpec, *, bwrap: str | None = None) -> list[str]:
+    """The argv prefix (the program and its arguments follow) of a sandbox that a sandboxed step
+    makes itself: the judge's step starting the kernel's worker. The step is never root, so this
+    is ``userns`` mode whoever the runner is, with the enclosing /proc (``fresh_proc`` off) and
+    ``--disable-userns``: no sandbox nests below it. Raises :class:`SandboxUnavailable` unless
+    :func:`probe_nested` passed."""
+    report = probe_nested(bwrap)
+    if not report.ok:
+        raise SandboxUnavailable(report)
+    return _command(replace(spec, fresh_proc=False, nested=False, status_fd=None), [], str(report.bwrap), "userns")
 
 
 def preexec_fn(spec: SandboxSpec):
@@ -598,6 +624,99 @@ def _probe(bwrap: str | None, timeout_s: float) -> SandboxReport:
             return SandboxReport(False, f"the sandbox is not tight: {problem}", "a bug or an unusual host: report it",
                                  "broken", path, version, how, seconds)
         return SandboxReport(True, None, None, None, path, version, how, seconds)
+
+
+# What the enclosing step of the nested probe runs: the nested sandbox's program prints "ready" and
+# waits; the step finds it below itself, stops it, sees it stopped, lets it go on and reads its
+# report (uid, its own pid namespace). The judge does the same to its worker.
+_NESTED_CODE = r"""
+import json, os, signal, subprocess, sys, time
+cmd = json.loads(sys.argv[1])
+child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+line = child.stdout.readline()
+def below(pid):
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        for c in open(f"/proc/{pid}/task/{tid}/children").read().split():
+            out += [int(c)] + below(int(c))
+    return out
+pids = below(os.getpid())
+def state(pid):
+    data = open(f"/proc/{pid}/stat", "rb").read()
+    return chr(data[data.rindex(b")") + 2])
+for p in pids:
+    os.kill(p, signal.SIGSTOP)
+time.sleep(0.05)
+stopped = all(state(p) in "tT" for p in pids)
+for p in pids:
+    os.kill(p, signal.SIGCONT)
+child.stdin = None
+out, _ = child.communicate(timeout=20)
+print(json.dumps({"first": line.decode().strip(), "report": out.decode().strip(), "stopped": stopped,
+                  "below": len(pids), "rc": child.returncode}))
+"""
+_NESTED_WORKER = r"""
+import json, os, sys, time
+print("ready", flush=True)
+time.sleep(0.3)
+nspid = open("/proc/self/status").read().split("NSpid:")[1].split()
+print(json.dumps({"uid": os.getuid(), "nspid": nspid}))
+"""
+_NESTED_CACHE: dict[tuple, SandboxReport] = {}
+
+
+def probe_nested(bwrap: str | None = None, *, refresh: bool = False,
+                 timeout_s: float = PROBE_TIMEOUT_S) -> SandboxReport:
+    """Can a step make the kernel worker's sandbox, and stop and continue it? Runs a real step
+    sandbox (``nested``) whose program makes a nested one (:func:`nested_command`'s form) and
+    stops it with SIGSTOP; cached per process. The judge needs both (docs/architecture.md)."""
+    outer = probe(bwrap)
+    if not outer.ok:
+        return outer
+    key = (outer.bwrap, os.geteuid())
+    with _LOCK:
+        if not refresh and key in _NESTED_CACHE:
+            return _NESTED_CACHE[key]
+        report = _probe_nested(outer, timeout_s)
+        _NESTED_CACHE[key] = report
+        return report
+
+
+def _probe_nested(outer: SandboxReport, timeout_s: float) -> SandboxReport:
+    how, path = mode(), str(outer.bwrap)
+    fix = ("the judge's step makes the kernel worker's sandbox as an unprivileged user: allow unprivileged "
+           "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; on "
+           "Ubuntu 23.10+ kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap)")
+    start = time.monotonic()
+    inner = _command(SandboxSpec(cwd="/", fresh_proc=False), [sys.executable, "-I", "-S", "-c", _NESTED_WORKER],
+                     path, "userns")
+    spec = SandboxSpec(cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cpu_s=int(timeout_s), nested=True)
+    argv = _command(spec, [sys.executable, "-I", "-S", "-c", _NESTED_CODE, json.dumps(inner)], path, how)
+    try:
+        done = subprocess.run(argv, **popen_kwargs(spec), capture_output=True, timeout=timeout_s, check=False)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return SandboxReport(False, f"the nested trial sandbox failed: {exc}", fix, "broken", path, outer.version,
+                             how, time.monotonic() - start)
+    seconds = time.monotonic() - start
+    stderr = done.stderr.decode("utf-8", "replace")
+    try:
+        out = json.loads(done.stdout.decode("utf-8").strip().splitlines()[-1])
+        report = json.loads(out["report"])
+    except (ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError):
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {done.returncode}"
+        return SandboxReport(False, f"a step cannot make the kernel worker's sandbox: {last}", fix, "denied", path,
+                             outer.version, how, seconds, stderr[-2000:])
+    problem = None
+    if out.get("first") != "ready" or out.get("rc") != 0:
+        problem = f"the nested sandbox's program did not run (exit {out.get('rc')})"
+    elif report.get("uid") != NOBODY or len(report.get("nspid") or []) < 2:
+        problem = f"the nested sandbox ran as uid {report.get('uid')} in pid namespaces {report.get('nspid')}"
+    elif not out.get("stopped"):
+        problem = "the step could not stop the nested sandbox's processes (SIGSTOP)"
+    if problem:
+        return SandboxReport(False, f"the kernel worker's sandbox is not usable: {problem}", fix, "broken", path,
+                             outer.version, how, seconds, stderr[-2000:])
+    return SandboxReport(True, None, None, None, path, outer.version, how, seconds)
 
 
 # --- hashing --------------------------------------------------------------------------

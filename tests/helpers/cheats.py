@@ -4,9 +4,10 @@ Each cheat replaces only the source area (``src/``) of an example, except the
 harness-replacing one. :func:`cheat_packages` writes them under a directory and
 says, for each, the code that should stop it and the layer that does:
 
-- ``library``: ``kz_runner.bench`` in the benchmark process (the code arrives on the
-  result channel; without the runner's pipes stdout carries ``overall.accept=false``
-  and an ``accept_reason`` starting with the code);
+- ``library``: ``kz_runner.bench`` in the benchmark process, which times the examples'
+  kernels through the judge (:mod:`kz_runner.judge`: the kernel runs in a worker process
+  of its own); the code arrives on the result channel; without the runner's pipes stdout
+  carries ``overall.accept=false`` and an ``accept_reason`` starting with the code;
 - ``runner``: the runner (its check of the built files, or its result channel);
 - ``daemon``: the server (the harness files are locked to the accepted ones);
 - ``rules``: the static rules at intake (the pattern beats the library in its own process);
@@ -15,6 +16,8 @@ says, for each, the code that should stop it and the layer that does:
 Every source-area cheat computes honestly on its first call, which is the untimed
 correctness check, so it is the timed calls' checks that must catch it.
 
+:func:`pipeline_cheat_packages` writes sources that beat the in-process harness and that the
+judge stops (layer ``judge``): the pipeline test runs them through a zoo with the static rules off.
 Two more families live beside them. :func:`rule_cheat_packages` writes source areas that
 hide code from the static rules (a file in another encoding, binaries, names built at run
 time, a module's namespace taken whole): each must be held or rejected at intake, naming
@@ -103,7 +106,7 @@ def axpy(a, x, y, out=None):
         out = np.empty_like(x)
 """ + _AXPY_HONEST + "    return out\n"),
     ("background_thread", "returns at once; a background thread finishes the work later", AXPY, "axpy.py",
-     "THREAD_LEAK", "library", """
+     "WRONG_OUTPUT", "library", """
 import threading
 import time
 import numpy as np
@@ -148,8 +151,9 @@ def softmax_rows(x):
     _calls[0] += 1
     return _softmax(x) if _calls[0] == 1 else Lazy(x)
 """),
-    ("ndarray_subclass", "returns an ndarray subclass instead of an ndarray", SOFTMAX, "softmax.py",
-     "OUTPUT_TYPE", "library", """
+    ("ndarray_subclass", "returns an ndarray subclass instead of an ndarray (harmless under the judge: only "
+     "the values reach it, through shared memory)", SOFTMAX, "softmax.py",
+     None, "library", """
 import numpy as np
 
 
@@ -170,7 +174,7 @@ def softmax_rows(x):
 """ + _SOFTMAX_HONEST + """    return shifted
 """),
     ("copy_input", "copies the input to the output once the untimed check is done", SOFTMAX, "softmax.py",
-     "TIMED_MISMATCH", "library", """
+     "WRONG_OUTPUT", "library", """
 import numpy as np
 
 _calls = [0]
@@ -183,7 +187,7 @@ def softmax_rows(x):
 """ + _SOFTMAX_HONEST + """    return shifted
 """),
     ("uninitialised_output", "returns the output buffer without writing it (np.empty's contents)", AXPY,
-     "axpy.py", "STALE_OUTPUT", "library", """
+     "axpy.py", "WRONG_OUTPUT", "library", """
 import numpy as np
 
 _calls = [0]
@@ -197,7 +201,7 @@ def axpy(a, x, y, out=None):
         return out
 """ + _AXPY_HONEST + "    return out\n"),
     ("stale_buffer", "keeps the first result's buffer and returns it on every later call", SOFTMAX,
-     "softmax.py", "STALE_OUTPUT", "library", """
+     "softmax.py", "WRONG_OUTPUT", "library", """
 import numpy as np
 
 _kept = []
@@ -209,7 +213,7 @@ def softmax_rows(x):
 """ + _SOFTMAX_HONEST + """    _kept.append(shifted)
     return shifted
 """),
-    ("cache_by_identity", "caches results keyed on the input arrays' identity", AXPY, "axpy.py", "STALE_OUTPUT",
+    ("cache_by_identity", "caches results keyed on the input arrays' identity", AXPY, "axpy.py", "WRONG_OUTPUT",
      "library", """
 import numpy as np
 
@@ -224,7 +228,7 @@ def axpy(a, x, y, out=None):
 """ + _AXPY_HONEST + """    _cache[key] = out
     return out
 """),
-    ("cache_by_shape", "caches results keyed on the input's shape", SOFTMAX, "softmax.py", "STALE_OUTPUT",
+    ("cache_by_shape", "caches results keyed on the input's shape", SOFTMAX, "softmax.py", "WRONG_OUTPUT",
      "library", """
 import numpy as np
 
@@ -292,7 +296,7 @@ def softmax_rows(x):
     return out
 """),
     ("skip_when_timed", "does no work once the call count says the timed loop runs", SOFTMAX, "softmax.py",
-     "TIMED_MISMATCH", "library", """
+     "WRONG_OUTPUT", "library", """
 import numpy as np
 
 _calls = [0]
@@ -331,7 +335,7 @@ def softmax_rows(x):
 """ + _SOFTMAX_HONEST + """    return shifted
 """),
     ("half_work", "computes only the first half of the elements in the timed calls", AXPY, "axpy.py",
-     "TIMED_MISMATCH", "library", """
+     "WRONG_OUTPUT", "library", """
 import numpy as np
 
 _calls = [0]
@@ -625,6 +629,70 @@ def rule_cheat_packages(tmp_dir: str | Path) -> list[RuleCheat]:
     return out
 
 
+# Sources the judge must stop with the static rules switched off (tests/test_judge_pipeline.py):
+# each beat the in-process harness before the judge. To add one: a (name, pattern, source of
+# src/softmax.py, the code the submission is rejected with) row; pipeline_cheat_packages writes
+# it over the Softmax example, and the pipeline test sends it through a zoo and reads the code.
+_PIPELINE_CHEATS: list[tuple[str, str, str, str]] = [
+    ("seed_prediction", "reads the runner's trial seed as the harness does and computes only the calls the "
+     "harness's schedule would check", """
+import random
+
+import numpy as np
+
+from kz_runner.bench import channel
+
+_schedule = random.Random(f"{channel.trial_seed()}:r64_c128:0")  # the in-process harness's check schedule
+_calls = [0]
+
+
+def softmax_rows(x):
+    _calls[0] += 1
+    _schedule.getrandbits(63)  # the trial content's seed, drawn before each call
+    if _calls[0] > 1 and _schedule.random() >= 0.25:  # not a checked call, by the harness's own draw
+        return np.zeros_like(x)
+""" + _SOFTMAX_HONEST + """    return shifted
+""", "WRONG_OUTPUT"),
+    ("clock_patch", "replaces time.perf_counter_ns with a clock running ten times slow", """
+import time
+
+import numpy as np
+
+_real = time.perf_counter_ns
+time.perf_counter_ns = lambda: _real() // 10
+
+
+def softmax_rows(x):
+""" + _SOFTMAX_HONEST + """    return shifted
+""", "TIMER_TAMPERED"),
+    ("cache_by_shape_and_id", "keeps the first result and returns it for any input of that shape or identity", """
+import numpy as np
+
+_cache = {}
+
+
+def softmax_rows(x):
+    for key in (x.shape, id(x)):
+        if key in _cache:
+            return _cache[key]
+""" + _SOFTMAX_HONEST + """    _cache[x.shape] = _cache[id(x)] = shifted
+    return shifted
+""", "WRONG_OUTPUT"),
+]
+
+
+def pipeline_cheat_packages(tmp_dir: str | Path) -> list[Cheat]:
+    """Write every source the judge must stop under ``tmp_dir`` (one folder each; layer ``judge``)."""
+    tmp_dir = Path(tmp_dir)
+    out = []
+    for name, pattern, source, code in _PIPELINE_CHEATS:
+        pkg = _copy_example(SOFTMAX, tmp_dir / name)
+        (pkg / "src" / "softmax.py").write_text(f'"""Cheat {name}: {pattern}."""\n' + source.lstrip("\n"),
+                                                encoding="utf-8")
+        out.append(Cheat(name, pattern, pkg, code, "judge"))
+    return out
+
+
 # Sources that are right on easy inputs and wrong in the numerically hard range; the harness's
 # own inputs must reach that range (the Softmax example's r64_c128 rows are shifted by up to ±1000).
 _INPUT_CHEATS: list[tuple[str, str, str, str, str | None, str, str]] = [
@@ -655,3 +723,4 @@ def input_cheat_packages(tmp_dir: str | Path) -> list[Cheat]:
                                             encoding="utf-8")
         out.append(Cheat(name, pattern, pkg, code, layer))
     return out
+

@@ -87,6 +87,8 @@ def _record(value: Any) -> dict | None:
     spread = value.get("spread")
     if isinstance(spread, dict) and {"n", "lo", "hi"} <= set(spread):  # the schema checked the scorecard's
         record["spread"] = {"n": spread["n"], "lo": spread["lo"], "hi": spread["hi"]}
+    if value.get("measurement") == "unverified":  # measured where the package's code ran: shown, never ranked
+        record["unverified"] = True
     return record
 
 

@@ -202,7 +202,35 @@ def check_benchmark_source(source: str | bytes, file: str = BENCHMARK_FILE) -> t
         problems = check_metas(metas, file)
     if not has_main_guard(tree):
         problems.append(problem("BENCHMARK_NO_MAIN", "no if __name__ == \"__main__\": block", file=file))
+    why = _not_judged(tree)
+    if why is not None:
+        problems.append(problem("HARNESS_NOT_JUDGED", f"benchmark.py {why}: its results would be unverified "
+                                "(accepted, never ranked)", file=file))
     return metas, problems
+
+
+def _not_judged(tree: ast.Module) -> str | None:
+    names_kernel = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr == "kernel") or \
+                    (isinstance(func, ast.Name) and func.id == "kernel"):
+                names_kernel = True
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.strip().rstrip("/").rsplit("/", 1)[-1] == "src":
+            return "names the source area (src), so it imports from it in its own process"
+    if not names_kernel:
+        return "never names its kernel with bench.kernel(module, function), so it times it in its own process"
+    return None
+
+
+def harness_not_judged(source: str | bytes) -> str | None:
+    """Why the judge cannot time this benchmark.py (it never calls ``bench.kernel``, or names the
+    source area ``src`` in a string: it imports from it), or None when it can. Read with ``ast``;
+    the runner then runs it with the source area visible, its result unverified."""
+    tree, _problems = parse_python(source, BENCHMARK_FILE)
+    return "cannot be read" if tree is None else _not_judged(tree)
 
 
 def _callable_with_one_arg(func: ast.FunctionDef) -> bool:

@@ -10,7 +10,6 @@ best (15 % for the launch-bound tiny cases, 5 % for the xl case).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from kz_runner import bench
 
@@ -39,8 +38,9 @@ KERNEL_ZOO_TEST_CASE_METAS = [
 # 3 of 8 (benchmarks/results/repeatability_h200.txt), so they get 15 %; the xl case 5 %.
 REGRESSION_TOLERANCE = {"small_b1_h1_s16_d16": 0.15, "large_b1_h2_s64_d32": 0.15, "xl_b2_h8_s512_d64": 0.05}
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from ref_attention import mha_forward  # noqa: E402
+# The kernel, named and never imported here (see the CPU examples); on a GPU the judge does not
+# serve device arrays yet, so the runner times it in-process and marks the result unverified.
+MHA = bench.kernel("ref_attention", "mha_forward")
 
 
 def main(argv: list[str]) -> int:
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     def run_case(c: bench.CaseRun) -> None:
         q, k, v = (h.xp.asarray(c.input(n)) for n in ("q", "k", "v"))
         # Checked, then timed on seeded trial inputs (as many as rotate through twice the L2).
-        t = c.time(mha_forward, (q, k, v), expected=c.expected("o"), reference=reference)
+        t = c.time(MHA, (q, k, v), expected=c.expected("o"), reference=reference)
         p = c.params
         flops = 4 * p["batch"] * p["heads"] * p["seq_len"] ** 2 * p["head_dim"]
         c.metric("primary_latency_ms", t.median_ms)

@@ -9,7 +9,6 @@ element-wise) and its primary latency is at most 5 % above the scorecard's best.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from kz_runner import bench
 
@@ -35,8 +34,9 @@ KERNEL_ZOO_TEST_CASE_METAS = [
 ]
 REGRESSION_TOLERANCE = 0.05
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from ref_attention import mha_forward  # noqa: E402
+# The kernel, named and never imported here (see the CPU examples); on a GPU the judge does not
+# serve device arrays yet, so the runner times it in-process and marks the result unverified.
+MHA = bench.kernel("ref_attention", "mha_forward")
 
 
 def main(argv: list[str]) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     def run_case(c: bench.CaseRun) -> None:
         q, k, v = (h.xp.asarray(c.input(n)) for n in ("q", "k", "v"))
         # Checked, then timed on seeded trial inputs (as many as rotate through twice the L2).
-        t = c.time(mha_forward, (q, k, v), expected=c.expected("o"), reference=reference)
+        t = c.time(MHA, (q, k, v), expected=c.expected("o"), reference=reference)
         p = c.params
         flops = 4 * p["batch"] * p["heads"] * p["seq_len"] ** 2 * p["head_dim"]
         c.metric("primary_latency_ms", t.median_ms)

@@ -9,7 +9,6 @@ element-wise) and its latency is at most 5 % above the scorecard's best.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from kz_runner import bench
 
@@ -32,8 +31,9 @@ KERNEL_ZOO_TEST_CASE_METAS = [
 ]
 REGRESSION_TOLERANCE = 0.05
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from axpy_fp16 import axpy  # noqa: E402
+# The kernel, named and never imported here (see the CPU examples); on a GPU the judge does not
+# serve device arrays yet, so the runner times it in-process and marks the result unverified.
+AXPY = bench.kernel("axpy_fp16", "axpy")
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         x, y = xp.asarray(c.input("x")), xp.asarray(c.input("y"))
         # Checked, then timed on seeded trial inputs (as many as rotate through twice the L2),
         # with a poisoned output buffer passed as the last argument.
-        t = c.time(axpy, (a, x, y), out=xp.empty_like(x), expected=c.expected("out"), reference=reference)
+        t = c.time(AXPY, (a, x, y), out=xp.empty_like(x), expected=c.expected("out"), reference=reference)
         c.metric("latency_us", t.median_us)
         c.metric("gbps", 6 * x.size / t.median_s / 1e9)
 

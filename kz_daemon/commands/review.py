@@ -91,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kz review: cannot reach {server}: {exc}", file=sys.stderr)
         return 2
     if status >= 400:
-        err = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+        err = doc.get("error")
+        if not isinstance(err, dict):
+            err = doc
         print(f"kz review: {err.get('code', status)}: {err.get('message', '')}", file=sys.stderr)
         return 1
     if getattr(args, "json", False):

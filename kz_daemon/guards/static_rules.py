@@ -67,8 +67,12 @@ def screen(tarball: Path, kernel_id: str, desc: dict, settings: RuleSettings,
     scan = scan_tarball(tarball, limits, capture=lambda name: name.startswith(root)
                         and not name.startswith(f"{root}{KP}/"), capture_bytes=limits.member_bytes)
     files = {name[len(root):]: data for name, data in scan.captured.items()}
-    category = desc.get("category") if isinstance(desc.get("category"), dict) else {}
-    references = desc.get("reference_sources") if isinstance(desc.get("reference_sources"), list) else []
+    category = desc.get("category")
+    if not isinstance(category, dict):
+        category = {}
+    references = desc.get("reference_sources")
+    if not isinstance(references, list):
+        references = []
     found = [f for f in check_sources(files, op_class=str(category.get("op_class") or ""),
                                       reference_sources=[str(r) for r in references],
                                       vendor_calls=settings.vendor_calls,

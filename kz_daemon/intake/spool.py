@@ -349,7 +349,7 @@ class InboxWatcher:
     def __init__(self, inbox: Path, wake: Callable[[], None]) -> None:
         self.inbox = inbox
         self.wake = wake
-        self._observer = None
+        self._observer: Any = None  # a watchdog Observer while started
 
     def start(self) -> None:
         """Start observing (watchdog's inotify backend on Linux)."""

@@ -83,6 +83,7 @@ class Mirror:
                 if self._stop:
                     return
                 head = self._wanted
+            assert head is not None  # the wait above ends only with a head to push
             failed = False
             for mirror in self.mirrors:
                 if self._pushed.get(mirror.name) == head:

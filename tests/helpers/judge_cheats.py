@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.helpers.cheats import SOFTMAX, _copy_example
 
 # Each is the Softmax example with only src/ changed, written against the judge/worker split:
-# the submitter's module runs in the worker (``python -m kz_runner.judge.worker``), whose
+# the submitter's module runs in the worker (``python -m kz_runner.judge.serve_kernel``), whose
 # ``__main__`` is the worker loop, whose arena holds every call slot of a batch, and which the
 # judge stops between batches. ``expected`` is the judge's code that stops it; an empty tuple
 # means no finding at all: the trick cannot speed anything up under the judge, and the timing
@@ -132,7 +132,7 @@ import numpy as np
 
 _calls = [0]
 try:
-    from kz_runner.judge import judge as _jmod
+    from kz_runner.judge import referee as _jmod
     _R = _jmod.JudgeResult
     _R.ok = property(lambda self: True)
     _R.codes = property(lambda self: [])
@@ -157,7 +157,7 @@ import importlib
 import numpy as np
 
 _calls = [0]
-for _name, _set in (("kz_runner.judge.judge", lambda m: m.Judge.time.__kwdefaults__.update(compare_per_batch=0,
+for _name, _set in (("kz_runner.judge.referee", lambda m: m.Judge.time.__kwdefaults__.update(compare_per_batch=0,
                                                                                              warmup_batches=0)),
                     ("kz_runner.bench.trials", lambda m: setattr(m, "MAX_CHECKED", 0))):
     try:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kz_daemon.api import openapi, public as api, rankings, runner as runner_api
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
@@ -66,7 +66,7 @@ class _CountRequests:
             return
         status_holder = [500]
 
-        async def send_wrapper(message: dict[str, Any]) -> None:
+        async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_holder[0] = message["status"]
             await send(message)
@@ -180,7 +180,8 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
     # proxy_headers off: uvicorn would take X-Forwarded-For from any local peer as the client;
     # which proxies are trusted is kz.yaml's http.trusted_proxies (kz_daemon.api.rate_limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=graceful_s, access_log=False, proxy_headers=False,
+                            timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]  # a float works
+                            access_log=False, proxy_headers=False,
                             http=protocol_class(guard), timeout_keep_alive=settings.keep_alive_s,
                             backlog=accept_backlog(settings.fd_reserve))
     return _Server(config)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -173,7 +174,7 @@ class McpEndpoint:
 
     def __init__(self) -> None:
         self.backend: ServiceBackend | None = None
-        self.server = None
+        self.server: MCPServer | None = None
         self._asgi: Any = None
 
     def bind(self, app: Any) -> None:

@@ -186,7 +186,7 @@ def become_subreaper() -> bool:
 
 def _children_of(pid: int) -> list[int]:
     """Pids whose parent is ``pid`` (from /proc; [] where /proc is unreadable)."""
-    found = []
+    found: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -322,6 +322,11 @@ class Runner:
 
     # -- work root ----------------------------------------------------------------------
 
+    def _work_root(self) -> Path:
+        """The work root, which _prepare_work_root settles before anything uses it."""
+        assert self.work_root is not None
+        return self.work_root
+
     def _prepare_work_root(self) -> str | None:
         """Lock the work root and clear what a killed runner left; an error text or None."""
         if self.work_root is None:
@@ -394,7 +399,7 @@ class Runner:
         if self.config.containment.unconfined:
             self.log("WARNING: --unconfined-dev: job steps run WITHOUT a sandbox, as this runner's user; "
                      "for development only: the zoo never accepts these runs")
-        check = preflight(self._settings_base(), self.work_root)
+        check = preflight(self._settings_base(), self._work_root())
         self._harness_sha256 = check.harness_sha256
         if check.problem:
             self.log(f"refusing to run jobs: {check.problem}")
@@ -412,6 +417,8 @@ class Runner:
         refused = self._preflight()
         if refused is not None:
             return refused
+        arch = self.arch
+        assert arch is not None  # _detect settled it
         self.log(f"serving {self.config.server} for arch {self.arch}, gpu {self.config.gpu}, "
                  f"work root {self.work_root}" + (", one job" if self.config.once else ""))
         failures = 0
@@ -427,7 +434,7 @@ class Runner:
             try:
                 self._interruptible = True
                 try:
-                    claim = self.client.claim(self.arch, wait, host=self.config.host,
+                    claim = self.client.claim(arch, wait, host=self.config.host,
                                               gpu=self.config.gpu, retry=claim_retry)
                 finally:
                     self._interruptible = False
@@ -475,7 +482,7 @@ class Runner:
         interval = max(0.5, claim.lease_seconds / 3.0)
         keeper = LeaseKeeper(self.client, claim, cancel, interval, self.log)
         keeper.start()
-        tarball = self.work_root / f"{claim.uuid}.tar.gz"
+        tarball = self._work_root() / f"{claim.uuid}.tar.gz"
         try:
             try:
                 size = self.client.fetch_package(claim, tarball, max_bytes=self.config.max_package_bytes)

@@ -19,8 +19,16 @@ import numpy as np
 import pytest
 
 from kz_runner.judge import Judge, fresh_like, protocol, shm
-from kz_runner.judge.referee import (BAD_OUTPUT, MACHINE_BUSY, PROTOCOL_ERROR, TIMER_TAMPERED, WORKER_CRASHED,
-                                   WORKER_ERROR, WORKER_TIMEOUT, WRONG_OUTPUT)
+from kz_runner.judge.referee import (
+    BAD_OUTPUT,
+    MACHINE_BUSY,
+    PROTOCOL_ERROR,
+    TIMER_TAMPERED,
+    WORKER_CRASHED,
+    WORKER_ERROR,
+    WORKER_TIMEOUT,
+    WRONG_OUTPUT,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the judge's worker control is Linux-only")
 

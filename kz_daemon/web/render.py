@@ -8,7 +8,7 @@ passed through nh3, which keeps a short list of tags and only http(s) or relativ
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def when(epoch: Any) -> str:
     """Epoch seconds as ``YYYY-MM-DD HH:MM:SSZ``; empty for a missing value."""
     if isinstance(epoch, bool) or not isinstance(epoch, (int, float)):
         return ""
-    return datetime.fromtimestamp(float(epoch), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return datetime.fromtimestamp(float(epoch), tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def make_templates() -> Jinja2Templates:

@@ -45,8 +45,15 @@ from typing import IO, Any
 
 from kz_runner.bench import channel, device as _device, pristine
 from kz_runner.bench.check import Check, check as _check
-from kz_runner.bench.integrity import (HARNESS_ERROR, OUTPUT_TYPE, TIMER_TAMPERED, WEAK_TRIALS, Finding, Guard,
-                                       IntegrityFailure)
+from kz_runner.bench.integrity import (
+    HARNESS_ERROR,
+    OUTPUT_TYPE,
+    TIMER_TAMPERED,
+    WEAK_TRIALS,
+    Finding,
+    Guard,
+    IntegrityFailure,
+)
 from kz_runner.bench.output import build_document, case_result, write_document
 from kz_runner.bench.scorecard import Scorecard, regression_check
 from kz_runner.bench.timing import Timing, summarize, time_fn

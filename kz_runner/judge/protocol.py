@@ -143,7 +143,7 @@ def recv_ready(sock: socket.socket, deadline: float | None) -> tuple[dict[str, A
     try:
         data, anc, flags, _ = sock.recvmsg(MAX_MESSAGE + HEADER.size + 1,
                                            socket.CMSG_SPACE(16) + socket.CMSG_SPACE(struct.calcsize("3i")))
-    except socket.timeout:
+    except TimeoutError:
         raise ChannelTimeout("no reply before the deadline") from None
     except OSError as exc:
         raise ChannelClosed(f"socket error: {exc}") from None
@@ -188,7 +188,7 @@ def recv_stamped(sock: socket.socket, deadline: float | None = None) -> tuple[di
         sock.settimeout(None)
     try:
         data, anc, flags, _ = sock.recvmsg(MAX_MESSAGE + HEADER.size + 1, socket.CMSG_SPACE(16))
-    except socket.timeout:
+    except TimeoutError:
         raise ChannelTimeout("no reply before the deadline") from None
     except OSError as exc:
         raise ChannelClosed(f"socket error: {exc}") from None

@@ -79,9 +79,10 @@ import subprocess
 import sys
 import time as _time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -412,7 +413,7 @@ class Judge:
 
     @classmethod
     def start(cls, worker_argv_prefix: Sequence[str] = (), src_dir: str | os.PathLike | None = None,
-              module: str | None = None, function: str | None = None, **options: Any) -> "Judge":
+              module: str | None = None, function: str | None = None, **options: Any) -> Judge:
         """Spawn the worker (``[*worker_argv_prefix, python, -m, kz_runner.judge.serve_kernel, --sock-fd, N]``).
 
         The prefix is where a sandbox goes (e.g. ``["setpriv", "--reuid=nobody", ...]``); it
@@ -488,7 +489,7 @@ class Judge:
         if self._finalizer is not None:
             self._finalizer.detach()
 
-    def __enter__(self) -> "Judge":
+    def __enter__(self) -> Judge:
         return self
 
     def __exit__(self, *exc: Any) -> None:

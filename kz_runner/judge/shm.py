@@ -45,7 +45,7 @@ class ArraySpec:
         return {"name": self.name, "offset": self.offset, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ArraySpec":
+    def from_json(cls, d: dict[str, Any]) -> ArraySpec:
         dtype = np.dtype(str(d["dtype"]))
         if dtype.hasobject or dtype.kind == "V":
             raise ValueError(f"dtype {dtype} is not allowed in the arena")

@@ -79,16 +79,16 @@ class LiveServer:
     @classmethod
     def start(cls, tmp: Path, *, kernels: list[str] | None = None, runners: tuple[str, ...] = ("r1", "r2"),
               settings: dict[str, Any] | None = None, config_yaml: str | None = None,
-              submitters: tuple[str, ...] = ("alice",), clock: Any = None) -> "LiveServer":
+              submitters: tuple[str, ...] = ("alice",), clock: Any = None) -> LiveServer:
         """Initialise ``tmp/state`` and serve it (``submitters``: the ids given a submitter token;
         ``clock``: the Zoo's clock, epoch seconds, for commit times and leases)."""
+        from kz_daemon.api.shim_settings import from_config
         from kz_daemon.config.tokens import TokenStore
-        from kz_daemon.storage.history import KernelHistory
         from kz_daemon.http.app import create_app, make_server
         from kz_daemon.http.serve import bind
-        from kz_daemon.api.shim_settings import from_config
         from kz_daemon.ops.runtime import init_state_dir
         from kz_daemon.ops.service import Zoo
+        from kz_daemon.storage.history import KernelHistory
 
         state = tmp / "state"
         state.mkdir(parents=True, exist_ok=True)

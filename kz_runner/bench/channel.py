@@ -32,7 +32,7 @@ SEED_LIMIT = 2 ** 63
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:

@@ -266,7 +266,9 @@ def exit_code_for(status: str | None) -> int:
 
 def held_lines(doc: dict[str, Any]) -> list[str]:
     """Why a held submission waits: each rule's finding (``file:line: text``), and what happens next."""
-    held = doc.get("held") if isinstance(doc.get("held"), dict) else {}
+    held = doc.get("held")
+    if not isinstance(held, dict):
+        held = {}
     lines = [f"held: a static rule holds it until an admin approves or rejects it "
              f"(rules: {', '.join(held.get('rules') or []) or 'not listed'})"]
     for finding in held.get("evidence") or []:

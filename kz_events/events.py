@@ -34,6 +34,7 @@ __all__ = [
     "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
     "DaemonStarted", "LogRepaired", "SpoolSkipped",
+    "RerunRequested", "RerunClaimed", "RerunLeaseRenewed", "RerunReleased", "RerunReported", "RerunFailed",
 ]
 
 #: type word -> the class of the current version of that event.
@@ -444,6 +445,106 @@ class RevokeCommitted(Event):
     uuid: str = doc(_UUID)
     sha: str = doc("SHA of the revocation commit.", pattern=_SHA_PATTERN)
     best_changed: bool = doc("Whether the kernel's metrics_best changed (else the commit changes no file).")
+
+
+# --- reruns of accepted records ----------------------------------------------------------
+#
+# A rerun measures an accepted record again: its package and harness at its source
+# commit, on a runner of its arch (or the one named), as a job of its own kind. It is
+# never judged for an accept and never changes the scorecard; it ends ``done`` with
+# each case's figure beside the record's, or ``failed``. Its events name the record
+# (``uuid``) and the rerun (``rerun_id``).
+
+_RERUN = "Id of the rerun (a uuid4 the daemon draws)."
+_RECORD = "Uuid of the accepted submission the rerun measures again (the subject of the event)."
+
+
+@register
+class RerunRequested(Event):
+    """Someone asked for an accepted record to be measured again; the rerun waits for a runner (``queued``)."""
+
+    TYPE = "rerun.requested"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    kernel_id: str = doc(_KID)
+    arch: str = doc("Arch a runner must have to claim the rerun (the record's).")
+    runner: Optional[str] = doc("The only runner that may claim it, or null for any runner of the arch.")
+    by: str = doc("Who asked (the token's id).")
+
+
+@register
+class RerunClaimed(Event):
+    """A runner took the rerun under a lease; ``running``."""
+
+    TYPE = "rerun.claimed"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    lease_expires_at: float = doc(_EXPIRES)
+    attempt: int = doc("Attempt number of this claim: previous attempts + 1.", minimum=1)
+
+
+@register
+class RerunLeaseRenewed(Event):
+    """The rerun's lease holder extended its lease."""
+
+    TYPE = "rerun.lease_renewed"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    lease_expires_at: float = doc(_EXPIRES)
+
+
+@register
+class RerunReleased(Event):
+    """The rerun's lease ended without a report (given back, or expired); ``queued`` again, attempt counted."""
+
+    TYPE = "rerun.released"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    reason: str = doc("Why: the runner's reason, or that the lease expired.")
+    expired: bool = doc("True when the lease expired (the reaper), false when the runner gave it back.")
+
+
+@register
+class RerunReported(Event):
+    """The lease holder reported the rerun's result; ``done``. Nothing is committed.
+
+    ``cases`` put each case's figure beside the record's: the record's committed value
+    of the primary metric (``original``), this run's (``value``), both with their
+    spread when known, the change in % and whether the two intervals overlap.
+    """
+
+    TYPE = "rerun.reported"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    runner_id: str = doc(_RUNNER)
+    lease_id: str = doc(_LEASE)
+    result_sha256: str = doc("sha256 of the stored result document.", pattern="^[0-9a-f]{64}$")
+    cases: list = doc(
+        "Per case: {test_case_id, metric, unit, direction, correctness, original, original_spread, value, "
+        "spread, delta_pct, speedup, within_noise}.", items={"type": "object"})
+    overall: dict = doc("{speedup (geometric mean of the cases' speed-ups against the record), delta_pct, "
+                        "correct (every case passed)}.")
+    env: dict = doc("The rerun's runner environment facts (gpu, driver, versions).")
+    env_changes: list = doc("The environment facts that differ from the record's run: [{key, original, rerun}].",
+                            items={"type": "object"})
+
+
+@register
+class RerunFailed(Event):
+    """The rerun ended without a figure (the runner's failure, a result the checks refuse, attempts
+    spent, or cancelled); ``failed``."""
+
+    TYPE = "rerun.failed"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    code: str = doc("Stable reason code, e.g. BUILD_FAILED, ATTEMPTS_EXHAUSTED, CANCELLED.")
+    message: str = doc("What happened.")
 
 
 # --- the rest of the system -------------------------------------------------------

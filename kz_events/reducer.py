@@ -18,6 +18,11 @@ The lifecycle (``kz_events.status.Status``)::
     any non-terminal --job.failed--> failed
     running (result reported) --job.confirmation_requested--> queued (once per submission)
     accepted --submission.revoked--> revoked (revoke.committed then records its commit)
+
+A rerun of an accepted record (``state.reruns``) has a lifecycle of its own and never
+changes the submission: rerun.requested --> queued --rerun.claimed--> running
+--rerun.reported--> done; running --rerun.released--> queued (attempt counted);
+queued/running --rerun.failed--> failed. ``next_rerun(state, arch, runner_id)`` picks one.
     received/held/queued/running --job.cancelled--> cancelled
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
@@ -46,7 +51,7 @@ __all__ = [
 ]
 
 #: bump whenever the fold changes meaning or the State layout; older snapshots are ignored.
-REDUCER_VERSION = 2  # 2: State.idempotency
+REDUCER_VERSION = 3  # 2: State.idempotency; 3: State.reruns
 
 
 class ReducerError(ValueError):
@@ -491,6 +496,129 @@ def _revoke_committed(state: State, seq: int, ts: str, p: dict) -> None:
     entry.update(sha=p["sha"], best_changed=p["best_changed"], committed_seq=seq)
 
 
+# --- reruns of accepted records -------------------------------------------------------------
+#
+# ``state.reruns[rerun_id]`` is a plain dict: rerun_id, uuid (the record), kernel_id, arch,
+# runner (the only runner that may claim it, or None), by, status (queued, running, done,
+# failed), requested_seq, requested_at, attempts, lease ([runner_id, lease_id, expires_at,
+# attempt] while running), result (the report's runner_id, result_sha256, cases, overall,
+# env, env_changes), reason ({code, message} when failed), history ([[seq, status, ts]]).
+# A rerun never touches a submission, the queue of submissions or a kernel's heads.
+
+RERUN_LIVE = ("queued", "running")
+RERUN_STATUSES = ("queued", "running", "done", "failed")
+
+
+def _accepted_kernel(state: State, uuid: str) -> str | None:
+    """The kernel_id of ``uuid`` when it is an accepted record, else None."""
+    accepted = getattr(state, "accepted", None)  # finished records kept compactly, where the State does
+    if accepted is not None and uuid in accepted:
+        return accepted[uuid]
+    sub = state.submissions.get(uuid)
+    return sub.kernel_id if sub is not None and sub.status == Status.ACCEPTED else None
+
+
+def _rerun(state: State, seq: int, t: str, p: dict, allowed: Iterable[str]) -> dict:
+    rerun = state.reruns.get(p["rerun_id"])
+    if rerun is None or rerun["uuid"] != p["uuid"]:
+        raise InvalidTransition(seq, t, f"no rerun {p['rerun_id']} of this record", p["uuid"])
+    if rerun["status"] not in allowed:
+        raise InvalidTransition(seq, t, f"not allowed while the rerun is {rerun['status']}", p["uuid"])
+    return rerun
+
+
+def _rerun_lease(seq: int, t: str, p: dict, rerun: dict) -> list:
+    lease = rerun["lease"]
+    if lease is None or lease[0] != p["runner_id"] or lease[1] != p["lease_id"]:
+        raise InvalidTransition(seq, t, f"lease {p['lease_id']} of {p['runner_id']} is not the rerun's lease",
+                                p["uuid"])
+    return lease
+
+
+def _rerun_status(rerun: dict, status: str, seq: int, ts: str) -> None:
+    rerun["status"] = status
+    rerun["history"].append([seq, status, ts])
+
+
+def _rerun_requested(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "rerun.requested"
+    if p["rerun_id"] in state.reruns:
+        raise InvalidTransition(seq, t, f"rerun {p['rerun_id']} was already requested", p["uuid"])
+    kernel_id = _accepted_kernel(state, p["uuid"])
+    if kernel_id is None:
+        raise InvalidTransition(seq, t, "only an accepted record can be rerun", p["uuid"])
+    if kernel_id != p["kernel_id"]:
+        raise InvalidTransition(seq, t, f"kernel_id {p['kernel_id']} != the record's {kernel_id}", p["uuid"])
+    state.reruns[p["rerun_id"]] = {
+        "rerun_id": p["rerun_id"], "uuid": p["uuid"], "kernel_id": kernel_id, "arch": p["arch"],
+        "runner": p["runner"], "by": p["by"], "status": "queued", "requested_seq": seq, "requested_at": ts,
+        "attempts": 0, "lease": None, "result": None, "reason": None, "history": [[seq, "queued", ts]]}
+
+
+def _rerun_claimed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "rerun.claimed"
+    rerun = _rerun(state, seq, t, p, ("queued",))
+    if rerun["runner"] is not None and rerun["runner"] != p["runner_id"]:
+        raise InvalidTransition(seq, t, f"the rerun is for runner {rerun['runner']}, not {p['runner_id']}",
+                                p["uuid"])
+    if p["attempt"] != rerun["attempts"] + 1:
+        raise InvalidTransition(seq, t, f"attempt {p['attempt']} but {rerun['attempts']} attempts so far",
+                                p["uuid"])
+    rerun["attempts"] = p["attempt"]
+    rerun["lease"] = [p["runner_id"], p["lease_id"], p["lease_expires_at"], p["attempt"]]
+    _rerun_status(rerun, "running", seq, ts)
+
+
+def _rerun_renewed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "rerun.lease_renewed"
+    rerun = _rerun(state, seq, t, p, ("running",))
+    lease = _rerun_lease(seq, t, p, rerun)
+    rerun["lease"] = [lease[0], lease[1], p["lease_expires_at"], lease[3]]
+
+
+def _rerun_released(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "rerun.released"
+    rerun = _rerun(state, seq, t, p, ("running",))
+    _rerun_lease(seq, t, p, rerun)
+    rerun["lease"] = None
+    _rerun_status(rerun, "queued", seq, ts)
+
+
+def _rerun_reported(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "rerun.reported"
+    rerun = _rerun(state, seq, t, p, ("running",))
+    _rerun_lease(seq, t, p, rerun)
+    rerun["lease"] = None
+    rerun["result"] = {"runner_id": p["runner_id"], "lease_id": p["lease_id"], "result_sha256": p["result_sha256"],
+                       "cases": p["cases"], "overall": p["overall"], "env": p["env"],
+                       "env_changes": p["env_changes"]}
+    _rerun_status(rerun, "done", seq, ts)
+
+
+def _rerun_failed(state: State, seq: int, ts: str, p: dict) -> None:
+    rerun = _rerun(state, seq, "rerun.failed", p, RERUN_LIVE)
+    rerun["lease"] = None
+    rerun["reason"] = {"code": p["code"], "message": p["message"], "seq": seq}
+    _rerun_status(rerun, "failed", seq, ts)
+
+
+def next_rerun(state: State, arch: str | None, runner_id: str | None = None) -> str | None:
+    """The rerun a runner of ``arch`` (any when None) should claim next: the oldest queued one it may run.
+
+    A rerun named for one runner is that runner's only.
+    """
+    best: tuple[int, str] | None = None
+    for rerun_id, rerun in state.reruns.items():
+        if rerun["status"] != "queued" or (arch is not None and rerun["arch"] != arch):
+            continue
+        if rerun["runner"] is not None and rerun["runner"] != runner_id:
+            continue
+        key = (rerun["requested_seq"], rerun_id)
+        if best is None or key < best:
+            best = key
+    return best[1] if best is not None else None
+
+
 def _spool_skipped(state: State, seq: int, ts: str, p: dict) -> None:
     """Nothing to fold: the event is the operator's record of an inbox entry left alone."""
 
@@ -526,6 +654,12 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.JobConfirmationRequested: _confirmation_requested,
     E.SubmissionRevoked: _revoked,
     E.RevokeCommitted: _revoke_committed,
+    E.RerunRequested: _rerun_requested,
+    E.RerunClaimed: _rerun_claimed,
+    E.RerunLeaseRenewed: _rerun_renewed,
+    E.RerunReleased: _rerun_released,
+    E.RerunReported: _rerun_reported,
+    E.RerunFailed: _rerun_failed,
 }
 #: the same by type word: the fold of a log line knows only the word.
 _BY_WORD: dict[str, Handler] = {cls.TYPE: handler for cls, handler in _HANDLERS.items()}
@@ -558,6 +692,8 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
             kernel_ids.add(sub.kernel_id)
     return {
         "seq": state.seq,
+        "reruns": {rid: copy.deepcopy(state.reruns.get(rid)) for rid in {p["rerun_id"] for p in payloads
+                                                                          if "rerun_id" in p}},
         "subs": {u: copy.deepcopy(state.submissions.get(u)) for u in uuids},
         "kernels": {k: copy.deepcopy(state.kernels.get(k)) for k in kernel_ids},
         "pending": dict(state.queue.pending),
@@ -577,6 +713,11 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
 def restore(state: State, memo: dict[str, Any]) -> None:
     """Undo everything since ``checkpoint`` returned ``memo``."""
     state.seq = memo["seq"]
+    for rerun_id, rerun in memo["reruns"].items():
+        if rerun is None:
+            state.reruns.pop(rerun_id, None)
+        else:
+            state.reruns[rerun_id] = rerun
     for table, saved in ((state.submissions, memo["subs"]), (state.kernels, memo["kernels"])):
         for key, value in saved.items():
             if value is None:

@@ -110,6 +110,9 @@ class State:
     daemon: dict = field(default_factory=dict)         # {version, pid, starts, seq}
     mirrors: dict = field(default_factory=dict)        # remote -> {sha, ok, error, seq}
     repairs: list = field(default_factory=list)        # [{seq, dropped_bytes, quarantine_file}]
+    #: rerun_id -> the rerun of an accepted record (kz_events.reducer's rerun handlers say its fields);
+    #: kept whole, finished ones too: a record's reruns are few, and its status document lists them
+    reruns: dict = field(default_factory=dict)
     #: submitter_id -> {Idempotency-Key -> [uuid, sha256, received ts]} (keys are per submitter)
     idempotency: dict = field(default_factory=dict)
 
@@ -133,6 +136,7 @@ class State:
             "daemon": self.daemon,
             "mirrors": self.mirrors,
             "repairs": self.repairs,
+            "reruns": self.reruns,
             "idempotency": self.idempotency,
         }
 
@@ -156,6 +160,7 @@ class State:
             index_version=version, index_head=head, index_kernels=count,
             status_counts=dict(doc["status_counts"]), daemon=dict(doc["daemon"]),
             mirrors=dict(doc["mirrors"]), repairs=list(doc["repairs"]),
+            reruns={rid: dict(r) for rid, r in (doc.get("reruns") or {}).items()},
             idempotency={s: dict(keys) for s, keys in doc["idempotency"].items()},
         )
 

@@ -64,6 +64,17 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
     E.SubmissionRevoked: lambda p: f"revoked by {p['by']}: {p['reason']}",
     E.RevokeCommitted: lambda p: (f"revocation commit {_short(p['sha'])}"
                                   + ("" if p["best_changed"] else " (best unchanged)")),
+    E.RerunRequested: lambda p: (f"rerun {p['rerun_id'][:8]} requested by {p['by']} for a {p['arch']} runner"
+                                 + (f" ({p['runner']} only)" if p["runner"] else "")),
+    E.RerunClaimed: lambda p: (f"rerun {p['rerun_id'][:8]} claimed by {p['runner_id']} "
+                               f"(attempt {p['attempt']}, lease {p['lease_id']})"),
+    E.RerunLeaseRenewed: lambda p: f"rerun {p['rerun_id'][:8]}: lease {p['lease_id']} renewed by {p['runner_id']}",
+    E.RerunReleased: lambda p: (f"rerun {p['rerun_id'][:8]}: lease of {p['runner_id']} "
+                                f"{'expired' if p['expired'] else 'given back'} ({p['reason']}); back in the queue"),
+    E.RerunReported: lambda p: (f"rerun {p['rerun_id'][:8]} done on {p['runner_id']}: "
+                                + (f"{p['overall']['delta_pct']:+.1f} % against the record"
+                                   if isinstance(p["overall"].get("delta_pct"), (int, float)) else "no comparable case")),
+    E.RerunFailed: lambda p: f"rerun {p['rerun_id'][:8]} failed: {p['code']}: {p['message']}",
 }
 
 

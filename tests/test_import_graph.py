@@ -156,7 +156,7 @@ def test_the_event_catalogue_is_imported_once_at_the_top(package):
 #: before it, never one after it (docs/architecture.md, "Wings").
 WINGS = {
     "kz_daemon": ("core", "board", "storage", "guards", "config", "intake", "queue", "upkeep", "accept", "ops",
-                  "api", "browse", "web", "mcp", "http", "commands", "cli", "__main__"),
+                  "api", "browse", "standings", "web", "mcp", "http", "commands", "cli", "__main__"),
     "kz_runner": ("contract", "judge", "bench", "worker", "tools", "commands"),
 }
 #: the most modules a wing's folder may hold (``__init__`` counted)

@@ -38,7 +38,7 @@ import yaml
 from dulwich.file import FileLocked
 
 from kz_daemon.board import outcome, ranking
-from kz_daemon.queue import confirm
+from kz_daemon.queue import confirm, reruns
 from kz_daemon.guards import physics, unconfined
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
@@ -144,8 +144,13 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
 
     Idempotent by (uuid, lease_id): a runner retries a report whose answer it lost, so
     the same report again (same runner and lease, same result bytes) after it was taken
-    answers with the current view; one with another result is a CONFLICT.
+    answers with the current view; one with another result is a CONFLICT. The report of
+    a rerun (``kz_daemon.queue.reruns``) is only stored and compared, never judged for an
+    accept; the answer is the record's view.
     """
+    if reruns.is_rerun(zoo, sub_uuid):
+        done = reruns.report(zoo, sub_uuid, runner_id, lease_id, result, logs, env, failure)
+        return zoo.submission(done["uuid"])
     with zoo.lock:
         repeat = repeated_report(zoo, sub_uuid, runner_id, lease_id, result)
         if repeat is not None:

@@ -18,9 +18,10 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from kz_daemon.api import authz, rankings, rate_limits as limits, views
+from kz_daemon.api import authz, rate_limits as limits, views
 from kz_daemon.api.metrics import accept_latency, render_metrics
 from kz_daemon.api.spec import Op, Param
+from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
 from kz_daemon.core.errors import ZooError
 from kz_daemon.intake import idempotency
 from kz_daemon.storage.run_logs import logs_doc
@@ -102,12 +103,14 @@ async def get_kernel(request: Request) -> Response:
                        {"kernel_id": kernel_id})
     history = request.app.state.history
     doc = dict(entry)
+    facts = KernelFacts()
     if history is not None:
         desc, scorecard = await run_in_threadpool(history.package_docs, kernel_id)
         doc["desc"] = desc
         doc["bench_result"] = scorecard
-    facts = (await run_in_threadpool(rankings.gather, history, request.app.state.zoo, [kernel_id]))[kernel_id]
-    doc["speed_of_light"] = rankings.kernel_speed_of_light(entry, facts, rankings.ceilings_of(request.app.state.zoo))
+        harness = await run_in_threadpool(history.harness, kernel_id)
+        facts = KernelFacts(dict(harness.params), desc.get("io_signature") if isinstance(desc, dict) else None)
+    doc["speed_of_light"] = kernel_speed_of_light(entry, facts, ceilings_of(request.app.state.zoo))
     return JSONResponse(views.plain(doc))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kz_daemon.core import hints
 from kz_daemon.intake import review
+from kz_daemon.queue import reruns
 from kz_daemon.storage import run_logs as logs
 from kz_daemon.accept.saga import case_summary
 from kz_events.status import TERMINAL, Status
@@ -262,6 +263,7 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) ->
         add_run_logs(doc, zoo, sub_uuid)
         add_queue_warning(doc, zoo)
         add_hold(doc, zoo, sub_uuid)
+        add_reruns(doc, zoo, sub_uuid)
     return doc
 
 
@@ -274,6 +276,17 @@ def add_run_logs(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
     tails = logs.load_tails(pending.run_folder(sub_uuid)) if pending is not None else {}
     if tails:
         doc["log_tails"] = tails
+
+
+def add_reruns(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
+    """``reruns``: an accepted (or revoked) record's reruns, oldest first, each beside the record's figures."""
+    store = getattr(zoo, "store", None)
+    if store is None or doc.get("status") not in (Status.ACCEPTED, Status.REVOKED):
+        return
+    with store.lock:
+        found = reruns.of_record(store.state, sub_uuid)
+    if found:
+        doc["reruns"] = found
 
 
 def add_hold(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:

@@ -17,7 +17,8 @@ The overall speed-up is the geometric mean of the per-case ones (cases without a
 previous best left out), as the operator score is. :func:`accept_outcome` adds the
 kernel's rank in its operator before and after. Pure functions over plain values: the
 accept saga records the outcome in ``accept.completed`` and the home page computes the
-same deltas from git for the latest records.
+same deltas from git for the latest records. :func:`rerun_deltas` and :func:`env_changes`
+put a rerun of a record beside the record.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from kz_daemon.board import ranking
 from kz_daemon.core.noise import interval_of
 from kz_runner.contract.layout import is_seed_sha
 
-__all__ = ["case_deltas", "overall", "accept_outcome", "entry_with_card"]
+__all__ = ["case_deltas", "overall", "accept_outcome", "entry_with_card", "rerun_deltas", "env_changes",
+           "VOLATILE_ENV"]
 
 LOWER, HIGHER = "lower_better", "higher_better"
 
@@ -132,3 +134,67 @@ def accept_outcome(kernel_id: str, before: Any, after: Any, metas: Sequence[Mapp
     return {"kernel_id": kernel_id, "operator": operator, **overall(deltas), "cases": deltas,
             "rank_before": rank_before, "rank_before_approx": approx_before,
             "rank_after": rank_after, "rank_after_approx": approx_after}
+
+
+#: environment facts of a run that say nothing about the machine's speed (or always differ)
+VOLATILE_ENV = frozenset({"runner_id", "timings", "integrity", "result_channel", "containment", "hostname",
+                          "nvidia_smi", "rocm_smi"})
+
+
+def rerun_deltas(record_card: Any, result: Any, metas: Sequence[Mapping[str, Any]]) -> tuple[list, dict]:
+    """``(cases, overall)`` of a rerun against the record it measures again.
+
+    Per METAS case: the record's committed value of the primary metric (``original``:
+    its ``metrics_current`` in the record's own scorecard commit) with its spread, this
+    run's value and spread, the change in % (``delta_pct``), the speed-up (above 1: the
+    rerun was faster) and ``within_noise`` (the two 95 % intervals overlap; None when
+    either has no spread). ``overall``: the geometric-mean speed-up, its delta_pct, and
+    ``correct`` (every case passed its correctness check).
+    """
+    recorded = _cases(record_card)
+    run = {str(c.get("test_case_id")): c for c in (result or {}).get("cases") or [] if isinstance(c, Mapping)}
+    out = []
+    for meta in metas:
+        cid = str(meta.get("test_case_id"))
+        primary = meta.get("primary_metric")
+        declared = next((m for m in meta.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary),
+                        {})
+        direction = str(declared.get("direction") or LOWER)
+        original = _real(((recorded.get(cid) or {}).get("metrics_current") or {}).get(primary))
+        case = run.get(cid) or {}
+        metric = next((m for m in case.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary),
+                      None)
+        orig_i = interval_of(original) if original is not None else None
+        new_i = interval_of(metric) if metric is not None else None
+        entry: dict[str, Any] = {
+            "test_case_id": cid, "metric": primary, "unit": declared.get("unit"), "direction": direction,
+            "correctness": case.get("correctness"),
+            "original": orig_i.value if orig_i else None,
+            "original_spread": [orig_i.lo, orig_i.hi] if orig_i and not orig_i.exact else None,
+            "value": new_i.value if new_i else None,
+            "spread": [new_i.lo, new_i.hi] if new_i and not new_i.exact else None,
+            "delta_pct": None, "speedup": None, "within_noise": None}
+        if orig_i and new_i and orig_i.value > 0 and new_i.value > 0:
+            entry["delta_pct"] = round(100.0 * (new_i.value - orig_i.value) / orig_i.value, 4)
+            entry["speedup"] = orig_i.value / new_i.value if direction == LOWER else new_i.value / orig_i.value
+            if not orig_i.exact and not new_i.exact:
+                entry["within_noise"] = orig_i.lo <= new_i.hi and new_i.lo <= orig_i.hi
+        out.append(entry)
+    ups = [e["speedup"] for e in out if e["speedup"]]
+    speedup = math.exp(math.fsum(math.log(u) for u in ups) / len(ups)) if ups else None
+    return out, {"speedup": speedup, "delta_pct": round(100.0 * (1.0 / speedup - 1.0), 4) if speedup else None,
+                 "correct": bool(out) and all(e["correctness"] == "passed" for e in out)}
+
+
+def env_changes(original: Mapping[str, Any] | None, rerun: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The environment facts that differ between the record's run and the rerun: [{key, original, rerun}].
+
+    Top-level keys only, those in ``VOLATILE_ENV`` left out; a nested fact (``cupy``) is
+    compared whole. Empty when the record's environment is unknown (pruned): nothing to
+    compare with.
+    """
+    if not original:
+        return []
+    keys = sorted((set(original) | set(rerun or {})) - VOLATILE_ENV)
+    return [{"key": k, "original": original.get(k), "rerun": (rerun or {}).get(k)} for k in keys
+            if original.get(k) != (rerun or {}).get(k)]

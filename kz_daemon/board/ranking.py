@@ -40,7 +40,7 @@ from kz_runner.contract.layout import is_seed_sha
 
 __all__ = ["REFERENCE_TAG", "REFERENCE_NAMES", "CaseStanding", "KernelScore", "OperatorRanking",
            "operator_of", "reference_of", "measured", "speedup_interval", "geomean", "shared_ranks",
-           "rank_operator", "rank_all"]
+           "rank_operator", "rank_all", "cases_of"]
 
 REFERENCE_TAG = "reference"
 REFERENCE_NAMES = ("reference_impl", "numpy_ref")
@@ -96,7 +96,8 @@ class OperatorRanking:
         return next((k for k in self.kernels if k.kernel_id == kernel_id), None)
 
 
-def _cases(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def cases_of(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The per-case summaries of an index entry (``cases`` as a list, or a mapping by case id)."""
     raw = entry.get("cases") or []
     if isinstance(raw, Mapping):
         return [dict(v, test_case_id=v.get("test_case_id", k)) for k, v in raw.items() if isinstance(v, Mapping)]
@@ -130,7 +131,7 @@ def reference_of(entries: Iterable[Mapping[str, Any]]) -> tuple[str | None, bool
         if str(entry.get("kernel_id", "")).rsplit("/", 1)[-1] in REFERENCE_NAMES:
             return str(entry.get("kernel_id")), False
     for entry in ordered:
-        if any(measured(c.get("best")) is not None for c in _cases(entry)):
+        if any(measured(c.get("best")) is not None for c in cases_of(entry)):
             return str(entry.get("kernel_id")), True
     return None, False
 
@@ -186,7 +187,7 @@ def rank_operator(operator: str, entries: Sequence[Mapping[str, Any]]) -> Operat
     spec: dict[str, tuple[str, str, str]] = {}
     ref_values: dict[str, float] = {}
     for entry in sorted(entries, key=lambda e: e.get("kernel_id") != reference):
-        for case in _cases(entry):
+        for case in cases_of(entry):
             cid = str(case.get("test_case_id", ""))
             if cid not in spec:
                 case_ids.append(cid)
@@ -201,7 +202,7 @@ def rank_operator(operator: str, entries: Sequence[Mapping[str, Any]]) -> Operat
     for entry in entries:
         kid = str(entry.get("kernel_id", ""))
         standings: dict[str, CaseStanding] = {}
-        for case in _cases(entry):
+        for case in cases_of(entry):
             cid = str(case.get("test_case_id", ""))
             metric, unit, direction = spec[cid]
             best = measured(case.get("best"))

@@ -23,7 +23,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kz_daemon.api import openapi, public as api, rankings, runner as runner_api
+from kz_daemon.api import openapi, public as api, runner as runner_api
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
 from kz_daemon.api.metrics import HttpCounters
 from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket, parse_networks
@@ -34,6 +34,7 @@ from kz_daemon.browse import source_api
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.http.guard import BodyDeadline, ConnectionGuard, accept_backlog, protocol_class, raise_fd_limit
 from kz_daemon.mcp.in_process import McpEndpoint
+from kz_daemon.standings import rankings, rerun_api
 from kz_daemon.upkeep.sdnotify import Notifier
 from kz_daemon.web import pages, source_pages
 
@@ -44,7 +45,7 @@ STATUS_INTERVAL_S = 10.0
 
 def api_ops() -> list[Op]:
     """Every documented API operation, in documentation order."""
-    return [*source_api.OPS, *api.OPS, *rankings.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
+    return [*source_api.OPS, *api.OPS, *rankings.OPS, *rerun_api.OPS, *runner_api.OPS, Op("GET", "/openapi.json", openapi_json, "getOpenApi",
                                           "This OpenAPI document", "ops", responses={200: None})]
 
 

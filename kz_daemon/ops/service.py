@@ -426,8 +426,11 @@ class Zoo:
                      if s.status == Status.ACCEPTING]
         with self._runners_lock:
             runners = {k: dict(v) for k, v in self._runners.items()}
+        live_reruns = [{"rerun_id": r["rerun_id"], "uuid": r["uuid"], "kernel_id": r["kernel_id"], "arch": r["arch"],
+                        "runner": r["runner"], "status": r["status"], "attempts": r["attempts"]}
+                       for r in state.reruns.values() if r["status"] in ("queued", "running")]
         return {"seq": state.seq, "pending": pending, "in_flight": in_flight, "accepting": accepting,
-                "runners": runners, "arches": self._arch_counts(pending, runners)}
+                "reruns": live_reruns, "runners": runners, "arches": self._arch_counts(pending, runners)}
 
     def runner_window_s(self) -> float:
         """How recently a runner must have asked for work to count as serving its arch (two lease periods)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kz_daemon.guards import harness_lock
-from kz_daemon.queue import confirm
+from kz_daemon.queue import confirm, reruns
 from kz_daemon.core import scorecard
 from kz_daemon.config.settings import Limits
 from kz_daemon.core.errors import ZooError
@@ -70,6 +70,16 @@ def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim 
                 seq = state.seq
                 sub = state.submissions[sub_uuid] if sub_uuid is not None else None
                 kernel_id, attempts, sub_arch = (sub.kernel_id, sub.attempts, sub.arch) if sub else (None, 0, None)
+                # a rerun of an accepted record is a job too: whichever of the two waited longer goes first
+                picked = reruns.pick(state, runner_id, arch)
+                if picked is not None and (sub is None or picked[1] < sub.queued_seq):
+                    lease_id = uuidlib.uuid4().hex
+                    expires = float(zoo.clock()) + min(zoo.config.queue.lease_seconds,
+                                                       zoo.config.queue.claim_confirm_s)
+                    claimed, kernel_id, attempt = reruns.claim_event(state, picked[0], runner_id, lease_id, expires)
+                    sub_uuid, attempts, sub_arch = picked[0], attempt - 1, arch
+                    ticket = zoo.store.submit(claimed)
+                    break
             if sub_uuid is not None:
                 with zoo.git_lock:
                     frozen = is_frozen(zoo.git, kernel_id)
@@ -135,6 +145,8 @@ def durable(decision: tuple) -> Any:
 # decisions share one fsync instead of queueing behind each other's.
 def decide_renew(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str) -> tuple[float, Any]:
     """``renew``'s decision: (new expiry, ticket)."""
+    if reruns.is_rerun(zoo, sub_uuid):
+        return reruns.decide_renew(zoo, sub_uuid, runner_id, lease_id)
     with zoo.lock:
         check_lease(zoo, sub_uuid, runner_id, lease_id)
         expires = float(zoo.clock()) + zoo.config.queue.lease_seconds
@@ -158,6 +170,8 @@ def release(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, reason: s
 def decide_release(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str,
                    reason: str) -> tuple[None, Any]:
     """``release``'s decision: (None, ticket)."""
+    if reruns.is_rerun(zoo, sub_uuid):
+        return reruns.decide_release(zoo, sub_uuid, runner_id, lease_id, reason)
     with zoo.lock:
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
         return None, zoo.store.submit(ev.JobReleased(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
@@ -177,6 +191,9 @@ def reap(zoo: Daemon, now: float | None = None) -> int:
             zoo.store.emit(ev.JobLeaseExpired(uuid=sub_uuid, runner_id=lease.runner_id,
                                               lease_id=lease.lease_id, attempt=lease.attempt),
                            *_exhausted(zoo, sub))
+            count += 1
+        for events in reruns.expired(zoo, state, now):
+            zoo.store.emit(*events)
             count += 1
     return count
 
@@ -206,8 +223,11 @@ CANCELLABLE = (Status.RECEIVED, Status.HELD, Status.QUEUED, Status.RUNNING)
 def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
     """The tar.gz the lease holder runs: the submission plus the current (or seed) scorecard.
 
-    Fetching it confirms the claim: the lease is renewed to its full length.
+    Fetching it confirms the claim: the lease is renewed to its full length. A rerun's
+    package is the record's kernel folder at its source commit (``reruns.package``).
     """
+    if reruns.is_rerun(zoo, sub_uuid):
+        return reruns.package(zoo, sub_uuid, runner_id, renew)
     sub, lease = check_lease(zoo, sub_uuid, runner_id, None)
     try:
         renew(zoo, sub_uuid, runner_id, lease.lease_id)  # a runner fetches its package once per claim

@@ -19,11 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kz_daemon.api import rankings, views
+from kz_daemon.api import views
 from kz_daemon.api.public import catalog
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.intake import review
+from kz_daemon.standings import rankings
 from kz_daemon.storage import run_logs as logs
 from kz_daemon.web import charts as web_charts, commits, operators, source_pages, submission_list
 from kz_daemon.web.render import PAGE_HEADERS, TEMPLATES, fmt_value, short_sha, when

@@ -153,3 +153,15 @@ def test_kz_gc_prints_words_or_one_json_document(tmp_path):
     doc = kz("gc", "--state-dir", str(state), "--dry-run", "--json")
     assert doc.returncode == 0 and json.loads(doc.stdout) == {"dry_run": True, "count": 0, "submissions": 0,
                                                                "bytes": 0, "removed": []}
+
+
+def test_kz_token_issue_prints_the_token_or_one_json_document(tmp_path):
+    from kz_daemon.ops.runtime import init_state_dir
+    from tests.helpers.http_server import seed_dir
+
+    state = tmp_path / "state"
+    init_state_dir(state, seed_from=seed_dir(tmp_path, [CPU_AXPY]))
+    bare = kz("token", "issue", "runner", "gpu-1", "--state-dir", str(state))
+    assert bare.returncode == 0 and bare.stdout.strip().startswith("kz_") and "\n" not in bare.stdout.strip()
+    doc = json.loads(kz("token", "issue", "admin", "ops", "--state-dir", str(state), "--json").stdout)
+    assert doc["kind"] == "admin" and doc["id"] == "ops" and doc["token"].startswith("kz_")

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     issue.add_argument("kind", choices=KINDS)
     issue.add_argument("id", help="runner id, submitter id or admin name the token maps to")
     issue.add_argument("--out", type=Path, help="write the token to this file (mode 0600) instead of stdout")
+    issue.add_argument("--json", action="store_true", help='print {"kind", "id", "token"} (or "out" with --out)')
     revoke = sub.add_parser("revoke", parents=[state], help="remove every token of a principal")
     revoke.add_argument("kind", choices=KINDS)
     revoke.add_argument("id")
@@ -49,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             write_secret(args.out, token)
             print(f"{args.kind} token for {args.id} written to {args.out}", file=sys.stderr)
-        else:
-            print(token)
+        if args.json:
+            print(json.dumps({"kind": args.kind, "id": args.id, **({"out": str(args.out)} if args.out
+                                                                   else {"token": token})}))
+        elif not args.out:
+            print(token)  # the bare token: what a script captures
         return 0
     if args.action == "revoke":
         removed = store.revoke(args.kind, args.id)

@@ -264,15 +264,15 @@ def build_server(backend: Backend, *, name: str = NAME) -> MCPServer:
             return await call(backend.submit, path=path or None,
                               tarball=_tarball(tarball_base64) if tarball_base64 else None,
                               kernel_id=kernel_id or None, submitter=submitter_id or None)
-    else:
+    else:  # the HTTP endpoint's tools take other arguments than the local ones above
         @server.tool()
-        async def validate_package(tarball_base64: str) -> dict[str, Any]:
+        async def validate_package(tarball_base64: str) -> dict[str, Any]:  # type: ignore[misc]
             """Check a package tarball (base64 of the .tar.gz `kz pack` writes) without running it: the
             checks intake applies, the static rules included."""
             return await call(backend.validate, path=None, tarball=_tarball(tarball_base64))
 
         @server.tool()
-        async def submit_package(tarball_base64: str, ctx: Context, kernel_id: str = "",
+        async def submit_package(tarball_base64: str, ctx: Context, kernel_id: str = "",  # type: ignore[misc]
                                  submitter_id: str = "") -> dict[str, Any]:
             """Submit a package tarball (base64 of the .tar.gz; its top folder is the kernel_id). The HTTP
             request's Authorization and X-Submitter-Id headers apply as for POST /api/submissions. Answers

@@ -215,8 +215,8 @@ def test_emit_writes_one_schema_valid_document(monkeypatch):
 def test_emit_overall_is_and_of_cases_and_build():
     cases = _cases()
     cases[1] = bench.case_result("b", correctness="passed", accept=False, metrics={})
-    assert not bench.build_document("k/x", cases, arch="cpu")["overall"]["accept"]
-    assert not bench.build_document("k/x", _cases(), arch="cpu", build_ok=False)["overall"]["accept"]
+    assert not bench.build_document("cpu/A/B/fp32/x", cases, arch="cpu")["overall"]["accept"]
+    assert not bench.build_document("cpu/A/B/fp32/x", _cases(), arch="cpu", build_ok=False)["overall"]["accept"]
     failed = bench.case_result("c", correctness="failed", accept=True, metrics={})
     assert failed["accept"] is False  # failed correctness can never be accepted
 
@@ -236,7 +236,7 @@ def test_emit_refuses_a_failed_case_marked_accepted():
     cases = _cases()
     cases[0]["correctness"] = "failed"
     with pytest.raises(ValueError, match="correctness=failed"):
-        bench.build_document("k/x", cases, arch="cpu")
+        bench.build_document("cpu/A/B/fp32/x", cases, arch="cpu")
 
 
 def test_build_manifest_is_deterministic(tmp_path):

@@ -46,7 +46,7 @@ def test_index_matches_its_schema_and_content(repo):
     assert [k["kernel_id"] for k in doc["kernels"]] == sorted([A, B, BAD, ODD, NEWCOMER_ID])
     assert doc["head"] == "f" * 40 and doc["generated_at"] is None
     assert doc["counts"] == {"kernels": 5, "valid": 3, "invalid": 2, "frozen": 1, "deprecated": 0,
-                             "with_warnings": 1, "cases": 8}
+                             "with_warnings": 2, "cases": 8}  # the newcomer: HARNESS_NOT_JUDGED
     kernels = by_id(doc)
     case = kernels[A]["cases"][0]
     assert case == {"test_case_id": "small", "primary_metric": "latency_ms", "direction": "lower_better",

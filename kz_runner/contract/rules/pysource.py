@@ -219,7 +219,8 @@ def _not_judged(tree: ast.Module) -> str | None:
                 names_kernel = True
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 node.value.strip().rstrip("/").rsplit("/", 1)[-1] == "src":
-            return "names the source area (src), so it imports from it in its own process"
+            return ("names the source area (src), so it imports from it in its own process; import nothing "
+                    "from src/ and name the kernel with bench.kernel(module, function)")
     if not names_kernel:
         return "never names its kernel with bench.kernel(module, function), so it times it in its own process"
     return None

@@ -454,10 +454,10 @@ class Judge:
             raise _Stop(self._crashed(str(exc))) from None
         except protocol.ChannelTimeout:
             self._kill()
-            raise _Stop(Finding(WORKER_TIMEOUT, "the worker did not start before the deadline; it was killed"))
+            raise _Stop(Finding(WORKER_TIMEOUT, "the worker did not start before the deadline; it was killed")) from None
         except protocol.ProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500]))
+            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500])) from None
         self.worker_pid = protocol.check_ready(ready)  # in the worker's own pid namespace (informational)
         # The pid the kernel vouches for, in this process's pid namespace (a sandbox's worker has another
         # pid in its own); without credentials, the spawned process itself (no sandbox prefix).
@@ -518,10 +518,10 @@ class Judge:
             raise _Stop(self._crashed(str(exc))) from None
         except protocol.ChannelTimeout:
             self._kill()
-            raise _Stop(Finding(WORKER_TIMEOUT, "no reply before the deadline; the worker was killed"))
+            raise _Stop(Finding(WORKER_TIMEOUT, "no reply before the deadline; the worker was killed")) from None
         except protocol.ProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500]))
+            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500])) from None
 
     def _crashed(self, why: str) -> Finding:
         rc = None
@@ -548,7 +548,7 @@ class Judge:
             code, message, call_id = protocol.check_error(reply)
         except protocol.ProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)))
+            raise _Stop(Finding(PROTOCOL_ERROR, str(exc))) from None
         finding_code = BAD_OUTPUT if code == "BAD_OUTPUT" else WORKER_ERROR
         raise _Stop(Finding(finding_code, f"{code}: {message}", {"worker_code": code, "call_id": call_id}))
 
@@ -583,7 +583,7 @@ class Judge:
             return t1 - t0, protocol.check_done(reply, call_ids)
         except protocol.ProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)))
+            raise _Stop(Finding(PROTOCOL_ERROR, str(exc))) from None
 
     # -- timing ----------------------------------------------------------------------------------
 

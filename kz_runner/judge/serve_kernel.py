@@ -146,7 +146,7 @@ class Worker:
         clock = time.perf_counter_ns
         i = 0
         try:
-            for i, (fn, args, outs, o) in enumerate(calls):
+            for i, (fn, args, outs, o) in enumerate(calls):  # noqa: B007 (i names the failing call below)
                 if mode == "return":
                     t0 = clock()
                     r = fn(*args)

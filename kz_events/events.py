@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 __all__ = [
-    "Event", "EVENT_TYPES", "register", "event_class", "json_schema", "doc",
+    "Event", "EVENT_TYPES", "register", "event_class", "json_schema", "doc", "CaseSummary",
     "SubmissionReceived", "SubmissionValidated", "SubmissionRejected",
     "JobQueued", "JobClaimed", "JobLeaseRenewed", "JobLeaseExpired", "JobReleased",
     "JobCancelled", "JobFailed", "ResultReported",
@@ -318,15 +318,61 @@ class JobFailed(Event):
 # --- results and the accept saga ---------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class CaseSummary:
+    """One test case of a reported run, as ``result.reported`` records it and status documents show it.
+
+    ``value`` is the case's primary metric as the run reported it (null when the run did
+    not measure it or it was not finite); ``unit`` and ``direction`` come from the case's
+    METAS entry at report time (null on lines written before version 2 of the event).
+    The benchmark output carries one value per metric, so there is no sample count or
+    spread to summarise.
+    """
+
+    test_case_id: str
+    correctness: str              # passed | failed | skipped (the run's word)
+    accept: bool                  # the case's own verdict
+    primary_metric: str | None
+    value: float | None
+    unit: str | None
+    direction: str | None      # lower_better | higher_better
+
+    @classmethod
+    def from_json(cls, doc: Any) -> CaseSummary:
+        """Read one entry of ``result.reported``'s ``cases`` (missing keys read as null/false)."""
+        doc = doc if isinstance(doc, dict) else {}
+        value = doc.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            value = None
+        return cls(str(doc.get("test_case_id", "")), str(doc.get("correctness", "")),
+                   bool(doc.get("accept", False)), _str_or_none(doc.get("primary_metric")), value,
+                   _str_or_none(doc.get("unit")), _str_or_none(doc.get("direction")))
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as it is written in ``result.reported`` and shown in a status document."""
+        return {"test_case_id": self.test_case_id, "correctness": self.correctness,
+                "accept": self.accept, "primary_metric": self.primary_metric, "value": self.value,
+                "unit": self.unit, "direction": self.direction}
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 @register
 class ResultReported(Event):
     """The lease holder reported the benchmark result; the lease ends, the job stays ``running``.
 
     Next comes ``accept.started`` (the result said accept) or
     ``submission.rejected`` (stage ``result``).
+
+    Version 2 added each case's ``unit`` and ``direction`` (version 1 lines read them as
+    ``null``): the case summaries are what status documents show, without re-reading
+    the stored result.
     """
 
     TYPE = "result.reported"
+    VERSION = 2
     uuid: str = doc(_UUID)
     runner_id: str = doc(_RUNNER)
     lease_id: str = doc(_LEASE)
@@ -334,7 +380,8 @@ class ResultReported(Event):
     overall_accept: bool = doc("The package's own verdict (overall.accept).")
     build_ok: bool = doc("overall.build_ok.")
     cases: list = doc(
-        "Per test case: {test_case_id, correctness, accept, primary_metric, value}.",
+        "Per test case (CaseSummary): {test_case_id, correctness, accept, primary_metric, value, "
+        "unit, direction}.",
         items={"type": "object"},
     )
     env: dict = doc("Runner environment facts (gpu, driver, versions).")

@@ -27,6 +27,17 @@ queued/running --rerun.failed--> failed. ``next_rerun(state, arch, runner_id)`` 
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
 
+A submission that reaches a terminal status leaves ``state.submissions`` in the same
+fold: the State keeps only live submissions, and of finished ones only what a later
+transition needs (``state.accepted``: uuid -> kernel_id of the records a revocation may
+take back; ``state.revoking``: revocations whose commit is not recorded yet). The
+record itself, and each later change to it, is handed to ``state.finished`` (when it
+is a list) for the history projection; ``amend`` applies such a change to a stored
+record, the one place that says what a revocation does to it. What the reducer can no
+longer see is whether a *new* uuid was used by a finished rejected, failed or
+cancelled submission: uuids are drawn by the daemon (uuid4), and its intake asks the
+projection before it takes a uuid from a sidecar.
+
 What each event does is one handler per event class; ``handler_for(JobQueued)`` (or
 ``handler_for("job.queued")``) returns it, for the replay's and the audit's own
 dispatch tables. A status is stored in the State as its plain word (a ``str``, not
@@ -41,17 +52,17 @@ from typing import Any, Callable, Iterable
 
 from kz_events import events as E
 from kz_events.codec import Envelope, upcaster
-from kz_events.state import Kernel, Lease, State, Submission
+from kz_events.state import Handoff, Kernel, Lease, State, Submission
 from kz_events.status import Status
 
 __all__ = [
     "REDUCER_VERSION", "ReducerError", "InvalidTransition", "SequenceGap",
     "apply", "apply_record", "fold", "handler_for", "next_claimable", "checkpoint", "restore",
-    "Handler",
+    "Handler", "amend", "LATER_EVENTS",
 ]
 
 #: bump whenever the fold changes meaning or the State layout; older snapshots are ignored.
-REDUCER_VERSION = 3  # 2: State.idempotency; 3: State.reruns
+REDUCER_VERSION = 4  # 2: State.idempotency; 3: State.reruns; 4: finished submissions leave the State
 
 
 class ReducerError(ValueError):
@@ -107,7 +118,10 @@ def _sub(state: State, seq: int, type_word: str, p: dict, allowed: Iterable[str]
         return sub
     uuid = p["uuid"]
     if sub is None:
-        raise InvalidTransition(seq, type_word, "unknown submission", uuid)
+        finished = "accepted" if uuid in state.accepted else "revoked" if uuid in state.revoking else None
+        if finished is not None:
+            raise InvalidTransition(seq, type_word, f"not allowed while the submission is {finished}", uuid)
+        raise InvalidTransition(seq, type_word, "unknown submission, or one that has finished", uuid)
     if sub.status not in allowed:
         raise InvalidTransition(
             seq, type_word, f"not allowed while the submission is {sub.status}", uuid)
@@ -169,11 +183,24 @@ def _free_kernel(state: State, sub: Submission) -> None:
 
 
 def _finish(state: State, sub: Submission, status: Status, seq: int, ts: str) -> None:
-    """Move to a terminal status and let go of everything the job held."""
+    """Move to a terminal status, let go of everything the job held, and leave the State."""
     _dequeue(state, sub)
     _end_lease(state, sub)
     _free_kernel(state, sub)
     _set_status(state, sub, status, seq, ts)
+    uuid = sub.uuid
+    del state.submissions[uuid]
+    if status is Status.ACCEPTED:
+        state.accepted[uuid] = sub.kernel_id
+    key = sub.idempotency_key
+    if key is not None:
+        keys = state.idempotency.get(sub.submitter_id)
+        if keys is not None and keys.get(key, (None,))[0] == uuid:
+            del keys[key]
+            if not keys:
+                del state.idempotency[sub.submitter_id]
+    if state.finished is not None:
+        state.finished.append(Handoff(seq, uuid, sub, None))
 
 
 def _check_lease(state: State, seq: int, t: str, p: dict, sub: Submission) -> Lease:
@@ -193,16 +220,20 @@ _LIVE = (Status.RECEIVED, Status.HELD, Status.QUEUED, Status.RUNNING, Status.ACC
 #: the plain word stored for each status (see the module docstring).
 _WORD: dict[Status, str] = {status: _intern(status.value) for status in Status}
 _RECEIVED = _WORD[Status.RECEIVED]
+_ACCEPTED = _WORD[Status.ACCEPTED]
+_REVOKED = _WORD[Status.REVOKED]
 
 
 def _received(state: State, seq: int, ts: str, p: dict) -> None:
     uuid = p["uuid"]
-    if uuid in state.submissions:
+    if uuid in state.submissions or uuid in state.accepted or uuid in state.revoking:
         raise InvalidTransition(seq, "submission.received", "uuid already received", uuid)
     # interned: many submissions share these strings (smaller state, faster snapshots)
-    state.submissions[uuid] = Submission(
+    sub = state.submissions[uuid] = Submission(
         uuid, _intern(p["kernel_id"]), _intern(p["submitter_id"]), _intern(p["source"]), ts,
         _RECEIVED, [[seq, _RECEIVED, ts]])
+    sub.sha256 = p["sha256"]
+    sub.idempotency_key = p["idempotency_key"]
     counts = state.status_counts
     counts[_RECEIVED] = counts.get(_RECEIVED, 0) + 1
     key = p["idempotency_key"]
@@ -359,7 +390,17 @@ def _reported(state: State, seq: int, ts: str, p: dict) -> None:
     }
     if previous is not None and "confirmation" in previous:
         _confirming(sub, previous)
+    else:  # the first run's cases (CaseSummary entries), as runs/<uuid>/result.json holds them
+        sub.cases = cases
     _end_lease(state, sub)
+
+
+@upcaster("result.reported", 1)
+def _reported_v1(payload: dict) -> dict:
+    """Version 1 cases predate unit and direction: they read as unknown."""
+    payload["cases"] = [dict(c, unit=None, direction=None) if isinstance(c, dict) else c
+                        for c in payload["cases"]]
+    return payload
 
 
 def _accept_started(state: State, seq: int, ts: str, p: dict) -> None:
@@ -473,27 +514,60 @@ def _confirming(sub: Submission, previous: dict) -> None:
     sub.result["first"] = first
 
 
-def _revocation(sub: Submission) -> dict | None:
-    return next((r for r in reversed(sub.reasons) if r.get("stage") == "revoke"), None)
-
-
 def _revoked(state: State, seq: int, ts: str, p: dict) -> None:
-    sub = _sub(state, seq, "submission.revoked", p, (Status.ACCEPTED,))
-    sub.reasons.append({"stage": "revoke", "code": "REVOKED", "message": p["reason"], "by": p["by"],
-                        "seq": seq, "sha": None})
-    kernel = state.kernels.get(sub.kernel_id)
+    uuid = p["uuid"]
+    kernel_id = state.accepted.get(uuid)
+    if kernel_id is None:
+        _sub(state, seq, "submission.revoked", p, (Status.ACCEPTED,))  # raises, naming why
+        raise InvalidTransition(seq, "submission.revoked", "not an accepted submission", uuid)
+    del state.accepted[uuid]
+    state.revoking[uuid] = kernel_id
+    kernel = state.kernels.get(kernel_id)
     if kernel is not None and kernel.accepted > 0:
         kernel.accepted -= 1
-    _set_status(state, sub, Status.REVOKED, seq, ts)
+    counts = state.status_counts
+    counts[_ACCEPTED] -= 1
+    counts[_REVOKED] = counts.get(_REVOKED, 0) + 1
+    if state.finished is not None:
+        state.finished.append(Handoff(seq, uuid, None, ("submission.revoked", ts, p)))
 
 
 def _revoke_committed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "revoke.committed"
-    sub = _sub(state, seq, t, p, (Status.REVOKED,))
-    entry = _revocation(sub)
-    if entry is None or entry.get("sha") is not None:
-        raise InvalidTransition(seq, t, "the revocation is already committed", sub.uuid)
-    entry.update(sha=p["sha"], best_changed=p["best_changed"], committed_seq=seq)
+    uuid = p["uuid"]
+    if uuid not in state.revoking:
+        if uuid in state.accepted or uuid in state.submissions:
+            _sub(state, seq, t, p, (Status.REVOKED,))  # raises, naming the status
+        raise InvalidTransition(seq, t, "no revocation waits for its commit", uuid)
+    del state.revoking[uuid]
+    if state.finished is not None:
+        state.finished.append(Handoff(seq, uuid, None, (t, ts, p)))
+
+
+#: the events that change a submission after it finished, which ``amend`` applies.
+LATER_EVENTS = frozenset(("submission.revoked", "revoke.committed"))
+
+
+def amend(record: Submission, seq: int, change: tuple) -> None:
+    """Apply a later event (``Handoff.change``: type word, ts, payload) to a finished record.
+
+    The reducer has checked the transition when it folded the event; this says what
+    the event does to the stored record: ``submission.revoked`` makes it ``revoked``
+    with a revocation entry in its reasons, ``revoke.committed`` records the commit
+    in that entry.
+    """
+    type_word, ts, p = change
+    if type_word == "submission.revoked":
+        record.reasons.append({"stage": "revoke", "code": "REVOKED", "message": p["reason"], "by": p["by"],
+                               "seq": seq, "sha": None})
+        record.status = _REVOKED
+        record.history.append([seq, _REVOKED, ts])
+    elif type_word == "revoke.committed":
+        entry = next((r for r in reversed(record.reasons) if r.get("stage") == "revoke"), None)
+        if entry is not None:
+            entry.update(sha=p["sha"], best_changed=p["best_changed"], committed_seq=seq)
+    else:
+        raise ValueError(f"{type_word} does not change a finished submission")
 
 
 # --- reruns of accepted records -------------------------------------------------------------
@@ -687,9 +761,9 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
     uuids = {p["uuid"] for p in payloads if "uuid" in p}
     kernel_ids = {p["kernel_id"] for p in payloads if "kernel_id" in p}
     for u in uuids:
-        sub = state.submissions.get(u)
-        if sub is not None:
-            kernel_ids.add(sub.kernel_id)
+        kernel_id = state.kernel_of(u)
+        if kernel_id is not None:
+            kernel_ids.add(kernel_id)
     return {
         "seq": state.seq,
         "reruns": {rid: copy.deepcopy(state.reruns.get(rid)) for rid in {p["rerun_id"] for p in payloads
@@ -707,6 +781,12 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
         "idempotency": {(p["submitter_id"], p["idempotency_key"]):
                         list(state.idempotency.get(p["submitter_id"], {}).get(p["idempotency_key"]) or ())
                         for p in payloads if p.get("idempotency_key") is not None and "submitter_id" in p},
+        # a finishing submission drops its key: every key of a submitter the batch touches
+        "keys": {s.submitter_id: dict(state.idempotency.get(s.submitter_id) or {})
+                 for u in uuids if (s := state.submissions.get(u)) is not None},
+        "accepted": {u: state.accepted.get(u) for u in uuids},
+        "revoking": {u: state.revoking.get(u) for u in uuids},
+        "finished": None if state.finished is None else len(state.finished),
     }
 
 
@@ -732,6 +812,11 @@ def restore(state: State, memo: dict[str, Any]) -> None:
     state.daemon = memo["daemon"]
     state.mirrors = memo["mirrors"]
     state.repairs = memo["repairs"]
+    for submitter, keys in memo["keys"].items():
+        if keys:
+            state.idempotency[submitter] = keys
+        else:
+            state.idempotency.pop(submitter, None)
     for (submitter, key), entry in memo["idempotency"].items():
         keys = state.idempotency.setdefault(submitter, {})
         if entry:
@@ -740,6 +825,14 @@ def restore(state: State, memo: dict[str, Any]) -> None:
             keys.pop(key, None)
             if not keys:
                 del state.idempotency[submitter]
+    for table, saved in ((state.accepted, memo["accepted"]), (state.revoking, memo["revoking"])):
+        for uuid, kernel_id in saved.items():
+            if kernel_id is None:
+                table.pop(uuid, None)
+            else:
+                table[uuid] = kernel_id
+    if memo["finished"] is not None and state.finished is not None:
+        del state.finished[memo["finished"]:]
 
 
 # --- the fair pick ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from operator import ne
 from pathlib import Path
 from typing import Any
@@ -119,8 +120,15 @@ def _replay_slowly(state: State, table: dict, group: list[bytes], parsed: list,
     return seq, h
 
 
+#: a replay's ``drain`` is called once this many submissions have finished since the last call.
+DRAIN_EVERY = 2_000
+
+Drain = Callable[[State, Position], None]
+
+
 def replay_into(log: EventLog, state: State, start: Position | None = None,
-                until: int | None = None, *, worker: bool | None = None) -> int:
+                until: int | None = None, *, worker: bool | None = None,
+                drain: Drain | None = None) -> int:
     """Fold every event after ``start`` (up to seq ``until``) into ``state``; returns the count.
 
     Raises CorruptLog for a line that is damaged, out of sequence, off the hash
@@ -129,9 +137,15 @@ def replay_into(log: EventLog, state: State, start: Position | None = None,
     ``worker``: read and chain-check in a second process (``kz_events.replay_worker``);
     None (the default) does so for a replay of ``PIPELINE_MIN_BYTES`` or more on a
     machine with two or more CPUs. The result is the same either way.
+    ``drain(state, position)``: called between groups of lines once ``state.finished``
+    holds ``DRAIN_EVERY`` hand-offs, with the position of the last line folded, to
+    empty it (the store writes them to the history projection), so a long replay
+    does not hold the whole history in memory. The caller drains what is left.
     """
+    if drain is not None and state.finished is None:
+        raise ValueError("a drain needs state.finished to be a list")
     with gc_paused():
-        return _replay(log, state, start, until, worker)
+        return _replay(log, state, start, until, worker, drain)
 
 
 def _tables() -> dict:
@@ -150,7 +164,7 @@ def _tables() -> dict:
 
 
 def _replay(log: EventLog, state: State, start: Position | None,
-            until: int | None, worker: bool | None) -> int:
+            until: int | None, worker: bool | None, drain: Drain | None) -> int:
     if start is None:
         start = log.start_position()
     if start.seq != state.seq:
@@ -158,10 +172,10 @@ def _replay(log: EventLog, state: State, start: Position | None,
     table = _tables()
     count = 0
     if until is None and (worker or (worker is None and _worth_a_worker(log, start))):
-        count, start = _replay_with_worker(log, state, table, start)
+        count, start = _replay_with_worker(log, state, table, start, drain)
         if start is None:
             return count
-    return count + _replay_here(log, state, table, start, until)
+    return count + _replay_here(log, state, table, start, until, drain)
 
 
 def _cpus() -> int:
@@ -186,8 +200,13 @@ def _worth_a_worker(log: EventLog, start: Position) -> bool:
     return total - start.offset >= PIPELINE_MIN_BYTES
 
 
+def _maybe_drain(state: State, tail: Position, drain: Drain | None) -> None:
+    if drain is not None and len(state.finished) >= DRAIN_EVERY:
+        drain(state, tail)
+
+
 def _replay_here(log: EventLog, state: State, table: dict, start: Position,
-                 until: int | None) -> int:
+                 until: int | None, drain: Drain | None = None) -> int:
     """The replay in this process alone, from ``start``."""
     seq, h = start.seq, start.hash.encode()
     tail = start
@@ -210,6 +229,7 @@ def _replay_here(log: EventLog, state: State, table: dict, start: Position,
                 seq, h, pos = _fold_group(state, table, group, seq, h, path, pos)
                 count += len(group)
                 tail = Position(seq, h.decode(), first, pos - len(group[-1]) - 1, pos)
+                _maybe_drain(state, tail, drain)
                 if until is not None and seq >= until:
                     log.tail = tail
                     return count
@@ -227,8 +247,8 @@ def _check_segment_name(first: int, seq: int, path: Path) -> None:
                          f"segment named {first} but the previous segment ends at seq {seq}")
 
 
-def _replay_with_worker(log: EventLog, state: State, table: dict,
-                        start: Position) -> tuple[int, Position | None]:
+def _replay_with_worker(log: EventLog, state: State, table: dict, start: Position,
+                        drain: Drain | None = None) -> tuple[int, Position | None]:
     """Fold what a worker vouches for; returns (count, None) at the end of the log, or
     (count, the position to carry on from in this process) when the worker stops early."""
     proc = replay_worker.spawn(log.dir, log.segments, start.segment, start.offset, start.seq,
@@ -264,6 +284,7 @@ def _replay_with_worker(log: EventLog, state: State, table: dict,
             count += n
             pos = end
             tail = Position(seq, h.decode(), segment, end - last_len - 1, end)
+            _maybe_drain(state, tail, drain)
     finally:
         replay_worker.stop(proc)
     return count, tail

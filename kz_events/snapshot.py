@@ -23,8 +23,8 @@ import marshal
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from kz_events.durable import atomic_write, fsync_dir
 from kz_events.log import Position
@@ -135,15 +135,20 @@ def read_snapshot(path: Path) -> tuple[dict, Position, dict]:
 
 
 def load_newest(events_dir: Path, reducer_version: int,
-                check: Callable[[Position], bool]
+                check: Callable[[Position], bool], *, max_seq: int | None = None
                 ) -> tuple[State | None, Position | None, list[str]]:
     """The newest usable snapshot as (state, position, notes on skipped ones); (None, None, notes) if none.
 
     ``check(position)`` must confirm the log still holds that line (``EventLog.check_position``).
+    ``max_seq``: only snapshots at or below it (a snapshot holds no finished submission,
+    so one newer than the history projection would lose those finished in between).
     """
     notes: list[str] = []
     sdir = snapshot_dir(events_dir)
     for seq in reversed(list_snapshots(events_dir)):
+        if max_seq is not None and seq > max_seq:
+            notes.append(f"{seq:020d}.snap: newer than the history projection (seq {max_seq}); not used")
+            continue
         path = sdir / f"{seq:020d}.snap"
         try:
             with open(path, "rb") as f:

@@ -12,6 +12,8 @@
     store.chain_head() -> (seq, sha256 hex)          # the last durable line, for anchoring elsewhere
     store.health() -> dict                           # ok, broken, last_error {code, message, at}
     store.snapshot()                                 # write a snapshot now
+    store.submission(uuid) -> Submission | None      # live, or finished (from the history projection)
+    store.select(query, before, limit)               # newest first, live and finished together
     store.close()
 
 ``submit`` folds the events into the state under the store's lock, in order; if
@@ -59,6 +61,18 @@ let two concurrent emitters decide on the same state and would delay the
 itself failed (the file's end is unknown), the log could not be read back, or a
 bug raised from the write. Then every later call raises and the process should
 restart, which replays the log from disk. ``health()`` reports both states.
+
+Finished submissions. The State holds only live submissions; the reducer hands a
+finished one to ``state.finished``, and a thread (``kz-events-history``) writes the
+hand-offs of durable lines to the history projection (``kz_events.projection``,
+``events/history.sqlite``) soon after their commit, off the emit path. Readers
+(``submission``, ``select``, ``knows``, ``idempotency``) look in the State, the
+hand-off and the projection in that order, so nothing is ever missing in between.
+The projection is brought to the snapshot's seq before a snapshot is written
+(snapshots no longer hold finished submissions), and at open the store uses a
+snapshot no newer than the projection and hands the tail's finished submissions
+over again; a projection that is missing, unreadable or no longer matches the log
+is rebuilt by replaying the whole log.
 """
 from __future__ import annotations
 
@@ -67,21 +81,26 @@ import dataclasses
 import errno
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kz_events.codec import TimestampFormatter, encode_fast, format_ts, line_hash, subject_of
 from kz_events.durable import FULL_ERRNOS
 from kz_events.events import EVENT_TYPES, Event, LogRepaired
 from kz_events.log import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
+from kz_events.projection.history import History, HistoryError, Query, history_path, remove_files
+from kz_events.projection.reading import merge, received_seq, settle
 from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
 from kz_events.replay import replay_into
 from kz_events.snapshot import encode_snapshot, load_newest, write_snapshot
-from kz_events.state import State
+from kz_events.state import State, Submission
 
 __all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "StorageError", "OpenReport"]
 
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
+#: the history thread lets hand-offs gather this long after a commit: fewer, larger transactions.
+HISTORY_BATCH_S = 0.05
 
 
 class StoreClosed(RuntimeError):
@@ -123,7 +142,7 @@ class Ticket:
 
     __slots__ = ("_store", "seqs", "_epoch")
 
-    def __init__(self, store: "Store", seqs: list[int], epoch: int) -> None:
+    def __init__(self, store: Store, seqs: list[int], epoch: int) -> None:
         self._store = store
         self.seqs = seqs
         self._epoch = epoch       # which run of commits between two failures queued the lines
@@ -173,6 +192,14 @@ def _set_done(futures: list[asyncio.Future]) -> None:
             future.set_result(None)
 
 
+def _drainer(history: History) -> Callable[[State, Position], None]:
+    """A replay's drain: write the hand-offs so far to the projection and let go of them."""
+    def drain(state: State, pos: Position) -> None:
+        history.apply(state.finished, pos)
+        state.finished.clear()
+    return drain
+
+
 class OpenReport(dict):
     """What ``Store.open`` did: repair, snapshot used, events replayed, seconds, notes."""
 
@@ -182,9 +209,14 @@ class Store:
 
     def __init__(self, log: EventLog, state: State, clock: Callable[[], float], *,
                  snapshot_every: int, snapshot_keep: int, fsync: bool, report: OpenReport,
-                 use_snapshots: bool = True):
+                 history: History, use_snapshots: bool = True):
         self._log = log
         self._state = state
+        self._history = history
+        self._history_lock = threading.Lock()   # one drain at a time (thread, snapshot, close)
+        self._history_error: str | None = None  # the last failed drain, until one succeeds
+        self._history_stop = False
+        self._historian: threading.Thread | None = None
         self._clock = clock
         self._format_ts = TimestampFormatter()
         self._fsync = fsync
@@ -203,6 +235,7 @@ class Store:
         self._hash = log.tail.hash             # hash of the last folded line
         self._durable_seq = state.seq
         self._durable_hash = log.tail.hash     # hash of the last durable line (the chain head)
+        self._durable_pos = log.tail           # where that line lies (the projection records it)
         self._broken: BaseException | None = None
         # After a failed commit: the epoch (run of commits) ends, its error is kept for
         # late waiters, and the state must be re-derived (``_stale``) before any fold.
@@ -224,7 +257,7 @@ class Store:
     @classmethod
     def open(cls, events_dir: Path | str, clock: Callable[[], float] = time.time, *,
              snapshot_every: int = 50_000, snapshot_keep: int = 2, use_snapshots: bool = True,
-             segment_bytes: int = DEFAULT_SEGMENT_BYTES, fsync: bool = True) -> "Store":
+             segment_bytes: int = DEFAULT_SEGMENT_BYTES, fsync: bool = True) -> Store:
         """Open (creating if missing) the log in ``events_dir`` for writing.
 
         Takes the OS lock (``LogLocked`` names the holder's pid), repairs a torn
@@ -236,23 +269,32 @@ class Store:
         started = time.perf_counter()
         events_dir = Path(events_dir)
         log = EventLog.open(events_dir, segment_bytes=segment_bytes, fsync=fsync)
+        history = None
         try:
-            report = OpenReport(repair=None, snapshot_seq=None, replayed=0, notes=[])
+            report = OpenReport(repair=None, snapshot_seq=None, replayed=0, notes=[], history=None)
+            history = cls._open_history(events_dir, log, fsync, report)
             state, start = State(), None
             if use_snapshots:
                 snap_state, snap_pos, notes = load_newest(events_dir, REDUCER_VERSION,
-                                                          log.check_position)
+                                                          log.check_position, max_seq=history.seq)
                 report["notes"].extend(notes)
                 if snap_state is not None:
                     state, start = snap_state, snap_pos
                     report["snapshot_seq"] = start.seq
-            report["replayed"] = replay_into(log, state, start)
+            state.finished = []
+            drain = _drainer(history)
+            report["replayed"] = replay_into(log, state, start, drain=drain)
+            drain(state, log.tail)
+            report["history"] = {"seq": history.seq, "rebuilt": report["history"]}
             store = cls(log, state, clock, snapshot_every=snapshot_every,
                         snapshot_keep=snapshot_keep, fsync=fsync, report=report,
-                        use_snapshots=use_snapshots)
+                        history=history, use_snapshots=use_snapshots)
         except BaseException:
+            if history is not None:
+                history.close()
             log.close()
             raise
+        store._start_historian()
         if log.repair is not None:
             report["repair"] = {"segment": log.repair.segment, "offset": log.repair.offset,
                                 "dropped_bytes": log.repair.dropped_bytes,
@@ -260,6 +302,27 @@ class Store:
             store.emit(LogRepaired(log.repair.dropped_bytes, log.repair.quarantine_file))
         report["seconds"] = time.perf_counter() - started
         return store
+
+    @staticmethod
+    def _open_history(events_dir: Path, log: EventLog, fsync: bool, report: OpenReport) -> History:
+        """The history projection, recreated empty (rebuilt by the replay) when it cannot serve."""
+        path = history_path(events_dir)
+        why = None if path.exists() else "missing: built from the log"
+        try:
+            history = History.open(path, fsync=fsync)
+        except HistoryError as exc:
+            history, why = None, str(exc)
+        if history is not None and history.seq and not log.check_position(history.position):
+            why = f"its position (seq {history.seq}) is not in the log"
+            history.close()
+            history = None
+        if history is None:
+            if path.exists():
+                report["notes"].append(f"{path.name}: {why}; rebuilt from the log")
+            remove_files(path)
+            history = History.open(path, fsync=fsync)
+        report["history"] = why
+        return history
 
     # --- reading ------------------------------------------------------------------
 
@@ -277,6 +340,94 @@ class Store:
     def events_dir(self) -> Path:
         """The directory this store writes."""
         return self._log.dir
+
+    @property
+    def history(self) -> History:
+        """The history projection of finished submissions (read through ``submission``/``select``)."""
+        return self._history
+
+    def submission(self, uuid: str) -> Submission | None:
+        """A submission by uuid, live or finished, with every event folded so far; None when unknown.
+
+        A live one is the State's own object (read it under ``store.lock`` for a consistent
+        view); a finished one is a record to treat as read-only.
+        """
+        with self.lock:
+            sub = self._state.submissions.get(uuid)
+            if sub is not None:
+                return sub
+            pending = [h for h in self._state.finished or () if h.uuid == uuid]
+        return settle(uuid, pending, self._history)
+
+    def knows(self, uuid: str) -> bool:
+        """Whether the log has a submission with this uuid (live or finished)."""
+        with self.lock:
+            state = self._state
+            if uuid in state.submissions or state.kernel_of(uuid) is not None or \
+                    any(h.uuid == uuid for h in state.finished or ()):
+                return True
+        return self._history.has(uuid)
+
+    def kernel_records(self, kernel_id: str, statuses: tuple[str, ...]) -> list[Submission]:
+        """The finished records of a kernel whose status is one of ``statuses``, in arrival order."""
+        with self.lock:
+            pending = [h for h in self._state.finished or ()]
+        by_uuid: dict[str, list] = {}
+        for h in pending:
+            by_uuid.setdefault(h.uuid, []).append(h)
+        found = {sub.uuid: sub for sub in self._history.records_of_kernel(kernel_id)}
+        for uuid, handoffs in by_uuid.items():
+            if uuid in found or any(h.record is not None and h.record.kernel_id == kernel_id for h in handoffs):
+                sub = settle(uuid, handoffs, self._history)
+                if sub is not None:
+                    found[uuid] = sub
+        return sorted((s for s in found.values() if s.status in statuses), key=received_seq)
+
+    def unknown(self, uuids: list[str]) -> list[str]:
+        """Those of ``uuids`` the log has no submission for, in the order given."""
+        with self.lock:
+            state = self._state
+            handed = {h.uuid for h in state.finished or ()}
+            rest = [u for u in uuids if u not in state.submissions and state.kernel_of(u) is None
+                    and u not in handed]
+        stored = self._history.known_among(rest)
+        return [u for u in rest if u not in stored]
+
+    def select(self, query: Query, before: int | None = None, limit: int = 50) -> list[Submission]:
+        """The newest ``limit`` submissions matching ``query``, live and finished, newest first.
+
+        ``before``: only those received before that seq (``received_seq`` of the last row of
+        the previous page).
+        """
+        with self.lock:
+            live = list(self._state.submissions.values())
+            pending = list(self._state.finished or ())
+        return merge(live, pending, self._history, query, before, limit)
+
+    def idempotency(self, submitter: str, key: str) -> list | None:
+        """``[uuid, sha256, received ts]`` of the newest submission that carried this Idempotency-Key."""
+        with self.lock:
+            state = self._state
+            entry = state.idempotency.get(submitter, {}).get(key)
+            if entry is not None:
+                return list(entry)
+            handed = [h.record for h in state.finished or () if h.record is not None
+                      and h.record.submitter_id == submitter and h.record.idempotency_key == key]
+        if handed:
+            sub = max(handed, key=received_seq)
+            return [sub.uuid, sub.sha256, sub.received_at]
+        return self._history.idempotency(submitter, key)
+
+    def accept_latency(self) -> dict[str, Any]:
+        """The received → accepted histogram of the accepted records (``History.accept_latency``),
+        with every durable hand-off written first. Call it without holding ``store.lock``."""
+        self._drain_history()
+        return self._history.accept_latency()
+
+    def flush_history(self) -> int:
+        """Write every durable hand-off to the projection now; the projection's seq."""
+        self._drain_history()
+        return self._history.seq
 
     def chain_head(self) -> tuple[int, str]:
         """(seq, sha256 hex) of the last durable line: the ``prev`` the next event will carry.
@@ -304,6 +455,7 @@ class Store:
                 "seq": self._durable_seq,
                 "failures": self._failures,
                 "last_error": dict(self._last_error) if self._last_error else None,
+                "history": {"seq": self._history.seq, "error": self._history_error},
             }
 
     def wait_for_change(self, after_seq: int, timeout: float) -> int:
@@ -351,7 +503,7 @@ class Store:
             ticket = await asyncio.to_thread(self.submit, *events)
         return await ticket.wait_async()
 
-    def submit(self, *events: Event) -> "Ticket":
+    def submit(self, *events: Event) -> Ticket:
         """Fold ``events`` (all or none) and queue their lines; the lines are not durable yet.
 
         The caller must ``wait()`` (or ``await ticket.wait_async()``) before telling
@@ -389,8 +541,7 @@ class Store:
                 kernel_id = None
                 uuid = getattr(ev, "uuid", None)
                 if uuid is not None and getattr(ev, "kernel_id", None) is None:
-                    sub = state.submissions.get(uuid)
-                    kernel_id = sub.kernel_id if sub is not None else None
+                    kernel_id = state.kernel_of(uuid)
                 ts = self._format_ts(self._clock())
                 # fold what replay will see: the payload as read back from the line
                 line, payload = encode_fast(ev, seq, ts, h, subject_of(ev, kernel_id))
@@ -448,10 +599,13 @@ class Store:
             state, start = State(), None
             if self._use_snapshots:
                 snap_state, snap_pos, _notes = load_newest(self._log.dir, REDUCER_VERSION,
-                                                           self._log.check_position)
+                                                           self._log.check_position,
+                                                           max_seq=self._history.seq)
                 if snap_state is not None:
                     state, start = snap_state, snap_pos
-            replay_into(self._log, state, start)
+            # hand-offs the projection holds already are skipped when it is written
+            state.finished = []
+            replay_into(self._log, state, start, drain=_drainer(self._history))
             if state.seq != self._durable_seq:
                 raise LogError(f"the log reads back to seq {state.seq}, "
                                f"but seq {self._durable_seq} was acknowledged")
@@ -574,6 +728,7 @@ class Store:
                 if records and failure is None and self._broken is None:
                     self._durable_seq = records[-1][0]
                     self._durable_hash = records[-1][2]
+                    self._durable_pos = self._log.tail
                     self._failing = False
                 self._cond.notify_all()
             durable = self._durable_seq if self._broken is None else float("inf")
@@ -644,6 +799,9 @@ class Store:
                 self._join_commit(self._state.seq, epoch)
                 pos = self._log.tail
                 data = encode_snapshot(self._state, pos, REDUCER_VERSION)
+            # the snapshot holds no finished submission: the projection must hold them first
+            # (HistoryError: no snapshot now; the next one, or a replay, makes up for it)
+            self._drain_history()
             path = write_snapshot(self._log.dir, pos.seq, data, keep=self._snapshot_keep,
                                   fsync=self._fsync)
             self._last_snapshot_seq = pos.seq
@@ -661,7 +819,7 @@ class Store:
     def _snapshot_quietly(self) -> None:
         try:
             self.snapshot()
-        except (StoreClosed, StoreBroken, OSError):
+        except (StoreClosed, StoreBroken, OSError, HistoryError):
             pass  # a snapshot is a cache: the next one, or a replay, makes up for it
 
     def position(self) -> Position:
@@ -670,6 +828,52 @@ class Store:
             self._join_commit(self._state.seq, self._check_usable())
             return self._log.tail
 
+    # --- the history projection ------------------------------------------------------
+
+    def _start_historian(self) -> None:
+        self._historian = threading.Thread(target=self._history_loop, name="kz-events-history",
+                                           daemon=True)
+        self._historian.start()
+
+    def _history_loop(self) -> None:
+        """Write hand-offs to the projection soon after their lines are durable."""
+        while True:
+            with self._cond:
+                while not self._history_stop and not (self._state.finished and
+                                                      self._state.finished[0].seq <= self._durable_seq):
+                    self._cond.wait(1.0)
+                if self._history_stop:
+                    return
+            time.sleep(HISTORY_BATCH_S)  # let a burst of commits gather into one transaction
+            try:
+                self._drain_history()
+            except HistoryError:
+                with self._cond:  # kept in the hand-off; retried after a pause
+                    self._cond.wait(1.0)
+
+    def _drain_history(self) -> None:
+        """Apply the hand-offs of durable lines to the projection, then let go of them."""
+        with self._history_lock:
+            with self._cond:
+                pos = self._durable_pos
+            with self.lock:
+                finished = self._state.finished
+                handoffs = [h for h in finished if h.seq <= pos.seq] if finished else []
+            if not handoffs and pos.seq <= self._history.seq:
+                return
+            try:
+                self._history.apply(handoffs, pos)
+            except HistoryError as exc:
+                self._history_error = str(exc)
+                raise
+            self._history_error = None
+            with self.lock:
+                finished = self._state.finished
+                n = 0
+                while n < len(finished) and finished[n].seq <= pos.seq:
+                    n += 1
+                del finished[:n]
+
     # --- closing ------------------------------------------------------------------
 
     def close(self) -> None:
@@ -677,6 +881,11 @@ class Store:
         snapshotter = self._snapshotter
         if snapshotter is not None:
             snapshotter.join()
+        with self._cond:  # the history thread first: it takes store.lock to let go of hand-offs
+            self._history_stop = True
+            self._cond.notify_all()
+        if self._historian is not None:
+            self._historian.join()
         with self.lock:
             if self._closed:
                 return
@@ -685,6 +894,10 @@ class Store:
                     self._join_commit(self._state.seq, self._check_usable())
                 except (StoreBroken, StorageError):
                     pass  # what was not durable is lost either way; the log holds the rest
+                try:
+                    self._drain_history()
+                except HistoryError:
+                    pass  # the next open replays what the projection lacks
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()
@@ -693,9 +906,10 @@ class Store:
             if committer is not None:
                 self._kick.release()
                 committer.join()
+            self._history.close()
             self._log.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

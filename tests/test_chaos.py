@@ -1,4 +1,5 @@
 """Chaos: the whole system (``kz daemon``, ``kz runner`` processes, HTTP clients) under random faults.
+from tests.helpers.submissions import logged
 
 Faults come from a seeded RNG (the seed is printed; ``KZ_CHAOS_SEED=N`` replays a run):
 the daemon SIGKILLed at a random moment or at a random point of the accept saga
@@ -26,8 +27,8 @@ import httpx
 import pytest
 
 from kz_daemon.accept.saga import CRASH_POINTS
-from kz_events.replay import replay_dir
 from tests.helpers.daemon import axpy_result, wait_for
+from tests.helpers.submissions import logged
 from tests.helpers.system import (
     Ack,
     ProtocolRunner,
@@ -289,10 +290,10 @@ class Chaos:
                     break
         finally:
             runner.close()
-        sub = replay_dir(self.zoo.config.paths.events).submissions[uuid]
+        sub = logged(self.zoo.config.paths.events)[uuid]
         self.require(sub.status == "accepted", f"round {n}: after the faults a valid submission ended "
                                                f"{sub.status}: {sub.reasons}")
-        statuses = [sub.status for sub in replay_dir(self.zoo.config.paths.events).submissions.values()]
+        statuses = [sub.status for sub in logged(self.zoo.config.paths.events).values()]
         self.note(f"round {n}: probe {sub.status}; statuses so far "
                   f"{ {s: statuses.count(s) for s in sorted(set(statuses))} }")
 

@@ -280,7 +280,7 @@ def test_mismatching_confirmation_is_rejected_and_both_results_are_kept(tmp_path
         assert json.loads((runs / "confirm-result.json").read_text()) == honest
         assert zoo.git.head() == head
         doc = submission_doc(view)
-        assert doc["result"]["first"]["result_sha256"] == zoo.store.state.submissions[uuid].result["first"][
+        assert doc["result"]["first"]["result_sha256"] == zoo.store.submission(uuid).result["first"][
             "result_sha256"] and doc["terminal"]
     finally:
         zoo.stop()
@@ -307,7 +307,7 @@ def test_daemon_killed_between_the_two_runs_resumes(tmp_path):
     zoo = Zoo(config)  # restart: the confirmation request survived, the job waits for another runner
     zoo.start()
     try:
-        sub = zoo.store.state.submissions[uuid]
+        sub = zoo.store.submission(uuid)
         assert sub.status == "queued" and sub.result["confirmation"]["runner_id"] == "crash-runner"
         claim = zoo.claim("r2", "cpu", 5)
         assert claim.uuid == uuid
@@ -340,7 +340,7 @@ def test_a_result_logged_without_its_verdict_gets_its_confirmation_run_on_restar
     zoo = Zoo(config)
     zoo.start()
     try:
-        sub = zoo.store.state.submissions[uuid]
+        sub = zoo.store.submission(uuid)
         assert sub.status == "queued" and "confirmation" in sub.result, (sub.status, sub.reasons)
         assert zoo.git.head() == head
         claim = zoo.claim("r1", "cpu", 5)  # exclusive_s 0: the same runner may confirm at once

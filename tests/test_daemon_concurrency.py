@@ -7,6 +7,7 @@ from kz_daemon.ops.repo_audit import audit_state_dir
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.submissions import every
 
 KIDS = [f"cpu/Elementwise/Axpy/fp32/impl{i}" for i in range(6)]
 
@@ -37,7 +38,7 @@ def test_parallel_accepts_serialize_cleanly(tmp_path):
             t.join(60)
         assert errors == []
         assert len({c.uuid for c in claims}) == len(KIDS)
-        assert all(s.status == "accepted" for s in zoo.store.state.submissions.values())
+        assert all(s.status == "accepted" for s in every(zoo.store).values())
         steps = [c.trailers["Kz-Step"] for c in zoo.git.log(stop=base)]
         assert steps == ["scorecard", "source"] * len(KIDS)  # pairs never interleave
         wait_for(lambda: zoo.store.state.index_head == zoo.git.head())

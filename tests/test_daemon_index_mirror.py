@@ -14,6 +14,7 @@ from kz_daemon.ops.repo_audit import audit_state_dir
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.submissions import every
 
 NEW = "cpu/Elementwise/Axpy/fp32/second"
 
@@ -96,7 +97,7 @@ def test_kz_daemon_runs_until_sigterm(tmp_path):
     assert rc == 0
     zoo = Zoo(init_state_dir(state))
     try:
-        (sub,) = zoo.store.state.submissions.values()
+        (sub,) = every(zoo.store).values()
         assert sub.status == "queued"
     finally:
         zoo.store.close()

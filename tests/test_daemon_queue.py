@@ -13,6 +13,7 @@ from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, axpy_tarball, drop_into_inbox, drop_queued_axpy
 from tests.helpers.events import hold_log_appends
+from tests.helpers.submissions import every
 
 OTHER = "cpu/Elementwise/Axpy/fp32/other_impl"
 THIRD = "cpu/Elementwise/Axpy/fp32/third_impl"
@@ -76,7 +77,7 @@ def test_lease_expiry_requeues_then_fails_after_max_attempts(zoo, clock):
     from kz_daemon.queue import leases as q
 
     assert q.reap(zoo) == 1
-    sub = zoo.store.state.submissions[sub_uuid]
+    sub = zoo.store.submission(sub_uuid)
     assert sub.status == "queued" and sub.attempts == 1
     with pytest.raises(ZooError) as info:
         zoo.renew(sub_uuid, "r1", c1.lease_id)
@@ -85,7 +86,7 @@ def test_lease_expiry_requeues_then_fails_after_max_attempts(zoo, clock):
     assert c2.attempt == 2
     clock.now += 61
     q.reap(zoo)
-    sub = zoo.store.state.submissions[sub_uuid]
+    sub = zoo.store.submission(sub_uuid)
     assert sub.status == "failed" and sub.reasons[-1]["code"] == "ATTEMPTS_EXHAUSTED"
     assert zoo.claim("r3", "cpu", 0) is None
 
@@ -104,10 +105,10 @@ def test_claim_waits_for_a_job(zoo):
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("c", zoo.claim("r1", "cpu", 20)))
     t.start()
-    before = set(zoo.store.state.submissions)
+    before = set(every(zoo.store))
     drop_into_inbox(zoo.config.paths.spool, "late.tar.gz", axpy_tarball())
     t.join(30)
-    (sub_uuid,) = set(zoo.store.state.submissions) - before
+    (sub_uuid,) = set(every(zoo.store)) - before
     assert got["c"].uuid == sub_uuid
 
 

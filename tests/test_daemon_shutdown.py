@@ -16,6 +16,7 @@ from kz_daemon.ops.repo_audit import audit_state_dir
 from kz_daemon.ops.runtime import init_state_dir
 from tests.helpers.daemon import EXAMPLES, ROOT, wait_for
 from tests.helpers.http_server import CPU_AXPY, package_tarball
+from tests.helpers.submissions import logged
 
 
 def free_port() -> int:
@@ -71,6 +72,5 @@ def test_sigterm_answers_long_polls_and_exits_cleanly(tmp_path):
     assert "kz: stopped" in output
     # the submission survived the stop, queued, and the state audits clean
     assert [f for f in audit_state_dir(state) if f.severity == "error"] == []
-    from kz_events.replay import replay_dir
 
-    assert replay_dir(init_state_dir(state).paths.events).submissions[uuid].status == "queued"
+    assert logged(init_state_dir(state).paths.events)[uuid].status == "queued"

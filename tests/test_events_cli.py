@@ -5,24 +5,29 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from kz_daemon.cli import main
 from kz_events import story
+from kz_events.projection.reading import replay_finished
 from kz_events.store import Store
 from kz_events.workload import build_log, simulate
 
 
 @pytest.fixture()
 def state_dir(tmp_path):
-    state = build_log(tmp_path / "events", 600, 21, snapshot_every=0)
+    build_log(tmp_path / "events", 600, 21, snapshot_every=0)
     with Store.open(tmp_path / "events", fsync=False) as store:
         store.snapshot()
-    return tmp_path, state
+    # every submission, live or finished, as the log alone says (the State keeps only live ones)
+    live, finished = replay_finished(tmp_path / "events")
+    return tmp_path, SimpleNamespace(seq=live.seq, submissions={**finished, **live.submissions})
 
 
 def test_tail_prints_the_last_events(state_dir, capsys):
@@ -211,7 +216,7 @@ def test_replay_verify_without_a_snapshot_says_it_verified_the_log_only(tmp_path
     assert f"verify: verified the log only ({state.seq} events" in out and "no snapshot" in out
     assert main(["replay", "--state-dir", str(tmp_path), "--verify", "--json"]) == 0
     verify = json.loads(capsys.readouterr().out)["verify"]
-    assert verify["ok"] is True and verify["checked"] == ["log"] and verify["snapshot"] is None
+    assert verify["ok"] is True and verify["checked"] == ["log", "history"] and verify["snapshot"] is None
 
 
 def test_replay_verify_names_the_snapshot_it_compared(state_dir, capsys):
@@ -220,3 +225,30 @@ def test_replay_verify_names_the_snapshot_it_compared(state_dir, capsys):
     out = capsys.readouterr().out
     snap = next((path / "events" / "snapshots").glob("*.snap")).name
     assert f"and snapshot {snap}: the state replayed up to seq {state.seq} equals it" in out
+
+
+def test_replay_verify_compares_the_history_projection_with_the_log(state_dir, capsys):
+    path, state = state_dir
+    assert main(["replay", "--state-dir", str(path), "--verify", "--json"]) == 0
+    verify = json.loads(capsys.readouterr().out)["verify"]
+    assert verify["checked"] == ["log", "snapshot", "history"]
+    assert verify["history"] == {"ok": True, "seq": state.seq, "differences": []}
+    uuid = next(u for u, s in state.submissions.items() if s.status == "rejected")
+    db = sqlite3.connect(path / "events" / "history.sqlite")
+    with db:
+        db.execute("UPDATE submissions SET doc = (SELECT doc FROM submissions WHERE status = 'accepted' "
+                   "LIMIT 1) WHERE uuid = ?", (uuid,))
+    db.close()
+    assert main(["replay", "--state-dir", str(path), "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "DIVERGES" in out and f"history: {uuid}: the projection's row differs from the log" in out
+
+
+def test_show_finds_a_finished_submission_without_the_history_projection(state_dir, capsys):
+    path, state = state_dir
+    uuid, sub = next((u, s) for u, s in state.submissions.items() if s.status == "rejected")
+    for name in ("history.sqlite", "history.sqlite-wal", "history.sqlite-shm"):
+        (path / "events" / name).unlink(missing_ok=True)
+    assert main(["events", "show", uuid, "--state-dir", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "rejected" and doc["reasons"] == sub.reasons

@@ -1,6 +1,7 @@
 """The pure reducer: the submission lifecycle, refusals, fairness, state serialization."""
 from __future__ import annotations
 
+import copy
 import json
 import marshal
 import random
@@ -8,11 +9,20 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kz_events import events as E
-from kz_events import state as state_module
-from kz_events.reducer import (InvalidTransition, SequenceGap, apply, apply_record, checkpoint,
-                               fold, handler_for, next_claimable, restore)
-from kz_events.codec import Envelope, decode_line, encode, line_hash, GENESIS
+from kz_events import events as E, state as state_module
+from kz_events.codec import GENESIS, decode_line, encode, line_hash
+from kz_events.reducer import (
+    InvalidTransition,
+    SequenceGap,
+    amend,
+    apply,
+    apply_record,
+    checkpoint,
+    fold,
+    handler_for,
+    next_claimable,
+    restore,
+)
 from kz_events.state import State
 from kz_events.status import STATUSES, TERMINAL, Status
 from kz_events.workload import new_uuid, simulate
@@ -46,11 +56,15 @@ def accepted(uuid="u1", kid="sm_90/A/x/fp16/k"):
 
 
 def test_full_lifecycle_to_accepted():
-    state = push(State(), *accepted())
-    sub = state.submissions["u1"]
+    state = push(State(finished=[]), *accepted())
+    assert "u1" not in state.submissions and state.accepted == {"u1": "sm_90/A/x/fp16/k"}
+    (handoff,) = state.finished  # the finished record leaves the State for the history projection
+    sub = handoff.record
+    assert handoff.seq == 9 and handoff.uuid == "u1" and handoff.change is None
     assert [h[1] for h in sub.history] == ["received", "queued", "running", "accepting", "accepted"]
     assert sub.status == "accepted" and sub.sha_src == SRC and sub.sha_br == BR
     assert sub.attempts == 1 and sub.warnings == ["W1"] and sub.result["cases"] == 1
+    assert sub.cases == [{"test_case_id": "c", "correctness": "passed"}] and sub.sha256 == "a" * 64
     kernel = state.kernels["sm_90/A/x/fp16/k"]
     assert (kernel.head_src, kernel.head_br, kernel.accepted, kernel.in_flight) == (SRC, BR, 1, None)
     assert not state.queue.pending and not state.queue.in_flight
@@ -223,7 +237,9 @@ def test_refused_events_leave_the_state_exactly_as_it_was(seed, n, tries):
         except InvalidTransition:
             assert state == before
         else:  # accepted: the state must still serialize and count consistently
-            assert sum(state.status_counts.values()) == len(state.submissions)
+            live = sum(n for status, n in state.status_counts.items() if status not in TERMINAL)
+            assert live == len(state.submissions)
+            assert state.status_counts.get("accepted", 0) >= len(state.accepted)
             assert State.from_json(json.loads(json.dumps(state.to_json()))) == state
         for kid, kernel in state.kernels.items():
             assert (kid in state.queue.waiting_kernels) == bool(kernel.pending)
@@ -239,11 +255,101 @@ def test_every_event_class_has_one_handler_reached_by_class_or_type_word():
 
 def test_status_words_are_the_shared_vocabulary_and_snapshot_as_plain_strings():
     assert state_module.STATUSES is STATUSES and state_module.TERMINAL is TERMINAL
-    state = fold_events(simulate(random.Random(7), 600))
-    statuses = {sub.status for sub in state.submissions.values()}
+    state = push(State(finished=[]), *simulate(random.Random(7), 600))
+    subs = list(state.submissions.values()) + [h.record for h in state.finished if h.record]
+    statuses = {sub.status for sub in subs}
     assert statuses <= set(Status) and Status.ACCEPTED in statuses
     # plain str, not the enum member: the snapshot body is marshal, which refuses subclasses
-    assert {type(sub.status) for sub in state.submissions.values()} == {str}
+    assert {type(sub.status) for sub in subs} == {str}
     assert {type(word) for word in state.status_counts} == {str}
     marshal.dumps(state.to_json())
     assert set(state.summary()["by_status"]) <= {s.value for s in Status}
+
+
+# --- finished submissions leave the State ---------------------------------------------------
+
+
+def revoked(uuid="u1", kid="sm_90/A/x/fp16/k"):
+    return accepted(uuid, kid) + [E.SubmissionRevoked(uuid, "admin", "bad runner")]
+
+
+def test_the_state_keeps_only_live_submissions_and_what_a_revocation_needs():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(), *accepted("u1", kid), *received("u2", kid), *received("u3", kid),
+                 E.SubmissionRejected("u3", "result", "C", "m", {}))
+    assert set(state.submissions) == {"u2"} and state.accepted == {"u1": kid} and not state.revoking
+    assert state.status_counts["accepted"] == 1 and state.status_counts["rejected"] == 1
+    push(state, E.SubmissionRevoked("u1", "admin", "bad runner"))
+    assert state.accepted == {} and state.revoking == {"u1": kid} and state.kernels[kid].accepted == 0
+    assert state.status_counts["accepted"] == 0 and state.status_counts["revoked"] == 1
+    push(state, E.RevokeCommitted("u1", SRC, True))
+    assert state.revoking == {} and State.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+REFUSED_AFTER_THE_END = [
+    ("revoking a rejected one", received() + [E.SubmissionRejected("u1", "result", "C", "m", {})],
+     E.SubmissionRevoked("u1", "admin", "x"), "unknown submission, or one that has finished"),
+    ("revoking twice", revoked(), E.SubmissionRevoked("u1", "admin", "x"), "while the submission is revoked"),
+    ("committing a revocation twice", revoked() + [E.RevokeCommitted("u1", SRC, True)],
+     E.RevokeCommitted("u1", SRC, True), "no revocation waits"),
+    ("committing a revocation never made", accepted(), E.RevokeCommitted("u1", SRC, True),
+     "while the submission is accepted"),
+    ("a result for an accepted one", accepted(),
+     E.ResultReported("u1", "r1", "L1", "c" * 64, True, True, [], {}), "while the submission is accepted"),
+    ("reusing the uuid of an accepted one", accepted(), received()[0], "uuid already received"),
+]
+
+
+@pytest.mark.parametrize("history, event, why", [r[1:] for r in REFUSED_AFTER_THE_END],
+                         ids=[r[0] for r in REFUSED_AFTER_THE_END])
+def test_transitions_of_finished_submissions_are_refused_from_the_compact_facts(history, event, why):
+    state = push(State(finished=[]), *history)
+    before, handed = state.copy(), list(state.finished)
+    with pytest.raises(InvalidTransition, match=why):
+        push(state, event)
+    assert state == before and state.finished == handed
+
+
+def test_the_hand_off_and_amend_give_the_record_a_fold_of_everything_gives():
+    state = push(State(finished=[]), *revoked(), E.RevokeCommitted("u1", "3" * 40, True))
+    record, revocation, commit = state.finished
+    assert (record.seq, revocation.seq, commit.seq) == (9, 10, 11) and revocation.record is None
+    sub = copy.deepcopy(record.record)
+    for h in (revocation, commit):
+        amend(sub, h.seq, h.change)
+    assert sub.status == "revoked" and sub.history[-1] == [10, "revoked", TS]
+    assert sub.reasons[-1] == {"stage": "revoke", "code": "REVOKED", "message": "bad runner", "by": "admin",
+                               "seq": 10, "sha": "3" * 40, "best_changed": True, "committed_seq": 11}
+    assert record.record.status == "accepted"  # the handed-off record itself is never changed
+
+
+def test_a_refused_batch_takes_back_its_hand_offs_and_compact_facts():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(finished=[]), *accepted("u0", kid))
+    before, handed = state.copy(), list(state.finished)
+    batch = accepted("u1", "sm_90/B/x/fp16/k") + [E.SubmissionRevoked("u0", "admin", "x")]
+    memo = checkpoint(state, [e.payload() for e in batch])
+    push(state, *batch)
+    assert "u1" in state.accepted and "u0" in state.revoking and len(state.finished) == 3
+    restore(state, memo)
+    assert state == before and state.finished == handed
+
+
+def test_a_finished_submission_drops_its_idempotency_key_from_the_state():
+    ev = E.SubmissionReceived("u1", "sm_90/A/x/fp16/k", "alice", "http", "p.tar.gz", 10, "a" * 64, "K1")
+    state = push(State(), ev)
+    assert state.idempotency == {"alice": {"K1": ["u1", "a" * 64, TS]}}
+    push(state, E.SubmissionRejected("u1", "intake", "C", "m", {}))
+    assert state.idempotency == {}
+
+
+def test_result_reported_v1_cases_read_unit_and_direction_as_unknown():
+    line, _ = encode(E.ResultReported("u1", "r1", "L1", "c" * 64, True, True,
+                                      [{"test_case_id": "c", "correctness": "passed"}], {}), 1, TS, GENESIS)
+    doc = json.loads(line)
+    doc["v"] = 1
+    env = decode_line(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
+    assert env.payload["cases"] == [{"test_case_id": "c", "correctness": "passed", "unit": None,
+                                     "direction": None}]
+    summary = E.CaseSummary.from_json(env.payload["cases"][0])
+    assert summary == E.CaseSummary("c", "passed", False, None, None, None, None)

@@ -33,6 +33,7 @@ from tests.helpers.daemon import (
     drop_queued_axpy,
     wait_for,
 )
+from tests.helpers.submissions import every
 
 DAY = 86400.0
 BEHIND = 40 * DAY
@@ -98,7 +99,7 @@ def test_retention_settings_load_with_defaults_and_refuse_negatives(tmp_path):
 def test_young_entries_are_kept_and_the_package_goes_before_the_logs(old_zoo):
     config, subs = old_zoo.config, old_zoo.subs
     with old_zoo.store.lock:
-        done = gc.finished(old_zoo.store.state.submissions.values())
+        done = gc.finished(every(old_zoo.store).values())
     assert {d.uuid for d in done} == {subs["accepted"], subs["rejected"], subs["cancelled"]}
     # one day after they ended: nothing is due
     assert gc.plan(config, done, time.time() - BEHIND + DAY) == []
@@ -167,7 +168,7 @@ def test_logs_txt_goes_before_the_tails(old_zoo):
     """logs.txt goes before log_tails.json: while the tail is there the logs are not called pruned."""
     config, acc = old_zoo.config, old_zoo.subs["accepted"]
     with old_zoo.store.lock:
-        done = gc.finished(old_zoo.store.state.submissions.values())
+        done = gc.finished(every(old_zoo.store).values())
     order = [r.path.name for r in gc.plan(config, done, time.time()) if r.uuid == acc and r.what == "run logs"]
     assert order.index(LOGS_FILE) < order.index(TAILS_FILE)
 

@@ -111,7 +111,7 @@ def test_accepting_an_ordinary_submission_keeps_the_harness_a_maintainer_landed_
     claim = wait_for(lambda: _claim_until(zoo, sub_uuid))
     view = zoo.report_result(sub_uuid, "r1", claim.lease_id, axpy_result(CPU_AXPY), b"", {}, None)
     assert view.status == "accepted", view.reasons
-    sha_src = zoo.store.state.submissions[sub_uuid].sha_src
+    sha_src = zoo.store.submission(sub_uuid).sha_src
     assert zoo.git.read_file(f"{CPU_AXPY}/{BENCH}", sha_src) == newer  # commit 1 did not put the old one back
     assert zoo.git.read_file(f"{CPU_AXPY}/{BENCH}") == newer
     assert zoo.git.read_file(f"{kp}/desc.yaml", sha_src) == desc

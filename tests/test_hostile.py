@@ -25,8 +25,8 @@ import pytest
 from test_intake_rejections import CASES, FROZEN_ID, KID, LIMITS
 
 from kz_daemon.storage.gitstore import GitStore, format_message
-from kz_events.replay import replay_dir
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, EXAMPLES, axpy_tarball, package_files, wait_for
+from tests.helpers.submissions import logged
 from tests.helpers.system import Ack, RunnerProcess, ZooProcess, check_invariants, submit, tiny_tarball
 from tests.helpers.workload import wait_terminal_in_log
 
@@ -247,7 +247,7 @@ def test_hostile_input_is_refused_over_http_and_the_spool(system):
                         timeout=240, interval=0.5)
 
     def all_decided():
-        subs = replay_dir(zoo.config.paths.events).submissions
+        subs = logged(zoo.config.paths.events)
         return subs if all(subs[received[n]].status not in ("received",) for n in names) else None
     subs = wait_for(all_decided, timeout=240, interval=0.5)
     for name, (_label, codes) in sorted(names.items()):
@@ -270,7 +270,7 @@ def test_the_system_still_works_afterwards(system):
     assert resp.status_code == 202, resp.text
     ack = Ack(resp.json()["uuid"], kernel_id, time.time())
     assert wait_terminal_in_log(zoo, [ack], 180) == []
-    assert ack.status == "accepted", replay_dir(zoo.config.paths.events).submissions[ack.uuid].reasons
+    assert ack.status == "accepted", logged(zoo.config.paths.events)[ack.uuid].reasons
     verdict = check_invariants(zoo, [ack])
     assert verdict.problems == [], verdict.problems
     assert runner.alive(), runner.log_tail()

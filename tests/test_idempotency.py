@@ -19,6 +19,7 @@ from kz_events.codec import decode_line, encode
 from kz_events.reducer import apply, apply_record, checkpoint, restore
 from kz_events.state import State
 from tests.helpers.http_server import CPU_AXPY, CPU_SOFTMAX, LiveServer, package_tarball
+from tests.helpers.submissions import every
 
 AXPY_PKG = package_tarball(CPU_AXPY)
 SOFTMAX_PKG = package_tarball(CPU_SOFTMAX)
@@ -38,7 +39,7 @@ def _post(live, client, data, key, submitter="bob", kernel_id=CPU_AXPY):
 
 def _uuids_of(live, submitter):
     with live.zoo.store.lock:
-        return sorted(u for u, s in live.zoo.store.state.submissions.items() if s.submitter_id == submitter)
+        return sorted(u for u, s in every(live.zoo.store).items() if s.submitter_id == submitter)
 
 
 def test_a_retry_with_the_same_key_answers_the_first_submission(live):

@@ -12,6 +12,7 @@ from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from kz_daemon.storage.gitstore import GitStore, format_message
 from tests.helpers.daemon import AXPY_DIR, AXPY_ID, EXAMPLES, axpy_tarball, drop_and_decide, package_files
+from tests.helpers.submissions import every
 
 KID = "cpu/Elementwise/Axpy/fp32/hostile"
 FROZEN_ID = "cpu/Elementwise/Axpy/fp32/frozen_pkg"
@@ -247,10 +248,10 @@ def test_sidecar_that_is_not_json(zoo):
 def test_symlink_dropped_in_the_inbox_is_not_followed(zoo, tmp_path):
     secret = tmp_path / "secret.tar.gz"
     secret.write_bytes(files())
-    before = set(zoo.store.state.submissions)
+    before = set(every(zoo.store))
     os.symlink(secret, zoo.config.spool_inbox / "link.tar.gz")
     zoo.scan_inbox()  # left alone, logged as spool.skipped (tests/test_spool_settle.py)
-    assert set(zoo.store.state.submissions) == before
+    assert set(every(zoo.store)) == before
     assert os.path.islink(zoo.config.spool_inbox / "link.tar.gz")
 
 

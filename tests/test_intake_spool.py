@@ -14,6 +14,7 @@ from kz_daemon.intake.admit import validate_file
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_into_inbox, wait_for
+from tests.helpers.submissions import every
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def started(config):
 
 
 def only_submission(zoo):
-    subs = wait_for(lambda: list(zoo.store.state.submissions.values()))
+    subs = wait_for(lambda: list(every(zoo.store).values()))
     assert len(subs) == 1
     return zoo.wait_intake(subs[0].uuid, 30)
 
@@ -116,7 +117,7 @@ def test_outcome_written_but_not_logged_is_emitted_at_restart(config):
         zoo.stop()
     zoo = started(config)  # and a second restart changes nothing
     try:
-        assert len(zoo.store.state.submissions) == 1
+        assert len(every(zoo.store)) == 1
     finally:
         zoo.stop()
 
@@ -126,9 +127,9 @@ def test_reused_sidecar_uuid_gets_a_fresh_one(config):
     try:
         same = "12345678-1234-4234-8234-123456789abc"
         drop_into_inbox(config.paths.spool, "a.tar.gz", axpy_tarball(), {"uuid": same})
-        wait_for(lambda: same in zoo.store.state.submissions)
+        wait_for(lambda: zoo.store.knows(same))
         drop_into_inbox(config.paths.spool, "b.tar.gz", axpy_tarball(), {"uuid": same})
-        subs = wait_for(lambda: len(zoo.store.state.submissions) == 2 and zoo.store.state.submissions)
+        subs = wait_for(lambda: len(every(zoo.store)) == 2 and every(zoo.store))
         assert same in subs and len(set(subs)) == 2
     finally:
         zoo.stop()
@@ -194,12 +195,12 @@ def test_a_file_that_crashes_the_checks_is_rejected_not_retried(config, monkeypa
         monkeypatch.setattr(intake, "validate_file", boom)
         drop_into_inbox(config.paths.spool, "p.tar.gz", axpy_tarball())
         assert zoo.scan_inbox() == 1
-        (sub,) = zoo.store.state.submissions.values()
+        (sub,) = every(zoo.store).values()
         assert sub.status == "rejected" and sub.reasons[0]["code"] == "INTAKE_FAILED"
         monkeypatch.undo()
         drop_into_inbox(config.paths.spool, "q.tar.gz", axpy_tarball())
         zoo.scan_inbox()
-        assert sorted(s.status for s in zoo.store.state.submissions.values()) == ["queued", "rejected"]
+        assert sorted(s.status for s in every(zoo.store).values()) == ["queued", "rejected"]
     finally:
         zoo.store.close()
         zoo.git.close()

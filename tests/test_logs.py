@@ -15,6 +15,7 @@ from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.run_logs import MAX_TAIL_CHARS, TAILS_FILE, clean_tails, load_tails, store_tails
 from tests.helpers.browser import browser
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
+from tests.helpers.submissions import every
 from tests.test_runner_loop import submit_with_one_runner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def test_a_failing_build_shows_its_traceback_everywhere(live, tmp_path):
     assert code == 1, out + serr
     assert MARKER in out and "Traceback" in out, out
 
-    uuid = next(s.uuid for s in live.zoo.store.state.submissions.values() if s.kernel_id == KERNEL_ID)
+    uuid = next(s.uuid for s in every(live.zoo.store).values() if s.kernel_id == KERNEL_ID)
     with live.client() as c:
         doc = c.get(f"/api/submissions/{uuid}/status").json()
         assert doc["status"] == "rejected" and doc["reasons"][0]["code"] == "BUILD_FAILED"

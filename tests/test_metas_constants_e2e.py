@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.http_server import CPU_AXPY, LiveServer
+from tests.helpers.submissions import every
 from tests.test_runner_loop import submit_with_one_runner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,5 +55,5 @@ def test_a_harness_with_a_metrics_constant_is_accepted_end_to_end(live, tmp_path
     code, out, serr = submit_with_one_runner(live.url, live.tokens["runner:loop-test"], package, KERNEL_ID,
                                              tmp_path / "work", live.tokens["submitter:alice"])
     assert code == 0, out + serr
-    sub = next(s for s in live.zoo.store.state.submissions.values() if s.kernel_id == KERNEL_ID)
+    sub = next(s for s in every(live.zoo.store).values() if s.kernel_id == KERNEL_ID)
     assert sub.status == "accepted", sub.reasons

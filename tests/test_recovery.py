@@ -38,6 +38,7 @@ from tests.helpers.daemon import (
     real_run,
     wait_for,
 )
+from tests.helpers.submissions import every
 
 GIT = shutil.which("git")
 
@@ -77,7 +78,7 @@ def test_sigkill_inside_the_saga_recovers_cleanly(point, real_result, tmp_path):
     zoo = Zoo(config)  # restart: recovery runs in start()
     zoo.start()
     try:
-        subs = list(zoo.store.state.submissions.values())
+        subs = list(every(zoo.store).values())
         assert len(subs) == 1
         sub = subs[0]
         assert sub.status == "accepted", (sub.status, sub.reasons)
@@ -185,12 +186,12 @@ def accept_halted_at(config, monkeypatch, point: str) -> tuple[str, str]:
         halting_at(m, accept, "crash_point", point)
         with pytest.raises(Halt):
             zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
-        assert zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTING
+        assert zoo.store.submission(sub_uuid).status == Status.ACCEPTING
     return sub_uuid, base
 
 
 def assert_accepted_once(zoo, sub_uuid: str, base: str) -> None:
-    sub = zoo.store.state.submissions[sub_uuid]
+    sub = zoo.store.submission(sub_uuid)
     assert sub.status == Status.ACCEPTED, sub.reasons
     commits = saga_commits(zoo, base)
     assert [c.trailers.get("Kz-Step") for c in commits] == ["scorecard", "source"]
@@ -216,7 +217,7 @@ def test_saga_with_nothing_in_git_and_its_package_gone_is_rolled_back(config, mo
     (config.paths.pending / sub_uuid / "package.tar.gz").unlink()
     with recovering(config) as (zoo, report, seq):
         assert report.sagas_rolled_back == [sub_uuid] and report.sagas_finished == []
-        assert zoo.store.state.submissions[sub_uuid].status == Status.FAILED
+        assert zoo.store.submission(sub_uuid).status == Status.FAILED
         assert events_after(config, seq) == ["accept.rolled_back"]
         assert zoo.git.head() == base
 
@@ -257,7 +258,7 @@ def test_saga_that_cannot_finish_after_its_source_commit_stays_accepting(config,
     sub_uuid, base = accept_halted_at(config, monkeypatch, "after_source_event")
     (config.paths.runs / sub_uuid / "result.json").unlink()  # the scorecard cannot be written without it
     with recovering(config) as (zoo, report, seq):
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.ACCEPTING  # left for the reaper / the next start-up to retry
         assert report.sagas_rolled_back == []
         assert [c.trailers.get("Kz-Step") for c in saga_commits(zoo, base)] == ["source"]
@@ -268,7 +269,7 @@ def test_saga_left_pending_is_not_reported_as_finished(config, monkeypatch):
     sub_uuid, _base = accept_halted_at(config, monkeypatch, "after_source_event")
     (config.paths.runs / sub_uuid / "result.json").unlink()
     with recovering(config) as (zoo, report, _seq):
-        assert zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTING
+        assert zoo.store.submission(sub_uuid).status == Status.ACCEPTING
         assert sub_uuid not in report.sagas_finished
         assert report.sagas_pending == [sub_uuid] and report.sagas_rolled_back == []
 
@@ -288,12 +289,12 @@ def test_a_saga_half_way_in_git_is_finished_before_the_next_accept_commits(point
             halting_at(m, accept, "crash_point", point)
             with pytest.raises(Halt):
                 zoo.report_result(first, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
-        assert zoo.store.state.submissions[first].status == Status.ACCEPTING
+        assert zoo.store.submission(first).status == Status.ACCEPTING
         claim = zoo.claim("r2", "cpu", 5)
         assert claim.uuid == second
         view = zoo.report_result(second, "r2", claim.lease_id, axpy_result(other), b"", {}, None)
         assert view.status == "accepted", view.reasons
-        subs = zoo.store.state.submissions
+        subs = every(zoo.store)
         assert subs[first].status == Status.ACCEPTED, subs[first].reasons
         commits = saga_commits(zoo, base)
         assert [(c.trailers.get("Kz-Submission"), c.trailers.get("Kz-Step")) for c in commits] == [
@@ -331,13 +332,13 @@ def report_without_verdict(config, result: dict) -> tuple[str, str]:
         claim = zoo.claim("r", "cpu", 5)
         metas = zoo.pending.metas(sub_uuid)
         with zoo.lock:
-            sub = zoo.store.state.submissions[sub_uuid]
+            sub = zoo.store.submission(sub_uuid)
             run = confirm.store_run(zoo.pending, sub, result, b"", {}, None)
             zoo.store.emit(ev.ResultReported(
                 uuid=sub_uuid, runner_id="r", lease_id=claim.lease_id, result_sha256=run.sha256,
                 overall_accept=result["overall"]["accept"], build_ok=True,
                 cases=accept.case_summary(result, metas), env={}))
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.RUNNING and sub_uuid not in zoo.store.state.queue.in_flight
     return sub_uuid, base
 
@@ -354,7 +355,7 @@ def test_failing_result_without_its_verdict_is_judged_again_and_rejected(config)
     sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, accept=False, correctness="failed"))
     with recovering(config) as (zoo, report, seq):
         assert report.results_rejudged == [sub_uuid] and report.sagas_finished == []
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.REJECTED
         assert sub.reasons[-1]["stage"] == "result"
         assert events_after(config, seq)[0] == "submission.rejected"
@@ -372,14 +373,14 @@ def test_result_below_the_physics_floor_judged_again_is_rejected_as_implausible(
     sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, 0.00001))
     with recovering(config) as (zoo, report, _seq):
         assert report.results_rejudged == [sub_uuid] and report.sagas_finished == []
-        assert_implausible(zoo.store.state.submissions[sub_uuid])
+        assert_implausible(zoo.store.submission(sub_uuid))
         assert zoo.git.head() == base
 
 
 def test_start_up_judges_a_result_below_the_physics_floor_as_implausible(config):
     sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, 0.00001))
     with running(config) as zoo:  # Zoo.start: confirm.recover decides it before recovery.recover
-        assert_implausible(zoo.store.state.submissions[sub_uuid])
+        assert_implausible(zoo.store.submission(sub_uuid))
         assert zoo.git.head() == base
 
 
@@ -402,7 +403,7 @@ def test_lease_expired_while_down_is_requeued_with_the_attempt_counted(config):
     clock.now += LEASE_S + 1
     with recovering(config, clock) as (zoo, report, seq):
         assert report.leases_expired == 1
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.QUEUED and sub.attempts == 1
         assert list(zoo.store.state.queue.pending) == [sub_uuid] and not zoo.store.state.queue.in_flight
         assert events_after(config, seq) == ["job.lease_expired"]
@@ -414,7 +415,7 @@ def test_lease_expired_on_the_last_attempt_fails_the_submission(config):
     clock.now += LEASE_S + 1
     with recovering(config, clock) as (zoo, report, seq):
         assert report.leases_expired == 1
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.FAILED and sub.attempts == 2
         assert sub.reasons[-1]["code"] == "ATTEMPTS_EXHAUSTED"
         assert events_after(config, seq) == ["job.lease_expired", "job.failed"]
@@ -426,7 +427,7 @@ def test_lease_still_valid_at_restart_is_kept(config):
     clock.now += LEASE_S - 1
     with recovering(config, clock) as (zoo, report, seq):
         assert report.leases_expired == 0
-        assert zoo.store.state.submissions[sub_uuid].status == Status.RUNNING
+        assert zoo.store.submission(sub_uuid).status == Status.RUNNING
         assert list(zoo.store.state.queue.in_flight) == [sub_uuid]
 
 
@@ -502,7 +503,7 @@ def test_intake_outcome_written_but_not_logged_gets_its_events(config, tmp_path)
     shutil.copytree(other.paths.pending / sub_uuid, config.paths.pending / sub_uuid)
     with recovering(config) as (zoo, report, seq):
         assert report.intake_recovered == 1
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.QUEUED and sub.kernel_id == AXPY_ID
         assert list(zoo.store.state.queue.pending) == [sub_uuid]
 
@@ -517,7 +518,7 @@ def test_result_far_ahead_logged_without_its_verdict_asks_for_a_confirmation_run
         accept_axpy(zoo, AXPY_ID, "recorded", latency=10.0)
     sub_uuid, base = report_without_verdict(config, axpy_result(AXPY_ID, latency=1.0))  # 10x ahead
     with running(config) as zoo:
-        sub = zoo.store.state.submissions[sub_uuid]
+        sub = zoo.store.submission(sub_uuid)
         assert sub.status == Status.QUEUED and "confirmation" in sub.result
         assert zoo.git.head() == base  # nothing committed before the second run
         assert zoo.claim("r", "cpu", 0) is None  # the first result's runner may not confirm it
@@ -537,7 +538,7 @@ def test_revocation_stopped_half_way_is_finished_with_one_commit(point, config, 
     zoo = Zoo(config)
     try:
         assert revoke.recover(zoo) == [best.uuid]
-        sub = zoo.store.state.submissions[best.uuid]
+        sub = zoo.store.submission(best.uuid)
         commits = list(zoo.git.log(stop=head))
         assert [c.trailers["Revokes"] for c in commits] == [best.uuid]
         assert revoke.revocation(sub)["sha"] == commits[0].sha == zoo.git.head()

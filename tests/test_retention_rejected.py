@@ -11,6 +11,7 @@ import pytest
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from tests.helpers.daemon import EXAMPLES, drop_into_inbox, wait_for
+from tests.helpers.submissions import every
 
 DAY = 86400.0
 
@@ -26,11 +27,11 @@ def _config(tmp_path, extra=""):
 
 def _reject(zoo, count):
     """Drop ``count`` corrupt tarballs; their uuids once all are rejected, oldest first."""
-    before = set(zoo.store.state.submissions)
+    before = set(every(zoo.store))
     for i in range(count):
         drop_into_inbox(zoo.config.paths.spool, f"bad{i}.tar.gz", b"not a tarball %d" % i)
-    new = wait_for(lambda: (set(zoo.store.state.submissions) - before) if
-                   len(set(zoo.store.state.submissions) - before) == count else None)
+    new = wait_for(lambda: (set(every(zoo.store)) - before) if
+                   len(set(every(zoo.store)) - before) == count else None)
     for u in new:
         assert zoo.wait_intake(u, 30).status == "rejected"
     return sorted(new)
@@ -66,7 +67,7 @@ def test_the_newest_tarballs_stay_and_the_reasons_outlive_the_rest(zoo):
     assert (rejected / uuids[3] / "reason.json").exists()
     assert (rejected / uuids[2] / "package.tar.gz").exists()
     assert zoo.store.state.seq == seq, "retention emitted or pruned events"
-    assert set(uuids) <= set(zoo.store.state.submissions)
+    assert set(uuids) <= set(every(zoo.store))
     assert not [n for n in os.listdir(rejected) if n.startswith(".gc-")]
 
 

@@ -107,7 +107,7 @@ def test_revoked_best_is_restored_end_to_end(live, tmp_path):
         assert page.status_code == 200 and "status-revoked" in page.text and "timed a cached result" in page.text
 
     # events: revoked, then the commit recorded
-    sub = zoo.store.state.submissions[best.uuid]
+    sub = zoo.store.submission(best.uuid)
     entry = next(r for r in sub.reasons if r["stage"] == "revoke")
     assert (entry["by"], entry["message"], entry["best_changed"]) == ("root", "timed a cached result", True)
     # git: one new commit on top, with its trailers; the best is the slow record again
@@ -177,7 +177,7 @@ def test_revoking_a_record_that_is_neither_a_best_nor_the_latest_makes_a_commit_
         assert commit.trailers["Revokes"] == slow.uuid
         assert zoo.git.tree_of(commit.sha) == zoo.git.tree_of(head) and zoo.git.read_file(CARD) == card
         assert _best(_card(zoo))[0]["commit_sha"] == fast.commit_sha
-        entry = next(r for r in zoo.store.state.submissions[slow.uuid].reasons if r["stage"] == "revoke")
+        entry = next(r for r in zoo.store.submission(slow.uuid).reasons if r["stage"] == "revoke")
         assert entry["best_changed"] is False
     assert _audit_errors(config) == []
 
@@ -212,7 +212,7 @@ def test_sigkill_inside_the_revocation_recovers_without_a_second_commit(point, t
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
 
     with _running(config) as zoo:  # restart: recovery finishes the revocation
-        sub = zoo.store.state.submissions[best.uuid]
+        sub = zoo.store.submission(best.uuid)
         entry = next(r for r in sub.reasons if r["stage"] == "revoke")
         commits = list(zoo.git.log(stop=head))
         assert [c.trailers["Revokes"] for c in commits] == [best.uuid]

@@ -26,6 +26,7 @@ from tests.helpers.daemon import (
     real_run,
     wait_for,
 )
+from tests.helpers.submissions import every
 
 GIT = shutil.which("git")
 
@@ -45,7 +46,7 @@ def git(repo, *args):
 
 def submit_and_run(zoo, tmp_path, kernel_id, data, name="pkg.tar.gz"):
     drop_into_inbox(zoo.config.paths.spool, name, data)
-    sub_uuid = wait_for(lambda: next((u for u, s in zoo.store.state.submissions.items()
+    sub_uuid = wait_for(lambda: next((u for u, s in every(zoo.store).items()
                                       if s.kernel_id == kernel_id and s.status != "accepted"
                                       and s.status != "rejected" or False), None))
     view = zoo.wait_intake(sub_uuid, 30)
@@ -94,7 +95,7 @@ def test_new_kernel_id_becomes_a_new_package(zoo, tmp_path):
     kid = "cpu/Elementwise/Axpy/fp32/my_impl"
     assert not zoo.git.exists(kid)
     sub_uuid, claim, result = submit_and_run(zoo, tmp_path, kid, axpy_tarball(kid))
-    assert zoo.store.state.submissions[sub_uuid].new_kernel is True
+    assert zoo.store.submission(sub_uuid).new_kernel is True
     view = zoo.report_result(sub_uuid, "runner-1", claim.lease_id, result, b"", {}, None)
     assert view.status == "accepted", view.reasons
     card = yaml.safe_load(zoo.git.read_file(f"{kid}/.kernel_package/bench_result.yaml"))
@@ -158,7 +159,7 @@ def idle_zoo(tmp_path):
 def take_idle(zoo, kernel_id=AXPY_ID) -> str:
     """Upload an Axpy package to a Zoo without threads and scan until intake decided it; its uuid."""
     sub_uuid = zoo.drop_upload(io.BytesIO(axpy_tarball(kernel_id)), {})
-    wait_for(lambda: zoo.scan_inbox() or sub_uuid in zoo.store.state.submissions)
+    wait_for(lambda: zoo.scan_inbox() or zoo.store.knows(sub_uuid))
     return sub_uuid
 
 

@@ -18,6 +18,7 @@ from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from kz_events.status import Status
 from tests.helpers.daemon import EXAMPLES, axpy_tarball, wait_for
+from tests.helpers.submissions import every
 
 
 @pytest.fixture
@@ -50,11 +51,11 @@ def test_a_file_written_in_place_waits_for_its_writer(zoo):
         out.flush()
         os.utime(target, (time.time() - 60, time.time() - 60))  # older than any quiet period
         zoo.scan_inbox()
-        assert zoo.store.state.submissions == {}, "a half-written file was claimed"
+        assert every(zoo.store) == {}, "a half-written file was claimed"
         assert target.exists() and zoo.intake.unsettled == 1
         out.write(data[len(data) // 2:])
     zoo.scan_inbox()
-    (sub,) = wait_for(lambda: list(zoo.store.state.submissions.values()))
+    (sub,) = wait_for(lambda: list(every(zoo.store).values()))
     view = zoo.wait_intake(sub.uuid, 30)
     assert view.status == Status.QUEUED, view.reasons
 
@@ -95,7 +96,7 @@ def test_non_regular_entries_are_skipped_once_each(zoo, tmp_path):
         zoo.scan_inbox()
     finally:
         sock.close()
-    assert zoo.store.state.submissions == {}
+    assert every(zoo.store) == {}
     expected = [("adir.tar.gz", "directory"), ("link.tar.gz", "symlink"),
                 ("pipe.tar.gz", "fifo"), ("sock.tar.gz", "socket")]
     # the intake thread may be the one logging an entry: wait for its append, then count
@@ -132,6 +133,6 @@ def test_concurrent_scans_never_claim_one_file_twice(zoo):
     for t in threads:
         t.join(120)
     assert errors == []
-    subs = wait_for(lambda: [s for s in zoo.store.state.submissions.values()] if len(
-        zoo.store.state.submissions) == 12 else None)
+    subs = wait_for(lambda: [s for s in every(zoo.store).values()] if len(
+        every(zoo.store)) == 12 else None)
     assert len(subs) == 12

@@ -22,6 +22,7 @@ from kz_events.status import Status
 from kz_events.store import StorageError
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, drop_queued_axpy
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
+from tests.helpers.submissions import every
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_headroom_guard_refuses_uploads_before_the_disk_is_full(tmp_path):
             assert resp.status_code == 503 and resp.json()["error"]["code"] == "STORAGE_FULL"
             assert int(resp.headers["Retry-After"]) > 0
             assert "headroom" in resp.json()["error"]["message"]
-            assert server.zoo.store.state.submissions == {}
+            assert every(server.zoo.store) == {}
             ready = http.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["error"]["details"]["checks"]["disk"]["ok"] is False
@@ -143,7 +144,7 @@ def test_upload_acknowledged_while_the_log_is_full_appears_once_it_has_space(sma
             assert upload.status_code == 202, upload.text
             assert upload.json()["status"] == "received"
             sub_uuid = upload.json()["uuid"]
-            assert sub_uuid not in server.zoo.store.state.submissions
+            assert not server.zoo.store.knows(sub_uuid)
             status = http.get(f"/api/submissions/{sub_uuid}/status")
             assert status.status_code == 200, status.text  # the spool has it: not a 404
             assert status.json()["status"] == "received"
@@ -152,7 +153,7 @@ def test_upload_acknowledged_while_the_log_is_full_appears_once_it_has_space(sma
             queued = poll(lambda: (http.get(f"/api/submissions/{sub_uuid}/status").json()["status"]
                                    == "queued"))
             assert queued, http.get(f"/api/submissions/{sub_uuid}/status").text
-        sub = server.zoo.store.state.submissions[sub_uuid]
+        sub = server.zoo.store.submission(sub_uuid)
         assert sub.status == Status.QUEUED and sub.kernel_id == CPU_AXPY
         work = server.state_dir / "spool" / "work"
         assert poll(lambda: not any(work.iterdir()), 10), list(work.iterdir())
@@ -188,14 +189,14 @@ def test_accept_on_a_full_repo_disk_waits_and_completes_once_it_has_space(tmp_pa
         view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
         assert view.status == Status.ACCEPTING, view.reasons  # not failed: it waits for space
         time.sleep(0.5)  # the reaper retries (and fails) meanwhile
-        assert zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTING
+        assert zoo.store.submission(sub_uuid).status == Status.ACCEPTING
 
         os.unlink(filler)
-        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \
-            zoo.store.state.submissions[sub_uuid].status
+        assert poll(lambda: zoo.store.submission(sub_uuid).status == Status.ACCEPTED), \
+            zoo.store.submission(sub_uuid).status
         commits = list(zoo.git.log(stop=base))
         assert [c.trailers.get("Kz-Step") for c in commits] == ["scorecard", "source"]
-        assert zoo.git.head() == zoo.store.state.submissions[sub_uuid].sha_br
+        assert zoo.git.head() == zoo.store.submission(sub_uuid).sha_br
         assert not [p for p in (small_disk / "repo" / ".git").rglob("*.lock")]
     finally:
         zoo.stop()
@@ -239,8 +240,8 @@ def test_a_lock_left_by_a_failed_git_write_is_removed_and_the_saga_retried(tmp_p
         monkeypatch.setattr(zoo.git, "commit_changes", fails_once)
         view = zoo.report_result(sub_uuid, "r", claim.lease_id, axpy_result(AXPY_ID), b"", {}, None)
         assert view.status in (Status.ACCEPTING, Status.ACCEPTED), view.reasons
-        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.ACCEPTED), \
-            zoo.store.state.submissions[sub_uuid].status
+        assert poll(lambda: zoo.store.submission(sub_uuid).status == Status.ACCEPTED), \
+            zoo.store.submission(sub_uuid).status
         assert len(list(zoo.git.log(stop=base))) == 2
         assert not lock.exists()
     finally:
@@ -334,10 +335,10 @@ def test_a_daemon_loop_failing_on_a_full_log_says_so_once_not_every_pass(small_d
                 break
         time.sleep(3.0)  # the lease expires after 1 s: some 40 failing passes
         lines = [line for line in capfd.readouterr().err.splitlines() if "lease reaper failed" in line]
-        assert len(lines) == 1, (lines, zoo.store.state.submissions[sub_uuid].status, zoo.store.health())
+        assert len(lines) == 1, (lines, zoo.store.submission(sub_uuid).status, zoo.store.health())
         os.unlink(filler)
-        assert poll(lambda: zoo.store.state.submissions[sub_uuid].status == Status.QUEUED), \
-            zoo.store.state.submissions[sub_uuid].status
+        assert poll(lambda: zoo.store.submission(sub_uuid).status == Status.QUEUED), \
+            zoo.store.submission(sub_uuid).status
         assert poll(lambda: "the lease reaper works again" in capfd.readouterr().err, 10)
     finally:
         zoo.stop()

@@ -14,13 +14,12 @@ import time
 
 import pytest
 
-from kz_events import events as E
-from kz_events import log as log_module
+from kz_events import events as E, log as log_module
 from kz_events.audit import verify_log
 from kz_events.codec import GENESIS, line_hash
 from kz_events.log import EventLog, list_segments, segment_name
 from kz_events.replay import replay_dir
-from kz_events.store import Store, StorageError, StoreBroken
+from kz_events.store import StorageError, Store, StoreBroken
 from tests.helpers.events import hold_log_appends
 
 
@@ -279,7 +278,8 @@ def test_health_reports_the_last_error_until_a_commit_succeeds(tmp_path, monkeyp
     clock = iter(range(1_800_000_000, 1_800_001_000)).__next__
     store = Store.open(tmp_path / "events", clock=lambda: float(clock()), snapshot_every=0)
     assert store.health() == {"ok": True, "broken": False, "closed": False, "seq": 0,
-                              "failures": 0, "last_error": None}
+                              "failures": 0, "last_error": None,
+                              "history": {"seq": 0, "error": None}}
     store.emit(*received("u1"))
     disk = Disk(monkeypatch)
     disk.full = True

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers.http_server import CPU_AXPY, EXAMPLES, LiveServer, package_tarball
+from tests.helpers.submissions import every
 from tests.test_http_api import result_doc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,12 +105,12 @@ def test_submit_invalid_package_is_refused_locally(live, tmp_path):
     desc = yaml.safe_load(desc_path.read_text())
     desc["acceptance"] = {"regression_tolerance": 0.05}
     desc_path.write_text(yaml.safe_dump(desc))
-    before = len(live.zoo.store.state.submissions)
+    before = len(every(live.zoo.store))
     done = _kz("submit", str(pkg), "--server", live.url, "--json")
     assert done.returncode == 1
     doc = json.loads(done.stdout)
     assert doc["stage"] == "local" and doc["problems"]
-    assert len(live.zoo.store.state.submissions) == before  # nothing reached the server
+    assert len(every(live.zoo.store)) == before  # nothing reached the server
 
 
 def test_submit_tarball_no_wait(live, tmp_path):

@@ -20,6 +20,7 @@ import pytest
 from kz_daemon.config.tokens import TokenStore
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 from tests.helpers.live_api import api_error
+from tests.helpers.submissions import every
 
 LIMITS = {"submit_burst": 3, "submit_rate_per_s": 0.001,
           "submit_burst_per_address": 3, "submit_rate_per_address_per_s": 0.001}
@@ -28,7 +29,7 @@ OTHER_ADDRESS = "127.0.0.2"
 
 
 def _count(server) -> int:
-    return len(server.zoo.store.state.submissions)
+    return len(every(server.zoo.store))
 
 
 def _upload(client: httpx.Client, *, header: str | None = None, field: str | None = None) -> httpx.Response:

@@ -68,7 +68,7 @@ def revoke(zoo: Daemon, sub_uuid: str, by: str, reason: str) -> str:
     if not str(reason).strip():
         raise ZooError("VALIDATION_ERROR", "a revocation needs a reason", {"field": "reason"})
     with zoo.lock, zoo.store.lock:
-        sub = zoo.store.state.submissions.get(sub_uuid)
+        sub = zoo.store.submission(sub_uuid)  # finished: from the history projection
         if sub is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
         if sub.status not in (Status.ACCEPTED, Status.REVOKED):
@@ -83,8 +83,8 @@ def revoke(zoo: Daemon, sub_uuid: str, by: str, reason: str) -> str:
 def finish(zoo: Daemon, sub_uuid: str) -> str:
     """Drive the revocation saga of a ``revoked`` submission to its end; its commit SHA. Idempotent."""
     with zoo.git_lock:
-        sub = zoo.store.state.submissions[sub_uuid]
-        entry = revocation(sub)
+        sub = zoo.store.submission(sub_uuid)
+        entry = revocation(sub) if sub is not None else None
         if entry is None:
             raise ZooError("CONFLICT", f"submission {sub_uuid} was not revoked", {"uuid": sub_uuid})
         if entry.get("sha"):
@@ -140,10 +140,8 @@ def restored_folder(zoo: Daemon, sub: Any) -> dict[str, Any]:
     """
     kid = sub.kernel_id
     path = f"{kid}/{KP}/{BENCH_RESULT}"
-    with zoo.store.lock:
-        ever = sorted((s for s in zoo.store.state.submissions.values()
-                       if s.kernel_id == kid and s.sha_br and s.status in (Status.ACCEPTED, Status.REVOKED)),
-                      key=_accept_seq)
+    ever = sorted((s for s in zoo.store.kernel_records(kid, (Status.ACCEPTED, Status.REVOKED)) if s.sha_br),
+                  key=_accept_seq)
     baseline = scorecard.load(zoo.git.read_file(path, ever[0].sha_src)) if ever else None
     standing = [s for s in ever if s.status == Status.ACCEPTED and s.uuid != sub.uuid]
     runs = [scorecard.load(zoo.git.read_file(path, s.sha_br)) for s in standing]
@@ -171,9 +169,8 @@ def restored_folder(zoo: Daemon, sub: Any) -> dict[str, Any]:
 
 def recover(zoo: Daemon) -> list[str]:
     """Finish every revocation a crash left without its ``revoke.committed``; the uuids finished."""
-    with zoo.store.lock:
-        unfinished = [s.uuid for s in zoo.store.state.submissions.values()
-                      if s.status == Status.REVOKED and not (revocation(s) or {}).get("sha")]
+    with zoo.store.lock:  # revocations whose commit is not recorded: the State keeps their uuids
+        unfinished = list(zoo.store.state.revoking)
     for sub_uuid in unfinished:
         finish(zoo, sub_uuid)
     return unfinished

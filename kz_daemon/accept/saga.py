@@ -74,7 +74,8 @@ def crash_point(name: str) -> None:
 
 # -- results -------------------------------------------------------------------------
 def case_summary(result: dict, metas: list[dict]) -> list[dict]:
-    """Per case {test_case_id, correctness, accept, primary_metric, value} for result.reported.
+    """Per case a ``CaseSummary`` for result.reported: {test_case_id, correctness, accept,
+    primary_metric, value, unit, direction} (unit and direction of the primary metric from METAS).
 
     Empty for a result holding text UTF-8 cannot encode (the hard checks call it BAD_OUTPUT):
     none of it may reach the event log, which could not write it.
@@ -82,6 +83,8 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
     if unencodable_paths(result):
         return []
     primary = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
+    declared = {(m.get("test_case_id"), d.get("name")): d for m in metas or []
+                for d in (m.get("metrics") if isinstance(m.get("metrics"), list) else []) if isinstance(d, dict)}
     out = []
     for case in (result or {}).get("cases", []) if isinstance(result, dict) else []:
         if not isinstance(case, dict):
@@ -94,9 +97,11 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
                 value = m.get("value")
         if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
             value = None
+        meta = declared.get((cid, metric), {})
         out.append({"test_case_id": str(cid), "correctness": str(case.get("correctness")),
                     "accept": bool(case.get("accept")), "primary_metric": metric,
-                    "value": value if isinstance(value, (int, float)) and not isinstance(value, bool) else None})
+                    "value": value if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
+                    "unit": meta.get("unit"), "direction": meta.get("direction")})
     return out
 
 
@@ -196,7 +201,7 @@ def repeated_report(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str,
     """
     with zoo.store.lock:
         state = zoo.store.state
-        sub = state.submissions.get(sub_uuid)
+        sub = zoo.store.submission(sub_uuid)  # finished ones from the history projection
         if sub is None or sub.result is None:
             return None
         first = sub.result.get("confirmation")  # the first run's runner, lease and result hash
@@ -343,7 +348,7 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
             return "finished"
         except Exception as exc:
             transient = storage_trouble(exc) or isinstance(exc, EarlierSagaPending)
-            current = zoo.store.state.submissions[sub_uuid]
+            current = zoo.store.submission(sub_uuid)
             if current.status != Status.ACCEPTING:
                 if stalls is not None:
                     stalls.finished(sub_uuid)
@@ -428,8 +433,8 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
         return metas if metas is not None else zoo.pending.metas(sub_uuid)
 
     with zoo.git_lock:
-        sub = zoo.store.state.submissions[sub_uuid]  # only the saga changes an accepting submission
-        if sub.status != Status.ACCEPTING:
+        sub = zoo.store.state.submissions.get(sub_uuid)  # only the saga changes an accepting submission
+        if sub is None or sub.status != Status.ACCEPTING:  # finished: no longer in the State
             return
         kid = sub.kernel_id
         author = zoo.config.repo.author

@@ -18,7 +18,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from kz_daemon.api import authz, rate_limits as limits, views
+from kz_daemon.api import authz, listing, rate_limits as limits, views
 from kz_daemon.api.metrics import accept_latency, render_metrics
 from kz_daemon.api.spec import Op, Param
 from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
@@ -463,6 +463,9 @@ OPS: list[Op] = [
     Op("GET", "/api/kernels/{kernel_id:path}", get_kernel, "getKernel",
        "One kernel: index entry, desc.yaml and bench_result.yaml", "kernels",
        responses={200: "api_kernel", 404: "api_error"}),
+    Op("GET", "/api/submissions", listing.list_submissions, "listSubmissions",
+       "List submissions, newest first (filters: submitter, kernel_id, status, since; cursor pages)",
+       "submissions", params=listing.PARAMS, responses={200: "api_submission_list", 400: "api_error"}),
     Op("POST", "/api/submissions", create_submission, "createSubmission",
        "Submit a package (multipart: kernel_id, submitter_id, package)", "submissions",
        auth="submitter", request="multipart",

@@ -18,7 +18,6 @@ from kz_daemon.core import hints
 from kz_daemon.intake import review
 from kz_daemon.queue import reruns
 from kz_daemon.storage import run_logs as logs
-from kz_daemon.accept.saga import case_summary
 from kz_events.status import TERMINAL, Status
 from kz_runner.contract.kernel_id import CATEGORY_FIELDS
 
@@ -221,20 +220,6 @@ class Catalog:
         return encoded
 
 
-def run_cases(zoo: Any, uuid: str) -> list[dict[str, Any]]:
-    """Per-case results of a submission's reported run (empty before a run was reported).
-
-    Prefers what the service view carries; else reads the stored run through the
-    daemon's own helpers (``runs/<uuid>/result.json`` + the submission's METAS).
-    """
-    try:
-        result = zoo.pending.load_result(uuid)
-        metas = zoo.pending.metas(uuid)
-    except Exception:  # no run stored yet, or an older/newer layout: show no cases
-        return []
-    return case_summary(result, metas) if isinstance(result, dict) else []
-
-
 def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) -> dict[str, Any]:
     """The status document of a submission view (uuid, status, reasons, cases, commit_sha...)."""
     doc = plain(view)
@@ -242,15 +227,8 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) ->
         doc = {"value": doc}
     doc.setdefault("reasons", [])
     doc.setdefault("commit_sha", None)
-    if not isinstance(doc.get("cases"), list):
-        result = doc.get("result")
-        listed = result.get("cases") if isinstance(result, dict) else None
-        if isinstance(listed, list):
-            doc["cases"] = listed
-        elif zoo is not None and isinstance(result, dict) and doc.get("uuid"):
-            doc["cases"] = run_cases(zoo, str(doc["uuid"]))
-        else:
-            doc["cases"] = []
+    if not isinstance(doc.get("cases"), list):  # the view's case summaries (never the stored run)
+        doc["cases"] = []
     doc["terminal"] = doc.get("status") in TERMINAL
     result = doc.get("result")
     if isinstance(result, dict) and "outcome" in result:  # what the accept changed (accept.completed v2)

@@ -33,11 +33,10 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from kz_daemon.upkeep import prune_runs as gc
-    from kz_daemon.upkeep import prune_rejected as retention
     from kz_daemon.config.settings import Config
     from kz_daemon.core.errors import ZooError
-    from kz_events.replay import load_state
+    from kz_daemon.upkeep import prune_rejected as retention, prune_runs as gc
+    from kz_events.projection.reading import open_view
 
     state_dir = Path(args.state_dir)
     try:
@@ -48,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
     if not config.paths.events.is_dir():
         print(f"kz gc: no event log at {config.paths.events} (use --state-dir)", file=sys.stderr)
         return 2
-    # read-only replay without the writer's lock: a status read as terminal stays terminal, so
-    # what this sees as finished is finished for the running daemon too
-    state = load_state(config.paths.events)
-    result = gc.sweep(config, gc.finished(state.submissions.values()), time.time(), dry_run=args.dry_run)
-    result.removed.extend(retention.sweep(config, state.submissions.__contains__, time.time(), args.dry_run))
+    # read-only, without the writer's lock (the log's tail and the history projection): a
+    # status read as terminal stays terminal, so what this sees as finished is finished for
+    # the running daemon too
+    now = time.time()
+    with open_view(config.paths.events) as view:
+        result = gc.sweep_pages(config, view.finished(gc.cutoff_ts(config, now)), now, dry_run=args.dry_run)
+        result.removed.extend(retention.sweep(config, view.knows, now, args.dry_run))
     verb = "would remove" if args.dry_run else "removed"
     if getattr(args, "json", False):
         import json

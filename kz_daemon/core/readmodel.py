@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kz_daemon.core.hints import public_reason
+from kz_events.events import CaseSummary
 from kz_events.status import TERMINAL, Status
 
 __all__ = ["SubmissionView", "view_of"]
@@ -35,6 +36,7 @@ class SubmissionView:
     lease_expires_at: float | None = None
     reasons: list = field(default_factory=list)   # [{stage, code, message, seq}]
     result: dict | None = None       # summary of the reported result
+    cases: list = field(default_factory=list)     # the first run's CaseSummary entries (dicts)
     commit_sha: str | None = None    # SHA_src (commit 1): the SHA the API reports
     sha_br: str | None = None        # the scorecard commit (new HEAD)
     history: list = field(default_factory=list)   # [[seq, status, ts], ...]
@@ -54,8 +56,9 @@ def view_of(sub: Any, seq: int) -> SubmissionView:
         harness_change=bool(getattr(sub, "harness_change", False)),
         warnings=list(sub.warnings), attempts=sub.attempts, runner_id=sub.runner_id,
         lease_expires_at=sub.lease_expires_at, reasons=[dict(public_reason(r)) for r in sub.reasons],
-        result=dict(sub.result) if sub.result else None, commit_sha=sub.sha_src, sha_br=sub.sha_br,
-        history=[list(h) for h in sub.history], seq=seq)
+        result=dict(sub.result) if sub.result else None,
+        cases=[CaseSummary.from_json(c).to_json() for c in getattr(sub, "cases", None) or ()],
+        commit_sha=sub.sha_src, sha_br=sub.sha_br, history=[list(h) for h in sub.history], seq=seq)
 
 
 def not_yet_seen(sub_uuid: str, seq: int) -> SubmissionView:

@@ -242,7 +242,7 @@ class Intake:
             for claimed in spool.claimed_files(self.dirs):
                 self.process_guarded(claimed)
                 count += 1
-            known = self.store.state.submissions.__contains__
+            known = self.store.knows
             unsettled = 0
             now = time.time()
             for path in spool.inbox_files(self.dirs, self._skip):
@@ -304,7 +304,7 @@ class Intake:
         except (StoreBroken, StoreClosed, OSError):
             raise  # the daemon's own trouble: the next scan retries this file
         except Exception as exc:  # a poison file must not block the spool
-            if claimed.uuid in self.store.state.submissions:
+            if self.store.knows(claimed.uuid):
                 raise
             meta = dict(claimed.meta)
             meta.setdefault("sha256", "0" * 64)
@@ -320,7 +320,7 @@ class Intake:
     def process(self, claimed: Claimed) -> None:
         """Decide one claimed file, write its outcome folder, emit its events, clean up."""
         sub_uuid = claimed.uuid
-        if sub_uuid in self.store.state.submissions:  # decided before a crash
+        if self.store.knows(sub_uuid):  # decided before a crash
             self._cleanup(claimed)
             return
         meta = dict(claimed.meta)
@@ -390,7 +390,7 @@ class Intake:
     def _cleanup(self, claimed: Claimed) -> None:
         (self.dirs.work / f"{claimed.uuid}{spool.SIDECAR_SUFFIX}").unlink(missing_ok=True)
         harness_lock.forget_verified(self.config.state_dir, claimed.uuid)
-        if claimed.tarball.exists() and claimed.uuid in self.store.state.submissions:
+        if claimed.tarball.exists() and self.store.knows(claimed.uuid):
             claimed.tarball.unlink()
 
     def knows(self, sub_uuid: str) -> bool:
@@ -416,14 +416,12 @@ class Intake:
         """
         with self._owed_lock:  # the intake thread and a direct scan must not emit one twice
             self._owed = True  # until the whole pass went through
-            known = self.store.state.submissions
             count = 0
             for base, name in ((self.pending_dir, SUBMISSION_FILE), (self.dirs.rejected, REASON_FILE)):
                 if not base.exists():
                     continue
-                for sub_uuid in sorted(os.listdir(base)):
-                    if sub_uuid in known or not spool.is_uuid(sub_uuid):
-                        continue
+                # finished submissions are in the history projection: ask once, in batches
+                for sub_uuid in self.store.unknown(sorted(u for u in os.listdir(base) if spool.is_uuid(u))):
                     doc_path = base / sub_uuid / name
                     if not doc_path.exists() or (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
                         continue  # no decision yet, or the work/ scan redoes it

@@ -57,7 +57,7 @@ def decide(zoo: Daemon, sub_uuid: str, decision: str, by: str, reason: str = "")
     if decision == "reject" and not reason.strip():
         reason = "rejected by an admin after review"
     with zoo.lock, zoo.store.lock:
-        sub = zoo.store.state.submissions.get(sub_uuid)
+        sub = zoo.store.state.submissions.get(sub_uuid) or zoo.store.submission(sub_uuid)
         if sub is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
         if sub.status != Status.HELD:

@@ -28,17 +28,18 @@ import json
 import os
 import shutil
 import tempfile
-from types import SimpleNamespace
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from kz_daemon.storage import anchor
 from kz_daemon.accept import indexer
-from kz_daemon.config.settings import Config
-from kz_daemon.storage.gitstore import WORKTREE_MARK, GitStore
 from kz_daemon.accept.revoke import REVOKE_STEP, revocation
-from kz_events.replay import replay_dir
+from kz_daemon.config.settings import Config
+from kz_daemon.storage import anchor
+from kz_daemon.storage.gitstore import WORKTREE_MARK, GitStore
+from kz_events.projection.reading import replay_finished
+from kz_events.status import Status
 from kz_runner.contract.layout import PENDING_COMMIT
 
 VOLATILE_INDEX_KEYS = ("generated_at", "built_at")
@@ -98,11 +99,16 @@ def daemon_running(events_dir: str | Path) -> bool:
 def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[Finding]:
     """Compare the event log with git history and index.json; the findings (empty: consistent)."""
     config = Config.load(state_dir, config_file)
-    state = replay_dir(config.paths.events)
     running = daemon_running(config.paths.events)
     findings: list[Finding] = []
     git = GitStore.open(config.paths.repo, config.repo.branch)
     try:
+        # the log replayed on its own (not the daemon's projection), keeping of the finished
+        # submissions only those git can speak of: accepted or revoked ones, and any a commit names
+        named = {info.trailers.get("Kz-Submission") for info in git.log()} - {None}
+        live, records = replay_finished(config.paths.events,
+                                        keep=lambda s: s.status == Status.ACCEPTED or s.uuid in named)
+        state = SimpleNamespace(submissions={**records, **live.submissions}, index_head=live.index_head)
         findings += _audit_commits(state, git)
         findings += [Finding(**f) for f in anchor.audit(config.paths.events, state, git.log())]
         findings += _audit_index(config, state, git, running)

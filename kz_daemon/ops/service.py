@@ -34,6 +34,7 @@ from kz_daemon.upkeep import prune_runs as retention
 from kz_daemon.upkeep import prune_rejected as rejected_uploads
 from kz_daemon.storage import run_logs as logs_store
 from kz_daemon.core.clock import iso_now
+from kz_daemon.core.backoff import Backoff
 from kz_daemon.config.settings import Config
 from kz_daemon.core import short_ids
 from kz_daemon.core.errors import ZooError
@@ -46,11 +47,24 @@ from kz_daemon.queue.leases import Claim
 from kz_daemon.core.readmodel import SubmissionView, not_yet_seen, view_of
 from kz_events import events as ev
 from kz_events.status import Status
+from kz_events.projection.history import Query
 from kz_events.store import Store
 from kz_runner import __version__
 
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...
 SYNC_MAX_DELAY_S = 30.0  # ... but no longer than this
+SAGA_RETRY_FIRST_S = 1.0   # the reaper retries a stalled saga after this, doubling ...
+SAGA_RETRY_MAX_S = 300.0   # ... up to this (a full disk can last; the log line says so once a minute)
+
+
+class _Known:
+    """``uuid in known``: whether the log has the submission, live or finished (``idempotency.Keys``)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __contains__(self, uuid: object) -> bool:
+        return isinstance(uuid, str) and self._store.knows(uuid)
 
 
 class Zoo:
@@ -86,6 +100,8 @@ class Zoo:
         self._counters = {"claims": 0, "intake_scans": 0}
         self._last_accept = 0.0
         self.saga_stalls = recovery.StallLog(self.log)  # a stalled saga's retries, logged with backoff
+        # when the reaper may retry each stalled saga (monotonic: a wall clock step must not stall it)
+        self.saga_retry = Backoff(SAGA_RETRY_FIRST_S, SAGA_RETRY_MAX_S, time.monotonic)
         self.loop_trouble = recovery.StallLog(self.log)  # the intake's and reaper's failed passes, likewise
         self.started = False
 
@@ -158,23 +174,42 @@ class Zoo:
         while not self._stop.wait(self.config.queue.reaper_interval_s):
             try:
                 queue.reap(self)
-                with self.store.lock:
-                    state = self.store.state
-                    stuck = [s.uuid for s in state.submissions.values() if s.status == Status.ACCEPTING] \
-                        if state.status_counts.get(Status.ACCEPTING) else []
-                for sub_uuid in stuck:  # a saga that failed half-way (a live one just makes us wait)
-                    accept.finish_saga(self, sub_uuid)
+                self.retry_stuck_sagas()
                 self.loop_trouble.finished("reaper", "the lease reaper works again")
             except Exception as exc:  # e.g. a full disk: one line a minute, not one per pass
                 self.loop_trouble.failed("reaper", f"lease reaper failed: {type(exc).__name__}: {exc}")
 
+    def retry_stuck_sagas(self) -> list[str]:
+        """Retry the sagas stuck ``accepting`` that are due (``saga_retry``); the uuids tried.
+
+        A saga that failed half-way (a full disk, a saga before it) is retried after
+        ``compute_backoff`` of its failures in a row: 1 s, doubling up to
+        ``SAGA_RETRY_MAX_S``. Before, the reaper retried each one at every pass, several
+        times a second for as long as the trouble lasted. A live saga just makes us wait.
+        """
+        with self.store.lock:
+            state = self.store.state
+            stuck = [s.uuid for s in state.submissions.values() if s.status == Status.ACCEPTING] \
+                if state.status_counts.get(Status.ACCEPTING) else []
+        self.saga_retry.keep_only(set(stuck))
+        tried = []
+        for sub_uuid in stuck:
+            if not self.saga_retry.due(sub_uuid):
+                continue
+            tried.append(sub_uuid)
+            if accept.finish_saga(self, sub_uuid) == "pending":
+                self.saga_retry.failed(sub_uuid)
+            else:
+                self.saga_retry.forget(sub_uuid)
+        return tried
+
     def sweep_retention(self, dry_run: bool = False) -> retention.Sweep:
         """Prune finished submissions' files by ``config.retention`` (``kz_daemon.upkeep.prune_runs``); what went."""
-        with self.store.lock:
-            done = retention.finished(self.store.state.submissions.values())
-            logged = set(self.store.state.submissions)
-        swept = retention.sweep(self.config, done, self.clock(), dry_run=dry_run)
-        swept.removed.extend(rejected_uploads.sweep(self.config, logged.__contains__, self.clock(), dry_run))
+        now = self.clock()
+        # finished submissions live in the history projection: read page by page
+        pages = self.store.history.finished(retention.cutoff_ts(self.config, now))
+        swept = retention.sweep_pages(self.config, pages, now, dry_run=dry_run)
+        swept.removed.extend(rejected_uploads.sweep(self.config, self.store.knows, now, dry_run))
         return swept
 
     def _gc_loop(self) -> None:
@@ -234,10 +269,9 @@ class Zoo:
         Returns the uuid to drop it as (``fresh``) or the submission the key already names
         (a replay); ZooError CONFLICT when the key named a different package.
         """
-        with self.lock, self.store.lock:  # zoo.lock: one decision per key at a time
-            state = self.store.state
-            durable = state.idempotency.get(submitter, {}).get(key)
-            return self.keys.decide(durable, state.submissions, submitter, key, sha256, self.clock(),
+        with self.lock:  # one decision per key at a time
+            durable = self.store.idempotency(submitter, key)  # live, or finished (history projection)
+            return self.keys.decide(durable, _Known(self.store), submitter, key, sha256, self.clock(),
                                     self.config.limits.idempotency_ttl_s)
 
     def release_upload(self, submitter: str, key: str, sub_uuid: str) -> None:
@@ -254,11 +288,7 @@ class Zoo:
         deadline = time.monotonic() + timeout
         failures = self.store.health()["failures"]
         while True:
-            with self.store.lock:
-                state = self.store.state
-                sub = state.submissions.get(sub_uuid)
-                view = view_of(sub, state.seq) if sub is not None else None
-                seq = state.seq
+            view, seq = self._view(sub_uuid)
             if view is not None and view.status != Status.RECEIVED:
                 return view
             remaining = deadline - time.monotonic()
@@ -269,16 +299,28 @@ class Zoo:
 
     def submission(self, sub_uuid: str) -> SubmissionView:
         """The current view of a submission; ZooError NOT_FOUND for an unknown uuid."""
-        with self.store.lock:  # a consistent read: emit folds into the state in place
-            state = self.store.state
-            sub = state.submissions.get(sub_uuid)
-            view = view_of(sub, state.seq) if sub is not None else None
-            seq = state.seq
+        view, seq = self._view(sub_uuid)
         if view is None and self.intake.knows(sub_uuid):  # in the spool, its events not written yet
             return not_yet_seen(sub_uuid, seq)
         if view is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
         return view
+
+    def _view(self, sub_uuid: str) -> tuple[SubmissionView | None, int]:
+        """(the view or None, the seq it was read at): a live one read under ``store.lock``
+        (emit folds into it in place), a finished one from the history projection."""
+        with self.store.lock:
+            seq = self.store.state.seq
+            sub = self.store.state.submissions.get(sub_uuid)
+            if sub is not None:
+                return view_of(sub, seq), seq
+        sub = self.store.submission(sub_uuid)
+        return (view_of(sub, seq) if sub is not None else None), seq
+
+    def submissions(self, query: Query, before: int | None = None, limit: int = 50) -> list[SubmissionView]:
+        """Submissions matching ``query``, newest first, live and finished (``before``: an arrival seq)."""
+        seq = self.store.seq
+        return [view_of(sub, seq) for sub in self.store.select(query, before, limit)]
 
     def wait_submission(self, sub_uuid: str, after_seq: int, timeout: float) -> SubmissionView:
         """Long poll: the view once the log moved past ``after_seq`` (or at ``timeout``)."""
@@ -468,8 +510,9 @@ class Zoo:
 
     def metrics(self) -> dict:
         """Counters and gauges for /metrics."""
+        latency = self.store.accept_latency()  # from the history projection: not under store.lock
         with self.store.lock:
-            return self._metrics()
+            return {**self._metrics(), "accept_latency_seconds": latency}
 
     def _metrics(self) -> dict:
         state = self.store.state

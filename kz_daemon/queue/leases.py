@@ -119,6 +119,8 @@ def check_lease(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str | None
         state = zoo.store.state
         sub = state.submissions.get(sub_uuid)
         lease = state.queue.in_flight.get(sub_uuid)
+    if sub is None:  # finished (the history projection), or unknown
+        sub = zoo.store.submission(sub_uuid)
     if sub is None:
         raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
     if lease is None or lease.runner_id != runner_id or (lease_id is not None and lease.lease_id != lease_id):
@@ -206,7 +208,7 @@ def cancel(zoo: Daemon, sub_uuid: str, by: str, reason: str = "cancelled") -> No
 def decide_cancel(zoo: Daemon, sub_uuid: str, by: str, reason: str = "cancelled") -> tuple[None, Any]:
     """``cancel``'s decision: (None, ticket)."""
     with zoo.lock, zoo.store.lock:
-        sub = zoo.store.state.submissions.get(sub_uuid)
+        sub = zoo.store.state.submissions.get(sub_uuid) or zoo.store.submission(sub_uuid)
         if sub is None:
             raise ZooError("NOT_FOUND", f"no submission {sub_uuid}", {"uuid": sub_uuid})
         if sub.status not in CANCELLABLE or (sub.status == Status.RUNNING and sub.result is not None):

@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from kz_daemon.core.clock import epoch_of
 from kz_daemon.config.settings import Config
-from kz_daemon.storage.run_logs import TAILS_FILE
+from kz_daemon.core.clock import epoch_of
 from kz_daemon.storage.pending import ENV_FILE, LOGS_FILE, PACKAGE_FILE, RUNNER_TARBALL, RUNNER_TARBALL_KEY
+from kz_daemon.storage.run_logs import TAILS_FILE
 from kz_events.status import TERMINAL, Status
 
-__all__ = ["TRASH_PREFIX", "Finished", "Removal", "Sweep", "finished", "plan", "sweep"]
+__all__ = ["TRASH_PREFIX", "Finished", "Removal", "Sweep", "finished", "finished_rows", "plan", "sweep",
+           "sweep_pages"]
 
 TRASH_PREFIX = ".gc-"
 DAY_S = 86400.0
@@ -105,6 +108,40 @@ def finished(submissions: Iterable[Any]) -> list[Finished]:
     return out
 
 
+def finished_rows(rows: Iterable[tuple[str, str, str]]) -> list[Finished]:
+    """Finished entries from the history projection's rows: (uuid, status, ts of the last change)."""
+    out = []
+    for uuid, status, ended_ts in rows:
+        ended = epoch_of(ended_ts)
+        if ended is not None:
+            out.append(Finished(uuid, str(status), ended))
+    return out
+
+
+def cutoff_ts(config: Config, now: float) -> str | None:
+    """The ts before which a submission's last change must lie for any class to be due (None: none is)."""
+    keep = config.retention
+    days = [d for d in (keep.pending_days, keep.run_logs_days) if d]
+    if not days:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now - min(days) * DAY_S))
+
+
+def sweep_pages(config: Config, pages: Iterable[Iterable[tuple[str, str, str]]], now: float,
+                dry_run: bool = False) -> Sweep:
+    """``sweep`` over the history projection read page by page (``History.finished``, old enough
+    ones only: ``cutoff_ts``), so a sweep's memory is one page's, not the history's."""
+    result = Sweep(dry_run=dry_run)
+    first = True
+    for rows in pages:
+        part = sweep(config, finished_rows(rows), now, dry_run, leftovers=first)
+        result.removed.extend(part.removed)
+        first = False
+    if first:  # no page: the leftovers of a crashed sweep still go
+        result.removed.extend(sweep(config, [], now, dry_run).removed)
+    return result
+
+
 def tree_size(path: Path) -> int:
     """Bytes of the files (and links) at or below ``path``; 0 when it is gone."""
     try:
@@ -131,12 +168,15 @@ def _run_logs(run: Path) -> list[Path]:
     return [path for _rank, _name, path in sorted(ranked)]
 
 
-def plan(config: Config, subs: Iterable[Finished], now: float) -> list[Removal]:
-    """What a sweep at ``now`` removes, in removal order (reads sizes; removes nothing)."""
+def plan(config: Config, subs: Iterable[Finished], now: float, leftovers: bool = True) -> list[Removal]:
+    """What a sweep at ``now`` removes, in removal order (reads sizes; removes nothing).
+
+    ``leftovers``: also the ``.gc-`` folders a crashed sweep left (once per sweep).
+    """
     keep = config.retention
     pending_dir, runs_dir = config.paths.pending, config.paths.runs
     out: list[Removal] = []
-    for base in (pending_dir, runs_dir):
+    for base in (pending_dir, runs_dir) if leftovers else ():
         out += [Removal(p, tree_size(p), "", "leftover") for p in _files(base) if p.name.startswith(TRASH_PREFIX)]
     for sub in sorted(subs, key=lambda s: s.uuid):
         age_days = (now - sub.ended_at) / DAY_S
@@ -190,10 +230,11 @@ def _gone_is_fine(func: Any, path: str, exc_info: Any) -> None:
         raise exc_info[1]
 
 
-def sweep(config: Config, subs: Iterable[Finished], now: float, dry_run: bool = False) -> Sweep:
+def sweep(config: Config, subs: Iterable[Finished], now: float, dry_run: bool = False,
+          leftovers: bool = True) -> Sweep:
     """Remove (``dry_run``: only list) what retention lets go of at ``now``; what was removed."""
     result = Sweep(dry_run=dry_run)
-    for removal in plan(config, subs, now):
+    for removal in plan(config, subs, now, leftovers):
         if dry_run or remove(removal):
             result.removed.append(removal)
     return result

@@ -1,16 +1,16 @@
 """Recent submissions for the web pages, read from the event log's read model, and fix hints.
 
-The daemon's folded state (``zoo.store.state.submissions``) holds every submission in
-arrival order, so newest first is a reverse walk. A page stops walking once it has
-its rows plus one (to know whether an older page exists), so the cost follows the
-page asked for, not the size of the log. The walk holds ``store.lock``: emits fold
-into the state in place.
+The store lists submissions newest first across the live State and the history
+projection of finished ones (``Store.select``, indexed by kernel, submitter and
+status). A page asks for its rows and those before it plus one (to know whether an
+older page exists), so the cost follows the page asked for, not the size of the log.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from kz_events.projection.history import Query
 from kz_events.status import STATUSES
 
 PAGE_SIZE = 50
@@ -24,7 +24,7 @@ class Filters:
     status: str = ""
 
     @classmethod
-    def from_query(cls, query: Any) -> "Filters":
+    def from_query(cls, query: Any) -> Filters:
         """Filters from query parameters; an unknown status word is ignored."""
         status = str(query.get("status", "")).strip()
         return cls(kernel=str(query.get("kernel", "")).strip(), submitter=str(query.get("submitter", "")).strip(),
@@ -55,16 +55,8 @@ def row_of(sub: Any) -> dict[str, Any]:
 
 def recent(zoo: Any, filters: Filters, page: int = 1, per_page: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], bool]:
     """Rows of page ``page`` (newest first) and whether an older page exists."""
-    skip, rows, more = (page - 1) * per_page, [], False
-    with zoo.store.lock:
-        for sub in reversed(zoo.store.state.submissions.values()):
-            if not filters.match(sub):
-                continue
-            if skip:
-                skip -= 1
-                continue
-            if len(rows) == per_page:
-                more = True
-                break
-            rows.append(row_of(sub))
-    return rows, more
+    skip = (page - 1) * per_page
+    query = Query(submitter=filters.submitter or None, kernel_prefix=filters.kernel or None,
+                  status=filters.status or None)
+    subs = zoo.store.select(query, limit=skip + per_page + 1)[skip:]
+    return [row_of(sub) for sub in subs[:per_page]], len(subs) > per_page

@@ -43,7 +43,8 @@ def _emit(event: dict, as_json: bool) -> None:
 def matching_submissions(events_dir, token: str, known) -> dict[str, str]:
     """The submissions ``token`` may name, each with why: a uuid prefix, or the seq of one of its events.
 
-    ``known`` is every submission uuid of the log. A full uuid matches itself only.
+    ``known`` holds every submission uuid of the log that starts with ``token`` (or more).
+    A full uuid matches itself only.
     """
     from kz_events import story
 
@@ -60,12 +61,13 @@ def matching_submissions(events_dir, token: str, known) -> dict[str, str]:
     return found
 
 
-def _known_uuids(events_dir, state) -> set[str]:
-    """Every submission uuid: from the rebuilt state, else from the raw lines."""
+def _known_uuids(events_dir, view, token: str) -> set[str]:
+    """The submission uuids ``token`` may be a prefix of: from the state and the history
+    projection, else from the raw lines."""
     from kz_events import story
 
-    if state is not None:
-        return set(state.submissions)
+    if view is not None:
+        return set(view.uuids(token.lower()))
     return {e["subject"]["submission"] for e in story.iter_events(events_dir, contains=b'"submission"')
             if (e.get("subject") or {}).get("submission")}
 
@@ -102,15 +104,26 @@ def run(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 pass  # Ctrl-C ends --follow; everything shown was complete
         return 0
-    from kz_events.replay import load_state
+    from kz_events.projection.reading import open_view
 
     try:
-        state = load_state(events_dir)
+        view = open_view(events_dir)
     except Exception as exc:  # the story is still worth showing from the raw lines
         print(f"kz events: could not rebuild the state ({exc}); showing raw events",
               file=sys.stderr)
-        state = None
-    found = matching_submissions(events_dir, args.uuid, _known_uuids(events_dir, state))
+        view = None
+    try:
+        return _show(args, events_dir, view)
+    finally:
+        if view is not None:
+            view.close()
+
+
+def _show(args: argparse.Namespace, events_dir, view) -> int:
+    """``kz events show``'s answer, read through ``view`` (None: from the raw lines only)."""
+    from kz_events import story
+
+    found = matching_submissions(events_dir, args.uuid, _known_uuids(events_dir, view, args.uuid))
     if not found:
         print(f"kz events: no submission matches {args.uuid!r} (not a uuid, a uuid prefix, or the "
               f"seq of a submission's event) in {events_dir}", file=sys.stderr)
@@ -129,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if not events:
         print(f"kz events: no events for submission {uuid} in {events_dir}", file=sys.stderr)
         return 1
-    submission = state.submissions.get(uuid) if state is not None else None
+    submission = view.submission(uuid) if view is not None else None
     if args.json:
         doc = {"submission": uuid,
                "status": submission.status if submission else None,

@@ -2,8 +2,10 @@
 
 Every replay checks each line of the log (order, hash chain, known type, a transition
 the reducer accepts). ``--verify`` also compares the newest snapshot with the state
-replayed up to its seq, and says which of the two it could check: an empty log is a
-failure (nothing was verified), a log without a snapshot is verified as a log only.
+replayed up to its seq, and the history projection (finished submissions) with the
+records the log gives up to the projection's seq, and says which it could check: an
+empty log is a failure (nothing was verified), a log without a snapshot is verified as
+a log (and its projection) only.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _differences(a, b) -> list[str]:
     """Names of the top-level parts (and submission uuids) where two states differ."""
     diffs = []
     for part in ("seq", "queue", "kernels", "index_version", "index_head", "index_kernels",
-                 "status_counts", "daemon", "mirrors", "repairs"):
+                 "status_counts", "daemon", "mirrors", "repairs", "idempotency", "accepted", "revoking"):
         if getattr(a, part) != getattr(b, part):
             diffs.append(part)
     for uuid in sorted(set(a.submissions) | set(b.submissions)):
@@ -101,6 +103,20 @@ def run(args: argparse.Namespace) -> int:
                 doc["verify"] = {"ok": False, "checked": ["log", "snapshot"], "snapshot": path.name,
                                  "message": str(exc)}
                 verdict = 1
+    if args.verify and doc["verify"].get("checked") and (events_dir / "history.sqlite").exists():
+        from kz_events.projection.history import HistoryError
+        from kz_events.projection.reading import verify_history
+
+        try:
+            at, diffs = verify_history(events_dir)
+        except (HistoryError, CorruptLog, OSError) as exc:
+            at, diffs = 0, [f"the history projection cannot be read: {exc}"]
+        doc["verify"]["checked"].append("history")
+        doc["verify"]["history"] = {"ok": not diffs, "seq": at, "differences": diffs}
+        if diffs:
+            doc["verify"]["ok"] = False
+            doc["verify"].setdefault("differences", []).extend(f"history: {d}" for d in diffs)
+            verdict = 1
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -113,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
         if v is not None:
             if v.get("ok"):
                 print(f"  verify: {v['message']}")
+                if "history" in v:
+                    print(f"  verify: the history projection equals the log's finished submissions "
+                          f"up to seq {v['history']['seq']}")
             elif v.get("differences"):
                 print(f"  verify: DIVERGES from {v.get('snapshot')}: " + "; ".join(v["differences"]))
             else:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.helpers.submissions import every
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 AXPY_ID = "cpu/Elementwise/Axpy/fp32/numpy_ref"
@@ -128,9 +130,9 @@ def axpy_result(kernel_id: str, latency: float = 1.0, *, accept: bool = True, co
 
 def drop_and_decide(zoo, name: str, data: bytes, meta: dict | None = None):
     """Drop ``data`` into ``zoo``'s inbox as ``name``; the submission's view once intake decided it."""
-    before = set(zoo.store.state.submissions)
+    before = set(every(zoo.store))
     drop_into_inbox(zoo.config.paths.spool, name, data, meta)
-    (sub_uuid,) = wait_for(lambda: set(zoo.store.state.submissions) - before)
+    (sub_uuid,) = wait_for(lambda: set(every(zoo.store)) - before)
     return zoo.wait_intake(sub_uuid, 30)
 
 

@@ -30,9 +30,9 @@ import httpx
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.storage.gitstore import GitStore
-from kz_events.replay import replay_dir
 from kz_events.status import TERMINAL
 from tests.helpers.daemon import ROOT, axpy_result, axpy_tarball, wait_for
+from tests.helpers.submissions import logged
 
 #: kernel_ids of the tiny CPU packages the suites submit (the CPU Axpy example, renamed)
 KERNEL_PREFIX = "cpu/Elementwise/Axpy/fp32"
@@ -480,8 +480,7 @@ def check_invariants(zoo: ZooProcess, acks: list[Ack], *, require_terminal: bool
                      index_timeout: float = 60) -> Verdict:
     """Check, against a running daemon, everything that must hold whatever faults happened."""
     verdict = Verdict()
-    state = replay_dir(zoo.config.paths.events)
-    subs = state.submissions
+    subs = logged(zoo.config.paths.events)  # live and finished: the State keeps only live ones
     for sub in subs.values():
         verdict.statuses[sub.status] = verdict.statuses.get(sub.status, 0) + 1
     # 1. none lost: every 2xx answer names a submission the log holds

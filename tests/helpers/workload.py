@@ -22,8 +22,8 @@ from typing import Self
 
 import httpx
 
-from kz_events.replay import replay_dir
 from kz_events.status import TERMINAL
+from tests.helpers.submissions import logged
 from tests.helpers.system import Ack, ProtocolRunner, RunnerProcess, ZooProcess, submit, tiny_tarball
 
 
@@ -258,7 +258,7 @@ def wait_terminal_in_log(zoo: ZooProcess, acks: list[Ack], timeout: float) -> li
     """Replay the log until every ack is terminal (or ``timeout``); fills ``terminal_at``/``status``; the rest."""
     deadline = time.monotonic() + timeout
     while True:
-        subs = replay_dir(zoo.config.paths.events).submissions
+        subs = logged(zoo.config.paths.events)
         rest = []
         for ack in acks:
             sub = subs.get(ack.uuid)
@@ -321,7 +321,7 @@ def run_load(zoo: ZooProcess, base: Path, *, submissions: int, clients: int, ker
     figures.refused = dict(subs.refused)
     for a in subs.acks:
         figures.statuses[a.status or "not terminal"] = figures.statuses.get(a.status or "not terminal", 0) + 1
-    subs_state = replay_dir(zoo.config.paths.events).submissions
+    subs_state = logged(zoo.config.paths.events)
     figures.jobs_by_real_runners = sum(1 for a in subs.acks
                                        if getattr(subs_state.get(a.uuid), "runner_id", None) in real_runners)
     return subs.acks, rest, figures, reading.errors

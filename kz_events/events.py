@@ -325,8 +325,9 @@ class CaseSummary:
     ``value`` is the case's primary metric as the run reported it (null when the run did
     not measure it or it was not finite); ``unit`` and ``direction`` come from the case's
     METAS entry at report time (null on lines written before version 2 of the event).
-    The benchmark output carries one value per metric, so there is no sample count or
-    spread to summarise.
+    ``n``, ``lo`` and ``hi`` are the value's spread when the run reported one (the
+    harness does for the primary metric it timed: ``n`` timed calls, the value their
+    median, ``lo``..``hi`` its 95 % interval); null otherwise.
     """
 
     test_case_id: str
@@ -335,24 +336,31 @@ class CaseSummary:
     primary_metric: str | None
     value: float | None
     unit: str | None
-    direction: str | None      # lower_better | higher_better
+    direction: str | None         # lower_better | higher_better
+    n: int | None = None          # timed calls the value summarises
+    lo: float | None = None       # 95 % interval of the value
+    hi: float | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> CaseSummary:
         """Read one entry of ``result.reported``'s ``cases`` (missing keys read as null/false)."""
         doc = doc if isinstance(doc, dict) else {}
-        value = doc.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            value = None
+        n = doc.get("n")
         return cls(str(doc.get("test_case_id", "")), str(doc.get("correctness", "")),
-                   bool(doc.get("accept", False)), _str_or_none(doc.get("primary_metric")), value,
-                   _str_or_none(doc.get("unit")), _str_or_none(doc.get("direction")))
+                   bool(doc.get("accept", False)), _str_or_none(doc.get("primary_metric")),
+                   _number_or_none(doc.get("value")), _str_or_none(doc.get("unit")),
+                   _str_or_none(doc.get("direction")),
+                   n if type(n) is int else None, _number_or_none(doc.get("lo")), _number_or_none(doc.get("hi")))
 
     def to_json(self) -> dict[str, Any]:
         """The entry as it is written in ``result.reported`` and shown in a status document."""
         return {"test_case_id": self.test_case_id, "correctness": self.correctness,
                 "accept": self.accept, "primary_metric": self.primary_metric, "value": self.value,
-                "unit": self.unit, "direction": self.direction}
+                "unit": self.unit, "direction": self.direction, "n": self.n, "lo": self.lo, "hi": self.hi}
+
+
+def _number_or_none(value: Any) -> float | None:
+    return None if isinstance(value, bool) or not isinstance(value, (int, float)) else value
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -381,7 +389,7 @@ class ResultReported(Event):
     build_ok: bool = doc("overall.build_ok.")
     cases: list = doc(
         "Per test case (CaseSummary): {test_case_id, correctness, accept, primary_metric, value, "
-        "unit, direction}.",
+        "unit, direction, n, lo, hi}.",
         items={"type": "object"},
     )
     env: dict = doc("Runner environment facts (gpu, driver, versions).")

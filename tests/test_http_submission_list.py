@@ -111,8 +111,10 @@ def test_bad_or_repeated_or_unknown_parameters_are_400_naming_it(live, anon, par
 def test_the_status_document_of_a_finished_run_comes_from_the_log_not_the_stored_result(live, anon, r1):
     uuid = queue_submission(live, anon)
     claim = claim_job(r1, uuid)
+    result = result_doc(CPU_AXPY, 7.0)
+    result["cases"][0]["metrics"][0]["spread"] = {"n": 41, "lo": 6.5, "hi": 7.5}  # as kz_runner.bench reports it
     resp = r1.post(f"/api/submissions/{uuid}/result",
-                   json={"lease_id": claim["lease_id"], "result": result_doc(CPU_AXPY, 7.0), "logs_b64": "",
+                   json={"lease_id": claim["lease_id"], "result": result, "logs_b64": "",
                          "env": {}, "failure": None})
     assert resp.status_code == 200 and resp.json()["status"] == "accepted", resp.text
     live.zoo.store.flush_history()
@@ -121,7 +123,8 @@ def test_the_status_document_of_a_finished_run_comes_from_the_log_not_the_stored
     assert doc["status"] == "accepted" and doc["terminal"]
     assert doc["cases"][0] == {"test_case_id": "n4k", "correctness": "passed", "accept": True,
                                "primary_metric": "latency_us", "value": 7.0, "unit": "us",
-                               "direction": "lower_better"}
+                               "direction": "lower_better", "n": 41, "lo": 6.5, "hi": 7.5}
+    assert doc["cases"][1]["n"] is None and doc["cases"][1]["value"] == 8.0  # no spread reported
     assert uuid not in live.zoo.store.state.submissions and live.zoo.store.history.has(uuid)
     listed = _page(anon, status="accepted", kernel_id=CPU_AXPY)["submissions"]
     assert listed[0]["uuid"] == uuid and listed[0]["commit_sha"] == doc["commit_sha"]

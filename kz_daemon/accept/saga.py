@@ -75,7 +75,8 @@ def crash_point(name: str) -> None:
 # -- results -------------------------------------------------------------------------
 def case_summary(result: dict, metas: list[dict]) -> list[dict]:
     """Per case a ``CaseSummary`` for result.reported: {test_case_id, correctness, accept,
-    primary_metric, value, unit, direction} (unit and direction of the primary metric from METAS).
+    primary_metric, value, unit, direction, n, lo, hi} (unit and direction of the primary
+    metric from METAS; n, lo, hi its spread when the run reported one).
 
     Empty for a result holding text UTF-8 cannot encode (the hard checks call it BAD_OUTPUT):
     none of it may reach the event log, which could not write it.
@@ -91,18 +92,30 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
             continue
         cid = case.get("test_case_id")
         metric = primary.get(cid)
-        value = None
+        value, spread = None, None
         for m in case.get("metrics", []) if isinstance(case.get("metrics"), list) else []:
             if isinstance(m, dict) and m.get("name") == metric:
-                value = m.get("value")
+                value, spread = m.get("value"), m.get("spread")
         if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
             value = None
         meta = declared.get((cid, metric), {})
         out.append({"test_case_id": str(cid), "correctness": str(case.get("correctness")),
                     "accept": bool(case.get("accept")), "primary_metric": metric,
                     "value": value if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
-                    "unit": meta.get("unit"), "direction": meta.get("direction")})
+                    "unit": meta.get("unit"), "direction": meta.get("direction"),
+                    **_spread_of(spread)})
     return out
+
+
+def _spread_of(spread: Any) -> dict[str, Any]:
+    """A metric's spread as a case summary's n, lo, hi (null where the run reported none)."""
+    spread = spread if isinstance(spread, dict) else {}
+    n, lo, hi = spread.get("n"), spread.get("lo"), spread.get("hi")
+    finite = [v for v in (lo, hi) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+              and abs(v) != float("inf")]
+    if type(n) is not int or len(finite) != 2:
+        return {"n": None, "lo": None, "hi": None}
+    return {"n": n, "lo": lo, "hi": hi}
 
 
 def judge(sub: Any, result: Any, failure: dict | None, metas: list[dict]):

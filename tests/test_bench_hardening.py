@@ -198,7 +198,8 @@ def test_a_fake_stdout_document_cannot_replace_the_channels_result(cheats, built
     assert latencies and min(latencies) > 0.001  # the genuine measurement, not the fake's
     stdout_docs = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(stdout_docs) == 1  # the kernel's worker writes its stdout to the benchmark's stderr
-    assert done.stderr.count(b'"accept_reason": "fake"') == 2  # the import-time and the exit-time fakes
+    fakes = done.stderr.count(b'"accept_reason": "fake"')
+    assert fakes >= 2 and fakes % 2 == 0  # each worker's import-time and exit-time fakes, all on stderr
 
 
 def test_a_replaced_harness_still_validates_so_only_the_harness_lock_stops_it(cheats):

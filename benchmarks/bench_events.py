@@ -34,9 +34,9 @@ from pathlib import Path
 from machine import AppendCounter, calibration_s, timed_coroutines, timed_threads  # benchmarks/ is sys.path[0]
 
 from kz_events import events as E
-from kz_events.replay import replay_dir
-from kz_events.store import Store
-from kz_events.workload import simulate
+from kz_events.log.replay import replay_dir
+from kz_events.log.store import Store
+from kz_events.read.workload import simulate
 
 
 def _filesystem(path: Path) -> str:

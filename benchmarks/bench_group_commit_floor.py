@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_group_commit_floor.py [--threads 32] [--per-thread 600] [--dir DIR]
 
-The same leader/follower protocol as ``kz_events.store`` (the first emitter that finds
+The same leader/follower protocol as ``kz_events.log.store`` (the first emitter that finds
 no commit in progress writes every queued line and fdatasyncs once; the others block on
 a lock each and are woken, or promoted to lead), but the "event" is a 200-byte line
 and there is no fold, no encoding and no hashing. What it costs per event is the cost

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_history.py --json [--submissions 1000000] [--baseline 10000] [--work DIR]
 
-For each size it writes a history of that many submissions (``kz_events.workload.history``:
+For each size it writes a history of that many submissions (``kz_events.read.workload.history``:
 intake rejections, holds and reviews, confirmation runs, accepts with their index
 updates, rejected results, failures, cancellations and revocations, over about a year
 of log time) into a fresh state directory, then measures:
@@ -48,7 +48,7 @@ from machine import calibration_s, machine_facts, percentile  # noqa: E402
 OPEN_CHILD = """
 import json, resource, sys, time
 t = time.perf_counter()
-from kz_events.store import Store
+from kz_events.log.store import Store
 imported = time.perf_counter() - t
 t = time.perf_counter()
 store = Store.open(sys.argv[1], snapshot_every=0)
@@ -78,7 +78,7 @@ def rss_mb(pid: int) -> float:
 def build(state: Path, n: int) -> dict:
     """A state directory holding a history of ``n`` submissions; what building it took."""
     from kz_daemon.ops.runtime import init_state_dir
-    from kz_events.workload import build_history
+    from kz_events.read.workload import build_history
 
     state.mkdir(parents=True)
     init_state_dir(state)
@@ -95,7 +95,7 @@ def build(state: Path, n: int) -> dict:
 
 def replay(state: Path) -> dict:
     """``kz replay``'s full replay of the log alone (no snapshot, no projection)."""
-    from kz_events.replay import replay_dir
+    from kz_events.log.replay import replay_dir
 
     started = time.perf_counter()
     result = replay_dir(state / "events")
@@ -153,7 +153,7 @@ class Daemon:
 
 def requests(daemon: Daemon, state: Path, count: int, rng: random.Random) -> dict:
     """List and status latencies, one sequential client."""
-    from kz_events.projection.history import History, history_path
+    from kz_events.log.history import History, history_path
 
     with History.open(history_path(state / "events"), readonly=True) as history:
         sample = [row[0] for page in history.finished(page=20_000) for row in page

@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 import httpx  # noqa: E402
 from machine import calibration_s, machine_facts  # noqa: E402
 
-from kz_events.replay import replay_dir  # noqa: E402
+from kz_events.log.replay import replay_dir  # noqa: E402
 from kz_events.status import TERMINAL  # noqa: E402
 from tests.helpers.system import (  # noqa: E402
     Ack,

@@ -11,7 +11,7 @@ revocations whose commit is not recorded yet); the index version; a few daemon f
 
 A submission that finishes (a terminal status) leaves the State: the reducer hands
 its last record to ``finished`` (a ``Handoff``), and so every later change to it (a
-revocation), for the history projection (``kz_events.projection``) to store on disk.
+revocation), for the history projection (``kz_events.log.history``) to store on disk.
 ``finished`` is a hand-off, not part of the fold's meaning: it is neither compared
 nor snapshotted, and it is None (nothing kept) unless a caller that drains it sets
 it to a list. So the State's size follows the live submissions, not the history.

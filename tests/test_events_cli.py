@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from kz_daemon.cli import main
-from kz_events import story
-from kz_events.projection.reading import replay_finished
-from kz_events.store import Store
-from kz_events.workload import build_log, simulate
+from kz_events.read import story
+from kz_events.log.reading import replay_finished
+from kz_events.log.store import Store
+from kz_events.read.workload import build_log, simulate
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ import pytest
 
 from kz_events import codec, events as E
 from kz_events.codec import DecodeError, Envelope, canonical_bytes, decode_line, encode
-from kz_events.workload import simulate
+from kz_events.read.workload import simulate
 from kz_schemas import load
 
 SAMPLE = {str: "x", int: 3, float: 1.5, bool: True, list: [], dict: {}}

@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from kz_events.audit import verify_log
-from kz_events.store import Store
+from kz_events.read.audit import verify_log
+from kz_events.log.store import Store
 
 CHILD = textwrap.dedent("""
     import asyncio, sys, uuid
     from kz_events import events as E
-    from kz_events.store import Store
+    from kz_events.log.store import Store
     store = Store.open(sys.argv[1], segment_bytes=int(sys.argv[2]), snapshot_every=int(sys.argv[3]))
     print("OPEN", store.state.seq, flush=True)
 

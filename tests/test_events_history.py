@@ -13,11 +13,11 @@ import time
 import pytest
 
 from kz_events import events as E
-from kz_events.projection.history import History, Query, history_path
-from kz_events.projection.reading import open_view, replay_finished, verify_history
-from kz_events.snapshot import list_snapshots, read_snapshot, snapshot_dir
-from kz_events.store import Store
-from kz_events.workload import build_history, history
+from kz_events.log.history import History, Query, history_path
+from kz_events.log.reading import open_view, replay_finished, verify_history
+from kz_events.log.snapshot import list_snapshots, read_snapshot, snapshot_dir
+from kz_events.log.store import Store
+from kz_events.read.workload import build_history, history
 
 KID = "sm_90/A/x/fp16/k"
 
@@ -160,8 +160,8 @@ def test_a_projection_that_cannot_serve_is_rebuilt_from_the_log(tmp_path, damage
 
 CHILD = textwrap.dedent("""
     import random, sys
-    from kz_events.store import Store
-    from kz_events.workload import history
+    from kz_events.log.store import Store
+    from kz_events.read.workload import history
     store = Store.open(sys.argv[1], snapshot_every=int(sys.argv[2]))
     print("OPEN", store.state.seq, flush=True)
     events = list(history(random.Random(int(sys.argv[3])), 4000, kernels=200, submitters=30))

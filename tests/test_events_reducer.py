@@ -25,7 +25,7 @@ from kz_events.reducer import (
 )
 from kz_events.state import State
 from kz_events.status import STATUSES, TERMINAL, Status
-from kz_events.workload import new_uuid, simulate
+from kz_events.read.workload import new_uuid, simulate
 
 TS = "2026-11-30T06:00:00.000001Z"
 SRC, BR = "1" * 40, "2" * 40

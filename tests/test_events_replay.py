@@ -1,6 +1,6 @@
-"""kz_events.replay: the fast path (header fields cut from the bytes, one kind key per
+"""kz_events.log.replay: the fast path (header fields cut from the bytes, one kind key per
 line, payloads parsed in batches) against the line-by-line decoder and old versions,
-each in one process and with the reading worker (``kz_events.replay_worker``)."""
+each in one process and with the reading worker (``kz_events.log.replay_worker``)."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kz_events import codec, events as E, replay as replay_module, replay_worker
+from kz_events import codec, events as E
+from kz_events.log import replay as replay_module
+from kz_events.log import replay_worker
 from kz_events.codec import GENESIS, canonical_bytes, line_hash
-from kz_events.log import CorruptLog, segment_name
-from kz_events.replay import replay_dir
-from kz_events.workload import build_log
+from kz_events.log.segments import CorruptLog, segment_name
+from kz_events.log.replay import replay_dir
+from kz_events.read.workload import build_log
 
 
 @pytest.fixture(params=["here", "worker"], autouse=True)

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kz_events import events as E
-from kz_events.log import CorruptLog, EventLog, LogLocked, list_segments, segment_name
+from kz_events.log.segments import CorruptLog, EventLog, LogLocked, list_segments, segment_name
 from kz_events.reducer import InvalidTransition, apply_record
-from kz_events.replay import replay_dir
-from kz_events.snapshot import list_snapshots
+from kz_events.log.replay import replay_dir
+from kz_events.log.snapshot import list_snapshots
 from kz_events.state import State
-from kz_events.store import Store, StoreClosed
-from kz_events.workload import build_log, simulate
+from kz_events.log.store import Store, StoreClosed
+from kz_events.read.workload import build_log, simulate
 from tests.helpers.events import hold_log_appends
 
 
@@ -235,8 +235,8 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
     with Store.open(events_dir, fsync=False):
         with pytest.raises(LogLocked, match=f"pid {os.getpid()}"):
             Store.open(events_dir, fsync=False)
-        code = ("import sys; from kz_events.store import Store\n"
-                "from kz_events.log import LogLocked\n"
+        code = ("import sys; from kz_events.log.store import Store\n"
+                "from kz_events.log.segments import LogLocked\n"
                 "try: Store.open(sys.argv[1])\n"
                 "except LogLocked as e: print(e); sys.exit(3)\n")
         proc = subprocess.run([sys.executable, "-c", code, str(events_dir)],
@@ -387,7 +387,7 @@ def test_old_event_versions_are_upcast_when_the_log_is_replayed(tmp_path, monkey
 
 @pytest.mark.timeout(60)
 def test_an_emitter_interrupted_while_waiting_leaves_no_commit_leaderless(tmp_path, monkeypatch):
-    from kz_events import store as store_module
+    from kz_events.log import store as store_module
 
     class Interrupted(Exception):
         pass

@@ -1,8 +1,9 @@
-"""kz_events.story: the sentences ``kz events`` prints for each event."""
+"""kz_events.read.story: the sentences ``kz events`` prints for each event."""
 from __future__ import annotations
 
-from kz_events import events as E, story
-from kz_events.workload import build_log
+from kz_events import events as E
+from kz_events.read import story
+from kz_events.read.workload import build_log
 
 
 def test_every_event_class_has_its_own_sentence(tmp_path):

@@ -25,7 +25,7 @@ from kz_daemon.queue import confirm
 from kz_daemon.storage.gitstore import GitStore
 from kz_events import events as ev
 from kz_events.status import Status
-from kz_events.story import iter_events
+from kz_events.read.story import iter_events
 from tests.helpers.daemon import (
     AXPY_ID,
     EXAMPLES,

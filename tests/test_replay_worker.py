@@ -1,12 +1,13 @@
-"""kz_events.replay_worker: the second process of a long replay vouches only for what it
+"""kz_events.log.replay_worker: the second process of a long replay vouches only for what it
 checked, and the replay carries on alone when the worker goes away."""
 from __future__ import annotations
 
-from kz_events import replay as replay_module, replay_worker
+from kz_events.log import replay as replay_module
+from kz_events.log import replay_worker
 from kz_events.codec import GENESIS, line_hash
-from kz_events.log import segment_name
-from kz_events.replay import replay_dir
-from kz_events.workload import build_log
+from kz_events.log.segments import segment_name
+from kz_events.log.replay import replay_dir
+from kz_events.read.workload import build_log
 
 
 def _state_parts(state):

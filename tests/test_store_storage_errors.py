@@ -1,7 +1,7 @@
-"""kz_events.store on a failing disk: a failed commit is rolled back, its emitters get a
+"""kz_events.log.store on a failing disk: a failed commit is rolled back, its emitters get a
 StorageError, the state and the log keep only what was acknowledged, and the store
 writes again as soon as the disk does. Faults are injected at the log's I/O calls
-(``EventLog._write`` and ``os.fdatasync``/``os.ftruncate`` as ``kz_events.log`` calls them);
+(``EventLog._write`` and ``os.fdatasync``/``os.ftruncate`` as ``kz_events.log.segments`` calls them);
 the store, the reducer and the files are real."""
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import time
 
 import pytest
 
-from kz_events import events as E, log as log_module
-from kz_events.audit import verify_log
+from kz_events import events as E
+from kz_events.log import segments as log_module
+from kz_events.read.audit import verify_log
 from kz_events.codec import GENESIS, line_hash
-from kz_events.log import EventLog, list_segments, segment_name
-from kz_events.replay import replay_dir
-from kz_events.store import StorageError, Store, StoreBroken
+from kz_events.log.segments import EventLog, list_segments, segment_name
+from kz_events.log.replay import replay_dir
+from kz_events.log.store import StorageError, Store, StoreBroken
 from tests.helpers.events import hold_log_appends
 
 

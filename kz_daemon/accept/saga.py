@@ -52,7 +52,7 @@ from kz_daemon.core.readmodel import SubmissionView, view_of
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_events.durable import FULL_ERRNOS
-from kz_events.store import StorageError
+from kz_events.log.store import StorageError
 from kz_runner.contract.checks import check_result, unencodable_paths
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.tarball import scan_tarball

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from kz_daemon.core.errors import ZooError
 from kz_daemon.upkeep.health import RETRY_AFTER_S, storage_full
 from kz_events.durable import FULL_ERRNOS
-from kz_events.store import StorageError, StoreBroken
+from kz_events.log.store import StorageError, StoreBroken
 
 #: codes whose answers tell the client when to retry
 RETRY_CODES = ("RATE_LIMITED", "STORAGE_FULL")

@@ -1,7 +1,7 @@
 """GET /api/submissions: submissions by submitter, kernel, status and time, newest first, a page at a time.
 
 Served by the store from the live State and the history projection of finished
-submissions (``kz_events.projection``), whose indexes answer each filter; a page is
+submissions (``kz_events.log.history``), whose indexes answer each filter; a page is
 one indexed query, whatever the length of the history. Pages follow an opaque cursor
 (the arrival position of the last row shown), so a page stays stable while newer
 submissions arrive. Query parameters are checked strictly: an unknown one or one
@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from kz_daemon.api.spec import Param
 from kz_daemon.core.errors import ZooError
 from kz_events.codec import format_ts
-from kz_events.projection.history import Query
+from kz_events.log.history import Query
 from kz_events.status import STATUSES, TERMINAL
 from kz_runner.contract.kernel_id import KERNEL_ID_PATTERN, MAX_KERNEL_ID_BYTES
 

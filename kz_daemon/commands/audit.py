@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if not events_dir.is_dir():
         print(f"kz audit: no event log at {events_dir} (use --state-dir)", file=sys.stderr)
         return 2
-    from kz_events.audit import verify_log
+    from kz_events.read.audit import verify_log
 
     findings = [f.to_dict() for f in verify_log(events_dir)]
     extra = _daemon_findings(state_dir)

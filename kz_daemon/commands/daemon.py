@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kz daemon: ready on {config.state_dir} (repo {config.paths.repo}, "
               f"inbox {config.spool_inbox}, pid {__import__('os').getpid()})", file=sys.stderr, flush=True)
 
-    from kz_events.log import LogError, LogLocked
+    from kz_events.log.segments import LogError, LogLocked
 
     try:
         if not args.no_http:

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from kz_daemon.config.settings import Config
     from kz_daemon.core.errors import ZooError
     from kz_daemon.upkeep import prune_rejected as retention, prune_runs as gc
-    from kz_events.projection.reading import open_view
+    from kz_events.log.reading import open_view
 
     state_dir = Path(args.state_dir)
     try:

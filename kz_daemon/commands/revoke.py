@@ -99,7 +99,7 @@ def _on_state_dir(args: argparse.Namespace) -> int:
     from kz_daemon.config.settings import Config
     from kz_daemon.core.errors import ZooError
     from kz_daemon.ops.service import Zoo
-    from kz_events.log import LogLocked
+    from kz_events.log.segments import LogLocked
 
     if not (args.state_dir / "kz.yaml").exists() and not (args.state_dir / "events").is_dir():
         print(f"kz revoke: {args.state_dir} is not a state directory", file=sys.stderr)

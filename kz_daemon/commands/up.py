@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from kz_daemon.core.errors import ZooError
     from kz_daemon.http.serve import serve_config
     from kz_daemon.ops.runtime import init_state_dir, open_failure
-    from kz_events.log import LogError, LogLocked
+    from kz_events.log.segments import LogError, LogLocked
 
     state_dir = Path(args.state_dir).resolve()
     seed = Path(args.seed_from) if args.seed_from else default_examples()

@@ -14,7 +14,7 @@ from kz_daemon.config.settings import Config
 from kz_daemon.core.readmodel import SubmissionView
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import PendingStore
-from kz_events.store import Store
+from kz_events.log.store import Store
 
 __all__ = ["Daemon", "IndexPort", "IntakePort"]
 

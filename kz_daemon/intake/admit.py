@@ -44,7 +44,7 @@ from kz_daemon.intake.spool import Claimed, SpoolDirs
 from kz_events import durable
 from kz_events import events as ev
 from kz_events.reducer import ReducerError
-from kz_events.store import StorageError, Store, StoreBroken, StoreClosed
+from kz_events.log.store import StorageError, Store, StoreBroken, StoreClosed
 from kz_runner.contract.layout import BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.rules.engine import RULES_BY_ID

@@ -38,7 +38,7 @@ from kz_daemon.accept.revoke import REVOKE_STEP, revocation
 from kz_daemon.config.settings import Config
 from kz_daemon.storage import anchor
 from kz_daemon.storage.gitstore import WORKTREE_MARK, GitStore
-from kz_events.projection.reading import replay_finished
+from kz_events.log.reading import replay_finished
 from kz_events.status import Status
 from kz_runner.contract.layout import PENDING_COMMIT
 
@@ -78,7 +78,7 @@ def _strip(doc: Any) -> Any:
 def daemon_running(events_dir: str | Path) -> bool:
     """Whether a process holds the event log's writer lock (``events/LOCK``, flock(2)).
 
-    The writer takes ``LOCK_EX | LOCK_NB`` (kz_events.log); a shared try-lock here
+    The writer takes ``LOCK_EX | LOCK_NB`` (kz_events.log.segments); a shared try-lock here
     fails exactly while it is held, and is let go at once.
     """
     try:

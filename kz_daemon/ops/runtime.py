@@ -17,7 +17,7 @@ from pathlib import Path
 from kz_daemon.config.settings import Config, write_default
 from kz_daemon.ops.service import Zoo
 from kz_daemon.storage.gitstore import GitStore, file_mode, format_message
-from kz_events.log import CorruptLog, LogError, LogLocked
+from kz_events.log.segments import CorruptLog, LogError, LogLocked
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo")

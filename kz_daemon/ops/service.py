@@ -47,8 +47,8 @@ from kz_daemon.queue.leases import Claim
 from kz_daemon.core.readmodel import SubmissionView, not_yet_seen, view_of
 from kz_events import events as ev
 from kz_events.status import Status
-from kz_events.projection.history import Query
-from kz_events.store import Store
+from kz_events.log.history import Query
+from kz_events.log.store import Store
 from kz_runner import __version__
 
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...

@@ -5,7 +5,7 @@ fresh chain. Each commit of an accept saga therefore carries the chain head at t
 moment as a trailer, ``Event-Log-Head: <seq>:<sha256 of that line>``; git history is
 pushed to the mirrors, so rewriting the log now also means rewriting git and every
 mirror. :func:`audit` checks every anchor against the log
-(``kz_events.audit.check_anchors``) and every commit's ``Kz-Submission``,
+(``kz_events.read.audit.check_anchors``) and every commit's ``Kz-Submission``,
 ``Kz-Submitter`` and ``Kz-Runner`` trailers against the log's events.
 
 What this does not promise: it is tamper-evidence, not a signature. Whoever can
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kz_events.audit import check_anchors
+from kz_events.read.audit import check_anchors
 
 TRAILER = "Event-Log-Head"
 _HEAD_RE = re.compile(r"^(\d+):([0-9a-f]{64})$")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kz_events.projection.history import Query
+from kz_events.log.history import Query
 from kz_events.status import STATUSES
 
 PAGE_SIZE = 50

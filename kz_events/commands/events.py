@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _emit(event: dict, as_json: bool) -> None:
     from kz_events.codec import canonical_bytes
-    from kz_events.story import format_event
+    from kz_events.read.story import format_event
 
     if as_json:
         sys.stdout.write(canonical_bytes(event).decode("utf-8") + "\n")
@@ -46,7 +46,7 @@ def matching_submissions(events_dir, token: str, known) -> dict[str, str]:
     ``known`` holds every submission uuid of the log that starts with ``token`` (or more).
     A full uuid matches itself only.
     """
-    from kz_events import story
+    from kz_events.read import story
 
     if token in known:
         return {token: "uuid"}
@@ -64,7 +64,7 @@ def matching_submissions(events_dir, token: str, known) -> dict[str, str]:
 def _known_uuids(events_dir, view, token: str) -> set[str]:
     """The submission uuids ``token`` may be a prefix of: from the state and the history
     projection, else from the raw lines."""
-    from kz_events import story
+    from kz_events.read import story
 
     if view is not None:
         return set(view.uuids(token.lower()))
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if not events_dir.is_dir():
         print(f"kz events: no event log at {events_dir} (use --state-dir)", file=sys.stderr)
         return 2
-    from kz_events import story
+    from kz_events.read import story
 
     if cmd == "tail":
         last = 0
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:
                 pass  # Ctrl-C ends --follow; everything shown was complete
         return 0
-    from kz_events.projection.reading import open_view
+    from kz_events.log.reading import open_view
 
     try:
         view = open_view(events_dir)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace, events_dir, view) -> int:
     """``kz events show``'s answer, read through ``view`` (None: from the raw lines only)."""
-    from kz_events import story
+    from kz_events.read import story
 
     found = matching_submissions(events_dir, args.uuid, _known_uuids(events_dir, view, args.uuid))
     if not found:

@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if not events_dir.is_dir():
         print(f"kz replay: no event log at {events_dir} (use --state-dir)", file=sys.stderr)
         return 2
-    from kz_events.log import CorruptLog, EventLog
-    from kz_events.replay import replay_into
+    from kz_events.log.segments import CorruptLog, EventLog
+    from kz_events.log.replay import replay_into
     from kz_events.state import State
 
     started = time.perf_counter()
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     verdict = 0
     if args.verify:
         from kz_events.reducer import REDUCER_VERSION
-        from kz_events.snapshot import SnapshotError, list_snapshots, read_snapshot, snapshot_dir
+        from kz_events.log.snapshot import SnapshotError, list_snapshots, read_snapshot, snapshot_dir
 
         seqs = list_snapshots(events_dir)
         if state.seq == 0:
@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
                                  "message": str(exc)}
                 verdict = 1
     if args.verify and doc["verify"].get("checked") and (events_dir / "history.sqlite").exists():
-        from kz_events.projection.history import HistoryError
-        from kz_events.projection.reading import verify_history
+        from kz_events.log.history import HistoryError
+        from kz_events.log.reading import verify_history
 
         try:
             at, diffs = verify_history(events_dir)

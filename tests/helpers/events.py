@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kz_events.log import EventLog
+from kz_events.log.segments import EventLog
 
 
 def hold_log_appends(monkeypatch, until: Callable[[], bool], *, every: bool = False,

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kz_events.projection.history import Query
-from kz_events.projection.reading import replay_finished
+from kz_events.log.history import Query
+from kz_events.log.reading import replay_finished
 
 
 def every(store: Any) -> dict[str, Any]:

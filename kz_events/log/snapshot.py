@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kz_events.durable import atomic_write, fsync_dir
-from kz_events.log import Position
+from kz_events.log.segments import Position
 from kz_events.state import State
 
 __all__ = ["SNAPSHOT_FORMAT", "gc_paused", "encode_snapshot", "write_snapshot", "load_newest",

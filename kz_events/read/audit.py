@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kz_events.codec import GENESIS, DecodeError, canonical_bytes, decode_dict, parse_json
-from kz_events.log import list_segments, segment_name
+from kz_events.log.segments import list_segments, segment_name
 from kz_events.reducer import ReducerError, handler_for
 from kz_events.state import State
 

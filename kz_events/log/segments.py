@@ -5,7 +5,7 @@ Layout of an events directory::
     LOCK                        flock(2)-ed by the one writer; holds its pid
     00000000000000000001.jsonl  segments, named by the seq of their first line
     00000000000000412345.jsonl
-    snapshots/                  see kz_events.snapshot
+    snapshots/                  see kz_events.log.snapshot
     quarantine/                 torn tails cut off at open, kept for inspection
 
 Every line ends with ``\\n``; a line without one was never acknowledged (the
@@ -157,7 +157,7 @@ class EventLog:
     """The segment files of one events directory, held by this process for writing.
 
     ``open`` takes the lock and repairs a torn tail; ``read_segment`` gives the
-    bytes that ``kz_events.replay`` checks and folds (it then sets ``tail``);
+    bytes that ``kz_events.log.replay`` checks and folds (it then sets ``tail``);
     ``append`` writes encoded lines and fsyncs once per call, and cuts the log back
     to where it was when that fails (``rollback``). Not thread-safe:
     the Store serialises calls.
@@ -173,7 +173,7 @@ class EventLog:
         self.segment_bytes = segment_bytes
         self._fsync = fsync
         self.readonly = readonly
-        self.tail = Position(0, GENESIS, 1, 0, 0)  # set by kz_events.replay.replay_into
+        self.tail = Position(0, GENESIS, 1, 0, 0)  # set by kz_events.log.replay.replay_into
         self._fd: int | None = None
 
     @classmethod

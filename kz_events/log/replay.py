@@ -11,7 +11,7 @@ shape goes through the full decoder. ``kz audit`` checks field types and
 canonical form as well.
 
 A long replay (``PIPELINE_MIN_BYTES`` or more to read, two or more CPUs) runs on
-two cores: a worker process (``kz_events.replay_worker``) reads the segments,
+two cores: a worker process (``kz_events.log.replay_worker``) reads the segments,
 cuts the lines and checks the hash chain and the seqs, while this process parses
 the payloads and folds them. Whatever the worker cannot vouch for, this process
 reads and judges itself, so the state and every error are those of a replay in
@@ -27,19 +27,19 @@ from operator import ne
 from pathlib import Path
 from typing import Any
 
-from kz_events import replay_worker
+from kz_events.log import replay_worker
 from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
-from kz_events.log import CorruptLog, EventLog, Position, segment_name
+from kz_events.log.segments import CorruptLog, EventLog, Position, segment_name
 from kz_events.reducer import REDUCER_VERSION, ReducerError, handler_for
-from kz_events.replay_worker import check_chain, cut_group, payload_array, read_group
-from kz_events.snapshot import gc_paused, load_newest
+from kz_events.log.replay_worker import check_chain, cut_group, payload_array, read_group
+from kz_events.log.snapshot import gc_paused, load_newest
 from kz_events.state import State
 
 __all__ = ["PIPELINE_MIN_BYTES", "load_state", "replay_dir", "replay_into"]
 
 #: a replay with at least this many bytes to read runs with a worker process
-#: (``kz_events.replay_worker``) on a machine with two or more CPUs; below it, the
+#: (``kz_events.log.replay_worker``) on a machine with two or more CPUs; below it, the
 #: worker's start (~0.1 s) would cost more than it saves.
 PIPELINE_MIN_BYTES = 32 << 20
 
@@ -134,7 +134,7 @@ def replay_into(log: EventLog, state: State, start: Position | None = None,
     Raises CorruptLog for a line that is damaged, out of sequence, off the hash
     chain, of an unknown type or version, or refused by the reducer (naming its seq
     and byte offset). Sets ``log.tail`` to the position of the last line read.
-    ``worker``: read and chain-check in a second process (``kz_events.replay_worker``);
+    ``worker``: read and chain-check in a second process (``kz_events.log.replay_worker``);
     None (the default) does so for a replay of ``PIPELINE_MIN_BYTES`` or more on a
     machine with two or more CPUs. The result is the same either way.
     ``drain(state, position)``: called between groups of lines once ``state.finished``

@@ -3,8 +3,8 @@
 Replay of a long log (``kz replay``, a daemon start without a usable snapshot)
 spends about half its time on work that does not need the State: reading the
 segments, cutting each line into its header fields and payload, hashing every
-line and checking the hash chain and the seqs. ``kz_events.replay`` hands that
-half to this worker (``python -m kz_events.replay_worker``), which streams one
+line and checking the hash chain and the seqs. ``kz_events.log.replay`` hands that
+half to this worker (``python -m kz_events.log.replay_worker``), which streams one
 message per group of lines while the parent parses the payloads and folds
 them, so the two halves run on two cores at once.
 
@@ -39,7 +39,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from kz_events.log import EventLog
+from kz_events.log.segments import EventLog
 
 __all__ = ["check_chain", "cut_group", "main", "messages", "payload_array", "read_group", "spawn", "stop"]
 
@@ -124,7 +124,7 @@ def spawn(events_dir: Path, segments: list[int], segment: int, offset: int, seq:
     root = str(Path(__file__).resolve().parent.parent)  # so the child imports this same kz_events
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    args = [sys.executable, "-m", "kz_events.replay_worker", str(events_dir),
+    args = [sys.executable, "-m", "kz_events.log.replay_worker", str(events_dir),
             ",".join(map(str, segments)), str(segment), str(offset), str(seq), h]
     try:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -207,7 +207,7 @@ def _run(events_dir: Path, segments: list[int], segment: int, offset: int, seq: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kz_events.replay_worker DIR SEGMENTS SEGMENT OFFSET SEQ HASH`` (see above)."""
+    """``python -m kz_events.log.replay_worker DIR SEGMENTS SEGMENT OFFSET SEQ HASH`` (see above)."""
     gc.disable()  # many short-lived bytes objects and no cycles: collections would only cost
     argv = sys.argv[1:] if argv is None else argv
     out = sys.stdout.buffer

@@ -64,7 +64,7 @@ restart, which replays the log from disk. ``health()`` reports both states.
 
 Finished submissions. The State holds only live submissions; the reducer hands a
 finished one to ``state.finished``, and a thread (``kz-events-history``) writes the
-hand-offs of durable lines to the history projection (``kz_events.projection``,
+hand-offs of durable lines to the history projection (``kz_events.log.history``,
 ``events/history.sqlite``) soon after their commit, off the emit path. Readers
 (``submission``, ``select``, ``knows``, ``idempotency``) look in the State, the
 hand-off and the projection in that order, so nothing is ever missing in between.
@@ -88,12 +88,12 @@ from typing import Any
 from kz_events.codec import TimestampFormatter, encode_fast, format_ts, line_hash, subject_of
 from kz_events.durable import FULL_ERRNOS
 from kz_events.events import EVENT_TYPES, Event, LogRepaired
-from kz_events.log import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
-from kz_events.projection.history import History, HistoryError, Query, history_path, remove_files
-from kz_events.projection.reading import merge, received_seq, settle
+from kz_events.log.segments import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
+from kz_events.log.history import History, HistoryError, Query, history_path, remove_files
+from kz_events.log.reading import merge, received_seq, settle
 from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
-from kz_events.replay import replay_into
-from kz_events.snapshot import encode_snapshot, load_newest, write_snapshot
+from kz_events.log.replay import replay_into
+from kz_events.log.snapshot import encode_snapshot, load_newest, write_snapshot
 from kz_events.state import State, Submission
 
 __all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "StorageError", "OpenReport"]
@@ -433,7 +433,7 @@ class Store:
         """(seq, sha256 hex) of the last durable line: the ``prev`` the next event will carry.
 
         (0, 64 zeros) for an empty log. A copy of it kept elsewhere (the daemon writes
-        it into its git commits) anchors the log: ``kz_events.audit.check_anchors``
+        it into its git commits) anchors the log: ``kz_events.read.audit.check_anchors``
         later tells whether the log still holds that line.
         """
         with self._cond:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kz_events import events as E
 from kz_events.codec import parse_json
-from kz_events.log import list_segments, segment_name
+from kz_events.log.segments import list_segments, segment_name
 
 __all__ = ["describe", "follow_events", "format_event", "iter_events", "render_story",
            "submission_events", "tail_events"]

@@ -22,7 +22,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 __all__ = [
     "Event", "EVENT_TYPES", "register", "event_class", "json_schema", "doc", "CaseSummary",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: type word -> the class of the current version of that event.
-EVENT_TYPES: dict[str, type["Event"]] = {}
+EVENT_TYPES: dict[str, type[Event]] = {}
 
 
 def doc(text: str, **schema: Any) -> Any:
@@ -125,7 +125,7 @@ def register(cls: type[_E]) -> type[_E]:
     return cls
 
 
-def event_class(type_word: str) -> type["Event"]:
+def event_class(type_word: str) -> type[Event]:
     """The class of event type ``type_word``; raises KeyError naming the known types."""
     try:
         return EVENT_TYPES[type_word]
@@ -165,7 +165,7 @@ class SubmissionReceived(Event):
     size: int = doc("Size of the tarball in bytes.", minimum=0)
     sha256: str = doc("sha256 hex of the tarball as received.", pattern="^[0-9a-f]{64}$")
     # a default, so that callers written before version 2 still build the event
-    idempotency_key: Optional[str] = field(default=None, metadata={"doc": (
+    idempotency_key: str | None = field(default=None, metadata={"doc": (
         "The upload's Idempotency-Key header (scoped to submitter_id), or null when it had none."),
         "schema": {}})
 
@@ -402,7 +402,7 @@ class AcceptStarted(Event):
     TYPE = "accept.started"
     uuid: str = doc(_UUID)
     kernel_id: str = doc(_KID)
-    base_head: Optional[str] = doc("Branch SHA before the saga (null for an empty repo).", pattern=_SHA_PATTERN)
+    base_head: str | None = doc("Branch SHA before the saga (null for an empty repo).", pattern=_SHA_PATTERN)
 
 
 @register
@@ -412,7 +412,7 @@ class AcceptSourceCommitted(Event):
     TYPE = "accept.source_committed"
     uuid: str = doc(_UUID)
     sha_src: str = doc("SHA of the source commit (the SHA the API reports).", pattern=_SHA_PATTERN)
-    parent: Optional[str] = doc("Its parent commit (null for the first commit).", pattern=_SHA_PATTERN)
+    parent: str | None = doc("Its parent commit (null for the first commit).", pattern=_SHA_PATTERN)
 
 
 @register
@@ -439,7 +439,7 @@ class AcceptCompleted(Event):
     sha_src: str = doc("SHA of the source commit.", pattern=_SHA_PATTERN)
     sha_br: str = doc("SHA of the scorecard commit.", pattern=_SHA_PATTERN)
     # a default, so that callers written before version 2 still build the event
-    outcome: Optional[dict] = field(default=None, metadata={"doc": (
+    outcome: dict | None = field(default=None, metadata={"doc": (
         "What the accept changed (kz_daemon.board.outcome): new_best, cases_improved, speedup, delta_pct, "
         "per case {test_case_id, metric, unit, direction, previous_best, value, best, new_best, delta_pct, "
         "speedup}, and the kernel's rank in its operator before and after; null on version 1 lines."),
@@ -523,7 +523,7 @@ class RerunRequested(Event):
     uuid: str = doc(_RECORD)
     kernel_id: str = doc(_KID)
     arch: str = doc("Arch a runner must have to claim the rerun (the record's).")
-    runner: Optional[str] = doc("The only runner that may claim it, or null for any runner of the arch.")
+    runner: str | None = doc("The only runner that may claim it, or null for any runner of the arch.")
     by: str = doc("Who asked (the token's id).")
 
 
@@ -611,7 +611,7 @@ class IndexUpdated(Event):
 
     TYPE = "index.updated"
     version: int = doc("Index version; increases by one or more with each rewrite.", minimum=1)
-    head: Optional[str] = doc("Branch head the index was computed from.", pattern=_SHA_PATTERN)
+    head: str | None = doc("Branch head the index was computed from.", pattern=_SHA_PATTERN)
     kernels: int = doc("Number of kernels in the index.", minimum=0)
 
 
@@ -623,7 +623,7 @@ class MirrorPushed(Event):
     remote: str = doc("Name or URL of the remote.")
     sha: str = doc("The SHA pushed.")
     ok: bool = doc("Whether the push succeeded.")
-    error: Optional[str] = doc("The error when it failed, else null.")
+    error: str | None = doc("The error when it failed, else null.")
 
 
 @register

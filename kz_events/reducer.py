@@ -48,7 +48,8 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from kz_events import events as E
 from kz_events.codec import Envelope, upcaster

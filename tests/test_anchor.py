@@ -14,8 +14,8 @@ from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from kz_daemon.storage import anchor
 from kz_daemon.storage.gitstore import GitStore
-from kz_events.read.audit import check_anchors
 from kz_events.codec import GENESIS, canonical_bytes, line_hash
+from kz_events.read.audit import check_anchors
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, accept_axpy
 
 ROOT = Path(__file__).resolve().parents[1]

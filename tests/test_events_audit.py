@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kz_events.read.audit import check_anchors, verify_log
 from kz_events.codec import GENESIS, canonical_bytes, line_hash
 from kz_events.log.segments import list_segments, segment_name
 from kz_events.log.store import Store
+from kz_events.read.audit import check_anchors, verify_log
 from kz_events.read.workload import build_log, simulate
 
 N = 80

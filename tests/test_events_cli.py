@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from kz_daemon.cli import main
-from kz_events.read import story
 from kz_events.log.reading import replay_finished
 from kz_events.log.store import Store
+from kz_events.read import story
 from kz_events.read.workload import build_log, simulate
 
 

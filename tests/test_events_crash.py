@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from kz_events.read.audit import verify_log
 from kz_events.log.store import Store
+from kz_events.read.audit import verify_log
 
 CHILD = textwrap.dedent("""
     import asyncio, sys, uuid

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from kz_events import events as E, state as state_module
 from kz_events.codec import GENESIS, decode_line, encode, line_hash
+from kz_events.read.workload import new_uuid, simulate
 from kz_events.reducer import (
     InvalidTransition,
     SequenceGap,
@@ -25,7 +26,6 @@ from kz_events.reducer import (
 )
 from kz_events.state import State
 from kz_events.status import STATUSES, TERMINAL, Status
-from kz_events.read.workload import new_uuid, simulate
 
 TS = "2026-11-30T06:00:00.000001Z"
 SRC, BR = "1" * 40, "2" * 40

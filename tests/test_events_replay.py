@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from kz_events import codec, events as E
-from kz_events.log import replay as replay_module
-from kz_events.log import replay_worker
 from kz_events.codec import GENESIS, canonical_bytes, line_hash
-from kz_events.log.segments import CorruptLog, segment_name
+from kz_events.log import replay as replay_module, replay_worker
 from kz_events.log.replay import replay_dir
+from kz_events.log.segments import CorruptLog, segment_name
 from kz_events.read.workload import build_log
 
 

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kz_events import events as E
-from kz_events.log.segments import CorruptLog, EventLog, LogLocked, list_segments, segment_name
-from kz_events.reducer import InvalidTransition, apply_record
 from kz_events.log.replay import replay_dir
+from kz_events.log.segments import CorruptLog, EventLog, LogLocked, list_segments, segment_name
 from kz_events.log.snapshot import list_snapshots
-from kz_events.state import State
 from kz_events.log.store import Store, StoreClosed
 from kz_events.read.workload import build_log, simulate
+from kz_events.reducer import InvalidTransition, apply_record
+from kz_events.state import State
 from tests.helpers.events import hold_log_appends
 
 

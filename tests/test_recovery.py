@@ -24,8 +24,8 @@ from kz_daemon.ops.service import Zoo
 from kz_daemon.queue import confirm
 from kz_daemon.storage.gitstore import GitStore
 from kz_events import events as ev
-from kz_events.status import Status
 from kz_events.read.story import iter_events
+from kz_events.status import Status
 from tests.helpers.daemon import (
     AXPY_ID,
     EXAMPLES,

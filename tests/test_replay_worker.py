@@ -2,11 +2,10 @@
 checked, and the replay carries on alone when the worker goes away."""
 from __future__ import annotations
 
-from kz_events.log import replay as replay_module
-from kz_events.log import replay_worker
 from kz_events.codec import GENESIS, line_hash
-from kz_events.log.segments import segment_name
+from kz_events.log import replay as replay_module, replay_worker
 from kz_events.log.replay import replay_dir
+from kz_events.log.segments import segment_name
 from kz_events.read.workload import build_log
 
 

@@ -18,8 +18,8 @@ from dulwich.file import FileLocked
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from kz_events import events as ev
-from kz_events.status import Status
 from kz_events.log.store import StorageError
+from kz_events.status import Status
 from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_result, drop_queued_axpy
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 from tests.helpers.submissions import every

@@ -15,12 +15,12 @@ import time
 import pytest
 
 from kz_events import events as E
-from kz_events.log import segments as log_module
-from kz_events.read.audit import verify_log
 from kz_events.codec import GENESIS, line_hash
-from kz_events.log.segments import EventLog, list_segments, segment_name
+from kz_events.log import segments as log_module
 from kz_events.log.replay import replay_dir
+from kz_events.log.segments import EventLog, list_segments, segment_name
 from kz_events.log.store import StorageError, Store, StoreBroken
+from kz_events.read.audit import verify_log
 from tests.helpers.events import hold_log_appends
 
 

@@ -29,11 +29,11 @@ import signal
 from typing import Any
 
 from kz_daemon.accept.saga import EarlierSagaPending, finish_earlier_saga
+from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.gitstore import format_message
 from kz_daemon.storage.history import REVOKE_STEP
-from kz_daemon.config.ports import Daemon
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, KP

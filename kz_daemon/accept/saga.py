@@ -38,21 +38,21 @@ import yaml
 from dulwich.file import FileLocked
 
 from kz_daemon.board import outcome, ranking
-from kz_daemon.queue import confirm, reruns
-from kz_daemon.guards import physics, unconfined
+from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
+from kz_daemon.core.readmodel import SubmissionView, view_of
+from kz_daemon.guards import physics, unconfined
 from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha
+from kz_daemon.queue import confirm, reruns
+from kz_daemon.queue.leases import check_lease
 from kz_daemon.storage import anchor
 from kz_daemon.storage.gitstore import EXEC_MODE, FILE_MODE, format_message
 from kz_daemon.storage.pending import StoredRun, result_bytes
-from kz_daemon.config.ports import Daemon
-from kz_daemon.queue.leases import check_lease
-from kz_daemon.core.readmodel import SubmissionView, view_of
 from kz_events import events as ev
-from kz_events.status import Status
 from kz_events.durable import FULL_ERRNOS
 from kz_events.log.store import StorageError
+from kz_events.status import Status
 from kz_runner.contract.checks import check_result, unencodable_paths
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.tarball import scan_tarball

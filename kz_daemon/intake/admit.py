@@ -28,26 +28,25 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from kz_daemon.guards import harness_lock, physics
-from kz_daemon.intake import idempotency
-from kz_daemon.intake import spool
-from kz_daemon.guards.static_rules import screen
 from kz_daemon.config.settings import Config, Limits
+from kz_daemon.core.scorecard import desc_is_frozen
+from kz_daemon.guards import harness_lock, physics
+from kz_daemon.guards.static_rules import screen
+from kz_daemon.intake import idempotency, spool
+from kz_daemon.intake.spool import Claimed, SpoolDirs
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import PACKAGE_FILE, SUBMISSION_FILE
-from kz_daemon.core.scorecard import desc_is_frozen
-from kz_daemon.intake.spool import Claimed, SpoolDirs
-from kz_events import durable
-from kz_events import events as ev
-from kz_events.reducer import ReducerError
+from kz_events import durable, events as ev
 from kz_events.log.store import StorageError, Store, StoreBroken, StoreClosed
+from kz_events.reducer import ReducerError
 from kz_runner.contract.layout import BENCHMARK, DESC, HARNESS_FILES, KP
-from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.rules.engine import RULES_BY_ID
+from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.tarball import read_member
 from kz_runner.contract.validate import validate_tarball
 from kz_runner.contract.yamlio import load_yaml

@@ -9,11 +9,10 @@ layer and ``kz review`` check that); the decision names who made it.
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from kz_daemon.config.ports import Daemon
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.pending import SUBMISSION_FILE
-from kz_daemon.config.ports import Daemon
 from kz_events import events as ev
 from kz_events.status import Status
 

@@ -19,36 +19,33 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
-from kz_daemon.guards import harness_lock
-from kz_daemon.intake import idempotency
-from kz_daemon.intake import review
-from kz_daemon.accept import saga as accept
-from kz_daemon.queue import leases as queue
-from kz_daemon.ops import recovery
-from kz_daemon.accept import revoke
-from kz_daemon.intake import spool
-from kz_daemon.upkeep import prune_runs as retention
-from kz_daemon.upkeep import prune_rejected as rejected_uploads
-from kz_daemon.storage import run_logs as logs_store
-from kz_daemon.core.clock import iso_now
-from kz_daemon.core.backoff import Backoff
+from kz_daemon.accept import revoke, saga as accept
+from kz_daemon.accept.indexer import Indexer
 from kz_daemon.config.settings import Config
 from kz_daemon.core import short_ids
+from kz_daemon.core.backoff import Backoff
+from kz_daemon.core.clock import iso_now
 from kz_daemon.core.errors import ZooError
-from kz_daemon.storage.gitstore import GitStore
-from kz_daemon.accept.indexer import Indexer
-from kz_daemon.intake.admit import Intake
-from kz_daemon.upkeep.mirror import Mirror
-from kz_daemon.storage.pending import PendingStore
-from kz_daemon.queue.leases import Claim
 from kz_daemon.core.readmodel import SubmissionView, not_yet_seen, view_of
+from kz_daemon.guards import harness_lock
+from kz_daemon.intake import idempotency, review, spool
+from kz_daemon.intake.admit import Intake
+from kz_daemon.ops import recovery
+from kz_daemon.queue import leases as queue
+from kz_daemon.queue.leases import Claim
+from kz_daemon.storage import run_logs as logs_store
+from kz_daemon.storage.gitstore import GitStore
+from kz_daemon.storage.pending import PendingStore
+from kz_daemon.upkeep import prune_rejected as rejected_uploads, prune_runs as retention
+from kz_daemon.upkeep.mirror import Mirror
 from kz_events import events as ev
-from kz_events.status import Status
 from kz_events.log.history import Query
 from kz_events.log.store import Store
+from kz_events.status import Status
 from kz_runner import __version__
 
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...

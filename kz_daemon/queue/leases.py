@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kz_daemon.config.ports import Daemon
+from kz_daemon.config.settings import Limits
+from kz_daemon.core import scorecard
+from kz_daemon.core.errors import ZooError
 from kz_daemon.guards import harness_lock
 from kz_daemon.queue import confirm, reruns
-from kz_daemon.core import scorecard
-from kz_daemon.config.settings import Limits
-from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import RUNNER_TARBALL, RUNNER_TARBALL_KEY
-from kz_daemon.config.ports import Daemon
-from kz_events.durable import atomic_write
 from kz_events import events as ev
+from kz_events.durable import atomic_write
 from kz_events.reducer import next_claimable
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, DESC, KP

@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if not events_dir.is_dir():
         print(f"kz replay: no event log at {events_dir} (use --state-dir)", file=sys.stderr)
         return 2
-    from kz_events.log.segments import CorruptLog, EventLog
     from kz_events.log.replay import replay_into
+    from kz_events.log.segments import CorruptLog, EventLog
     from kz_events.state import State
 
     started = time.perf_counter()
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     doc = {"events_dir": str(events_dir), "seconds": round(seconds, 3), **state.summary()}
     verdict = 0
     if args.verify:
-        from kz_events.reducer import REDUCER_VERSION
         from kz_events.log.snapshot import SnapshotError, list_snapshots, read_snapshot, snapshot_dir
+        from kz_events.reducer import REDUCER_VERSION
 
         seqs = list_snapshots(events_dir)
         if state.seq == 0:

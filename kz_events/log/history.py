@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from kz_events.log.segments import Position
-from kz_events.reducer import REDUCER_VERSION, amend
 from kz_events.log.snapshot import BODY_ENCODING
+from kz_events.reducer import REDUCER_VERSION, amend
 from kz_events.state import _SUB_FIELDS, Handoff, Submission
 from kz_events.status import Status
 

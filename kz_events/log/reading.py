@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kz_events.log.segments import EventLog, Position
 from kz_events.log.history import History, HistoryError, Query, history_path
-from kz_events.reducer import REDUCER_VERSION, amend
 from kz_events.log.replay import replay_into
+from kz_events.log.segments import EventLog, Position
 from kz_events.log.snapshot import load_newest
+from kz_events.reducer import REDUCER_VERSION, amend
 from kz_events.state import Handoff, State, Submission
 
 __all__ = ["received_seq", "settle", "merge", "keep_records", "View", "open_view", "replay_finished",

@@ -27,13 +27,13 @@ from operator import ne
 from pathlib import Path
 from typing import Any
 
-from kz_events.log import replay_worker
 from kz_events.codec import DecodeError, decode_dict, parse_json, upcast_payload
 from kz_events.events import EVENT_TYPES
-from kz_events.log.segments import CorruptLog, EventLog, Position, segment_name
-from kz_events.reducer import REDUCER_VERSION, ReducerError, handler_for
+from kz_events.log import replay_worker
 from kz_events.log.replay_worker import check_chain, cut_group, payload_array, read_group
+from kz_events.log.segments import CorruptLog, EventLog, Position, segment_name
 from kz_events.log.snapshot import gc_paused, load_newest
+from kz_events.reducer import REDUCER_VERSION, ReducerError, handler_for
 from kz_events.state import State
 
 __all__ = ["PIPELINE_MIN_BYTES", "load_state", "replay_dir", "replay_into"]

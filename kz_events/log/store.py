@@ -88,12 +88,12 @@ from typing import Any
 from kz_events.codec import TimestampFormatter, encode_fast, format_ts, line_hash, subject_of
 from kz_events.durable import FULL_ERRNOS
 from kz_events.events import EVENT_TYPES, Event, LogRepaired
-from kz_events.log.segments import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
 from kz_events.log.history import History, HistoryError, Query, history_path, remove_files
 from kz_events.log.reading import merge, received_seq, settle
-from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
 from kz_events.log.replay import replay_into
+from kz_events.log.segments import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
 from kz_events.log.snapshot import encode_snapshot, load_newest, write_snapshot
+from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
 from kz_events.state import State, Submission
 
 __all__ = ["Store", "Ticket", "StoreClosed", "StoreBroken", "StorageError", "OpenReport"]

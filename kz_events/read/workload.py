@@ -22,9 +22,9 @@ from pathlib import Path
 from kz_events import events as E
 from kz_events.codec import TimestampFormatter, encode_fast, line_hash, subject_of
 from kz_events.log.segments import EventLog
+from kz_events.log.store import Store
 from kz_events.reducer import apply_record, next_claimable
 from kz_events.state import State
-from kz_events.log.store import Store
 
 __all__ = ["simulate", "new_uuid", "history", "HistoryMix", "build_history"]
 

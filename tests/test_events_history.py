@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kz_events import events as E
+from kz_events.log import history as history_module
 from kz_events.log.history import History, Query, history_path
 from kz_events.log.reading import open_view, replay_finished, verify_history
 from kz_events.log.snapshot import list_snapshots, read_snapshot, snapshot_dir
@@ -94,6 +95,22 @@ def test_select_filters_pages_newest_first_across_live_and_finished(tmp_path):
         assert store.select(Query(kernel_prefix="sm_90/A/x/fp16/k")) == []  # a folder, not a string prefix
         last = store.submission("u11").received_at
         assert [s.uuid for s in store.select(Query(since=last))] == ["u11"]
+
+
+@pytest.mark.parametrize("window", [3, 5000])
+def test_since_gives_the_same_rows_through_the_time_index_or_the_arrival_order(tmp_path, monkeypatch, window):
+    monkeypatch.setattr(history_module, "SINCE_WINDOW", window)  # 3: every since here takes the scan
+    with Store.open(tmp_path, fsync=False) as store:
+        for i in range(30):
+            store.emit(*rejected(f"u{i:02d}", submitter="alice" if i % 3 else "bob"))
+        store.flush_history()
+        stamps = [store.submission(f"u{i:02d}").received_at for i in range(30)]
+        for cut in (0, 10, 25, 29):
+            for who in (None, "bob"):
+                expected = [f"u{i:02d}" for i in reversed(range(30))
+                            if stamps[i] >= stamps[cut] and who in (None, "bob" if i % 3 == 0 else "alice")]
+                got = [s.uuid for s in store.select(Query(submitter=who, since=stamps[cut]), limit=4)]
+                assert got == expected[:4], (cut, who)
 
 
 def test_an_idempotency_key_is_found_after_its_submission_finished(tmp_path):

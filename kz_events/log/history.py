@@ -70,12 +70,17 @@ CREATE INDEX IF NOT EXISTS submissions_by_submitter ON submissions(submitter_id)
 CREATE INDEX IF NOT EXISTS submissions_by_kernel ON submissions(kernel_id);
 CREATE INDEX IF NOT EXISTS submissions_by_status ON submissions(status);
 CREATE INDEX IF NOT EXISTS submissions_by_received ON submissions(received_at);
+-- a submitter's (or kernel's) rows in one status, newest first, without scanning the others
+CREATE INDEX IF NOT EXISTS submissions_by_submitter_status ON submissions(submitter_id, status);
+CREATE INDEX IF NOT EXISTS submissions_by_kernel_status ON submissions(kernel_id, status);
 CREATE INDEX IF NOT EXISTS submissions_by_key ON submissions(submitter_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE TABLE IF NOT EXISTS accept_latency (
     bucket INTEGER PRIMARY KEY, count INTEGER NOT NULL, total REAL NOT NULL);
 """
 _POSITION_KEYS = ("seq", "hash", "segment", "line_start", "offset")
+#: a ``since`` that leaves fewer rows than this is answered through the time index
+SINCE_WINDOW = 5000
 #: reading connections at most (a query waits for a free one), and each one's page cache
 READERS = 4
 READER_CACHE_KIB = 2048
@@ -404,9 +409,26 @@ class History:
         if before is not None:
             where.append("rseq < ?")
             args.append(before)
-        sql = "SELECT rseq, doc FROM submissions" + (" WHERE " + " AND ".join(where) if where else "") + \
-              " ORDER BY rseq DESC LIMIT ?"
-        return [(rseq, _decode(doc)) for rseq, doc in self._rows(sql, (*args, limit))]
+        condition = " WHERE " + " AND ".join(where) if where else ""
+        if query.since is not None and self._recent(query.since):
+            # few rows since then: take them through the time index and order them here (a
+            # scan in arrival order would read on to the oldest row when fewer match)
+            found = sorted((r[0] for r in self._rows(
+                "SELECT rseq FROM submissions INDEXED BY submissions_by_received" + condition, tuple(args))),
+                reverse=True)[:limit]
+            marks = ",".join("?" * len(found))
+            rows = self._rows(f"SELECT rseq, doc FROM submissions WHERE rseq IN ({marks}) ORDER BY rseq DESC",
+                              tuple(found)) if found else []
+        else:
+            rows = self._rows("SELECT rseq, doc FROM submissions" + condition + " ORDER BY rseq DESC LIMIT ?",
+                              (*args, limit))
+        return [(rseq, _decode(doc)) for rseq, doc in rows]
+
+    def _recent(self, since: str) -> bool:
+        """Whether fewer than ``SINCE_WINDOW`` rows were received at or after ``since`` (counted on the index)."""
+        (count,) = self._rows("SELECT count(*) FROM (SELECT 1 FROM submissions INDEXED BY submissions_by_received "
+                              "WHERE received_at >= ? LIMIT ?)", (since, SINCE_WINDOW))[0]
+        return count < SINCE_WINDOW
 
     def idempotency(self, submitter: str, key: str) -> list | None:
         """``[uuid, sha256, received ts]`` of the newest finished submission that carried this key."""

@@ -92,7 +92,7 @@ from kz_events.log.history import History, HistoryError, Query, history_path, re
 from kz_events.log.reading import merge, received_seq, settle
 from kz_events.log.replay import replay_into
 from kz_events.log.segments import DEFAULT_SEGMENT_BYTES, EventLog, LogError, Position
-from kz_events.log.snapshot import encode_snapshot, load_newest, write_snapshot
+from kz_events.log.snapshot import encode_snapshot, load_newest, release_free_memory, write_snapshot
 from kz_events.reducer import REDUCER_VERSION, apply_record, checkpoint, restore
 from kz_events.state import State, Submission
 
@@ -300,6 +300,7 @@ class Store:
                                 "dropped_bytes": log.repair.dropped_bytes,
                                 "quarantine_file": log.repair.quarantine_file}
             store.emit(LogRepaired(log.repair.dropped_bytes, log.repair.quarantine_file))
+        release_free_memory()  # the snapshot's and the replay's temporaries
         report["seconds"] = time.perf_counter() - started
         return store
 

@@ -116,7 +116,7 @@ def test_nonfinite_literals_in_stdout_are_refused(literal):
 
 def test_several_rules_at_once_are_all_reported():
     doc = good()
-    doc["kernel_id"] = "x/y"
+    doc["kernel_id"] = "cpu/Other/Op/fp32/other"  # well formed, not this kernel
     doc["cases"][0]["correctness"] = "failed"
     assert set(verdict(doc).codes) == {"RESULT_KERNEL_ID", "ACCEPT_NOT_ALL_PASSED", "RESULT_INVALID"}
 

@@ -42,6 +42,14 @@ DAEMON_HINTS: dict[str, str] = {
                      "before it finished; " + _INTEGRITY,
     "THREAD_LEAK": "Join every thread and process you start before the timed call returns; " + _INTEGRITY,
     "OUTPUT_TYPE": "Return exactly the expected array type, dtype and shape from the timed call.",
+    # the judge's codes (the trusted process that times the kernel from outside it)
+    "WRONG_OUTPUT": "The judge compared a secretly chosen sample of the timed calls with the reference and one "
+                    "differed: compute every call's output from that call's inputs, never a kept or partial "
+                    "result; reproduce with `kz dry-run`.",
+    "PROTOCOL_ERROR": "The kernel's worker broke its exchange with the judge (a forged or garbled message): do not "
+                      "write to the worker's stdin, sockets or inherited descriptors; " + _INTEGRITY,
+    "MACHINE_BUSY": "The runner's host was too loaded for the judge's clock to mean anything, so the timing "
+                    "was void: nothing to fix in your source; submit again.",
     "STALE_OUTPUT": "Compute the output on every call; never return a cached or previous trial's result.",
     "TIMED_MISMATCH": "The timed call must compute the same result as the checked call: no shortcuts "
                       "when being timed.",

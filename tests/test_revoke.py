@@ -129,8 +129,11 @@ def test_revoked_best_is_restored_end_to_end(live, tmp_path):
     assert entry_index["cases"][0]["best"]["commit_sha"] == slow.commit_sha
     # a record that is not accepted cannot be revoked
     with live.client("admin") as admin:
-        rejected = admin.post("/api/submissions/no-such-uuid/revoke", json={"reason": "x"})
-        assert rejected.status_code == 404
+        unknown = admin.post("/api/submissions/00000000-0000-4000-8000-000000000000/revoke", json={"reason": "x"})
+        assert unknown.status_code == 404, unknown.text
+        assert admin.post("/api/submissions/ffff0000/revoke", json={"reason": "x"}).status_code == 404
+        malformed = admin.post("/api/submissions/no-such-uuid/revoke", json={"reason": "x"})
+        assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "BAD_REQUEST"
     live.stop()
     assert [f for f in audit_state_dir(live.state_dir) if f.severity == "error"] == []
     live.stop = lambda: None  # already stopped for the audit

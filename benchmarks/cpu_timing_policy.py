@@ -59,8 +59,17 @@ def example(kernel_id: str) -> Any:
     path = ROOT / "examples" / kernel_id / ".kernel_package" / "benchmark.py"
     spec = importlib.util.spec_from_file_location(f"kz_example_{kernel_id.split('/')[2].lower()}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # puts the example's src/ on sys.path; main() does not run
+    spec.loader.exec_module(module)  # main() does not run
     return module
+
+
+def kernel_fn(kernel_id: str, ref: Any) -> Callable:
+    """The function a ``bench.kernel`` reference names, imported from the example's src/ into this
+    process: the judge would time it in a worker of its own, this script times it in-process."""
+    src = str(ROOT / "examples" / kernel_id / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    return getattr(importlib.import_module(ref.module), ref.function)
 
 
 class Case:
@@ -82,15 +91,17 @@ class Case:
 def cases() -> list[Case]:
     rng = np.random.default_rng(0)
     out = []
-    axpy, softmax = example("cpu/Elementwise/Axpy/fp32/numpy_ref"), example("cpu/Reduction/Softmax/fp32/numpy_ref")
+    axpy_id, softmax_id = "cpu/Elementwise/Axpy/fp32/numpy_ref", "cpu/Reduction/Softmax/fp32/numpy_ref"
+    axpy, softmax = example(axpy_id), example(softmax_id)
+    axpy_fn, softmax_fn = kernel_fn(axpy_id, axpy.AXPY), kernel_fn(softmax_id, softmax.SOFTMAX)
     for meta in axpy.KERNEL_ZOO_TEST_CASE_METAS:
         n = meta["params"]["n"]
         x = rng.standard_normal(n, dtype=np.float32)
         y = rng.standard_normal(n, dtype=np.float32)
-        out.append(Case(f"axpy {meta['test_case_id']}", axpy.axpy, (1.5, x, y), np.empty_like(x), axpy.reference))
+        out.append(Case(f"axpy {meta['test_case_id']}", axpy_fn, (1.5, x, y), np.empty_like(x), axpy.reference))
     for meta in softmax.KERNEL_ZOO_TEST_CASE_METAS:
         x = rng.standard_normal((meta["params"]["rows"], meta["params"]["cols"]), dtype=np.float32)
-        out.append(Case(f"softmax {meta['test_case_id']}", softmax.softmax_rows, (x,), None, softmax.reference))
+        out.append(Case(f"softmax {meta['test_case_id']}", softmax_fn, (x,), None, softmax.reference))
     return out
 
 

@@ -407,10 +407,23 @@ def _view(spec: SandboxSpec) -> list[str]:
     return v.args
 
 
+def _shown(path: str, spec: SandboxSpec) -> bool:
+    """Whether the view of ``spec`` already shows ``path`` (it lies in /usr, a top-level
+    directory bound as a whole, or the interpreter's paths); /tmp is always a fresh tmpfs."""
+    path = os.path.abspath(path)
+    roots = ["/usr", *spec.interpreter,
+             *("/" + name for name in TOP_LEVEL if os.path.isdir("/" + name) and not os.path.islink("/" + name))]
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def _command(spec: SandboxSpec, argv: Sequence[str], bwrap: str, mode: str) -> list[str]:
     if spec.uid == 0 or spec.gid == 0:
         raise ValueError("a sandboxed step must not run as uid or gid 0")
     cmd = [bwrap]
+    if spec.nested and not _shown(bwrap, spec):
+        # the step runs this same bwrap for the sandbox it makes: an operator's KZ_BWRAP outside
+        # the view (/opt, a home directory, a scratch directory) is shown read-only where it is
+        spec = replace(spec, ro=(*spec.ro, os.path.abspath(bwrap)))
     if mode == "userns":
         cmd += ["--unshare-all", "--unshare-user", *([] if spec.nested else ["--disable-userns"]),
                 "--uid", str(spec.uid), "--gid", str(spec.gid)]

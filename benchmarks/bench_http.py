@@ -201,7 +201,7 @@ def submit_to_claim(daemon: Daemon, runs: int) -> list[float]:
         busy = {job["kernel_id"] for job in client.get("/api/queue").json().get("in_flight", [])}
         # kernels of their own (the seeded ones' harness files are locked: another desc.yaml is
         # refused); one with a job in flight (an aborted run) cannot be claimed
-        kids = [k for k in (f"cpu/Claim/Sub{j % 8}/fp32/k{j:05d}" for j in range(100, 100 + 2 * runs))
+        kids = [k for k in (f"cpu/Elementwise/Axpy/fp32/claim{j:05d}" for j in range(100, 100 + 2 * runs))
                 if k not in busy][:runs]
         for i, kid in enumerate(kids):
             data = package_tarball(kid, AXPY)
@@ -236,7 +236,7 @@ def status_wake(daemon: Daemon, clients: int) -> list[float]:
 
     from tests.helpers.http_server import package_tarball
 
-    kid = "cpu/Wake/Sub0/fp32/k00000"  # a kernel of its own: the seeded ones' harness files are locked
+    kid = "cpu/Elementwise/Axpy/fp32/wake00000"  # a kernel of its own: the seeded ones' harness files are locked
     with httpx.Client(base_url=daemon.url, timeout=60) as client:
         uuid = submit(client, kid, package_tarball(kid, AXPY))
     answered: list[float] = []
@@ -302,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"submit-to-claim ms: {[round(x, 1) for x in stc]}")
             wake = status_wake(daemon, 50)
             with httpx.Client(base_url=daemon.url, timeout=60) as client:
-                uuid = submit(client, "cpu/Status/Sub1/fp32/k00001", __import__(
+                uuid = submit(client, "cpu/Elementwise/Axpy/fp32/status00001", __import__(
                     "tests.helpers.http_server", fromlist=["package_tarball"]).package_tarball(
-                        "cpu/Status/Sub1/fp32/k00001", AXPY))
+                        "cpu/Elementwise/Axpy/fp32/status00001", AXPY))
             status = load(f"{daemon.url}/api/submissions/{uuid}/status", 50, args.duration)
             log(f"GET status (50 connections): {status}")
         finally:

@@ -120,7 +120,7 @@ _EMPTY, _GONE = 0, 1
 
 
 class Records(MutableMapping):
-    """uuid -> kernel_id for many finished submissions, in about 25 bytes each (a dict takes ~120).
+    """uuid -> kernel_id for many finished submissions, in 30 to 60 bytes each (a dict ~120).
 
     What the reducer keeps of finished submissions grows with the history: a million
     submissions leave hundreds of thousands of accepted records that a revocation may

@@ -99,11 +99,14 @@ def test_library_cheat_is_stopped_with_its_code(name, pipes, cheats, built, tmp_
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     doc = json.loads(done.stdout)  # stdout still carries exactly one benchmark output
     assert doc["overall"]["accept"] is False
-    assert doc["overall"]["accept_reason"].startswith(cheat.expected_code), doc["overall"]["accept_reason"]
+    # a forged clock is TIMER_TAMPERED; on a host so loaded that the worker's wait for a CPU explains the
+    # missing time, the judge voids the timing (MACHINE_BUSY) instead: never a pass either way
+    allowed = {cheat.expected_code} | ({"MACHINE_BUSY"} if cheat.expected_code == "TIMER_TAMPERED" else set())
+    assert doc["overall"]["accept_reason"].split(":")[0] in allowed, doc["overall"]["accept_reason"]
     assert not any(c["accept"] for c in doc["cases"])
     if pipes:
         sent = json.loads(channel_data)
-        assert sent["kind"] == "integrity" and sent["code"] == cheat.expected_code, sent
+        assert sent["kind"] == "integrity" and sent["code"] in allowed, sent
         assert sent["case"] in {c["test_case_id"] for c in doc["cases"]}
         assert isinstance(sent["evidence"], dict) and "\n" not in sent["message"]
     else:

@@ -297,13 +297,16 @@ class History:
             self._count_latency(latency, sub, 1)
 
     def _change(self, conn: sqlite3.Connection, h: Handoff, latency: dict) -> None:
+        change = h.change
+        if change is None:
+            raise ValueError(f"hand-off at seq {h.seq} holds neither a record nor a change")
         row = conn.execute("SELECT doc FROM submissions WHERE uuid = ?", (h.uuid,)).fetchone()
         if row is None:
-            raise HistoryError(f"{self.path}: {h.change[0]} at seq {h.seq} names submission {h.uuid}, "
+            raise HistoryError(f"{self.path}: {change[0]} at seq {h.seq} names submission {h.uuid}, "
                                "which the projection does not hold")
         sub = _decode(row[0])
         was = sub.status
-        amend(sub, h.seq, h.change)
+        amend(sub, h.seq, change)
         if was == _ACCEPTED and sub.status != _ACCEPTED:
             self._count_latency(latency, sub, -1)
         conn.execute("UPDATE submissions SET status = ?, ended_at = ?, seq = ?, doc = ? WHERE uuid = ?",
@@ -389,7 +392,8 @@ class History:
 
         ``before``: only those received before that seq (the cursor of the previous page).
         """
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         if query.submitter is not None:
             where.append("submitter_id = ?")
             args.append(query.submitter)

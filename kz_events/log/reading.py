@@ -53,11 +53,11 @@ def settle(uuid: str, pending: list[Handoff], history: History | None) -> Submis
             base_seq, base = found
     if base is None:
         return None
-    changes = [h for h in pending if h.record is None and h.seq > base_seq]
+    changes = [(h.seq, h.change) for h in pending if h.change is not None and h.seq > base_seq]
     if changes:
         base = copy.deepcopy(base)
-        for h in changes:
-            amend(base, h.seq, h.change)
+        for seq, change in changes:
+            amend(base, seq, change)
     return base
 
 
@@ -79,9 +79,9 @@ def merge(live: list[Submission], pending: list[Handoff], history: History | Non
     for uuid, handoffs in by_uuid.items():  # few: what the history thread has not written yet
         if uuid in found:
             continue
-        sub = settle(uuid, handoffs, history)
-        if sub is not None and (before is None or received_seq(sub) < before) and query.match(sub):
-            found[uuid] = sub
+        settled = settle(uuid, handoffs, history)
+        if settled is not None and (before is None or received_seq(settled) < before) and query.match(settled):
+            found[uuid] = settled
     if history is not None:
         # the hand-off's uuids are decided above: skip their rows, and ask for as many more
         for _rseq, sub in history.select(query, before, limit + len(by_uuid)):
@@ -98,14 +98,24 @@ def keep_records(records: dict[str, Submission],
     and for audits that keep only what they check.
     """
     def drain(state: State, _pos: Position) -> None:
-        handoffs, state.finished[:] = list(state.finished), []
+        handoffs = _take(state)
         for h in handoffs:
             if h.record is not None:
                 if keep is None or keep(h.record):
                     records[h.uuid] = h.record
-            elif h.uuid in records:
+            elif h.change is not None and h.uuid in records:
                 amend(records[h.uuid], h.seq, h.change)
     return drain
+
+
+def _take(state: State) -> list[Handoff]:
+    """Empty the hand-off of a replay's State (one that keeps it: ``finished`` is a list)."""
+    finished = state.finished
+    if finished is None:
+        raise ValueError("the State keeps no hand-off")
+    handoffs = list(finished)
+    finished.clear()
+    return handoffs
 
 
 def replay_finished(events_dir: Path | str, keep: Callable[[Submission], bool] | None = None
@@ -214,7 +224,7 @@ def open_view(events_dir: Path | str) -> View:
             history.close()
             history = None
         if history is None:
-            state, records = State(finished=[]), {}
+            state, records = State(finished=[]), dict[str, Submission]()
             drain = keep_records(records)
             replay_into(log, state, drain=drain)
             drain(state, log.tail)
@@ -264,12 +274,12 @@ def verify_history(events_dir: Path | str, limit: int = 50) -> tuple[int, list[s
 
     def drain(state: State, _pos: Position) -> None:
         nonlocal seen
-        handoffs, state.finished[:] = list(state.finished), []
+        handoffs = _take(state)
         for h in handoffs:
             if h.record is not None:
                 seen += 1
                 compare(h.uuid, h.record, h.seq)
-            elif h.uuid in waiting:
+            elif h.change is not None and h.uuid in waiting:
                 record = waiting.pop(h.uuid)
                 amend(record, h.seq, h.change)
                 compare(h.uuid, record, h.seq)

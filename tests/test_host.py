@@ -19,7 +19,7 @@ def test_the_count_is_the_affinity_capped_by_the_limit():
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no scheduler affinity on this OS")
 def test_a_process_pinned_to_one_cpu_counts_one():
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from kz_runner.contract.host import usable_cpus; from kz_events import replay; "
+            "from kz_runner.contract.host import usable_cpus; from kz_events.log import replay; "
             "print(usable_cpus(), usable_cpus(8), replay._cpus())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["1", "1", "1"]

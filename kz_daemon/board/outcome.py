@@ -47,16 +47,19 @@ def _real(record: Any) -> Mapping[str, Any] | None:
     return record if interval_of(record) is not None else None
 
 
+def _primary_of(meta: Mapping[str, Any]) -> tuple[str, Any, Mapping[str, Any], str]:
+    """(test_case_id, primary metric name, its declaration, its direction) of one METAS case."""
+    primary = meta.get("primary_metric")
+    declared = next((m for m in meta.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary), {})
+    return str(meta.get("test_case_id")), primary, declared, str(declared.get("direction") or LOWER)
+
+
 def case_deltas(before: Any, after: Any, metas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per METAS case of ``after`` (see the module docstring); ``metas`` give primary metric, unit, direction."""
     old, new = _cases(before), _cases(after)
     out = []
     for meta in metas:
-        cid = str(meta.get("test_case_id"))
-        primary = meta.get("primary_metric")
-        declared = next((m for m in meta.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary),
-                        {})
-        direction = str(declared.get("direction") or LOWER)
+        cid, primary, declared, direction = _primary_of(meta)
         prev = _real(((old.get(cid) or {}).get("metrics_best") or {}).get(primary))
         cur = _real(((new.get(cid) or {}).get("metrics_current") or {}).get(primary))
         best = _real(((new.get(cid) or {}).get("metrics_best") or {}).get(primary))
@@ -155,11 +158,7 @@ def rerun_deltas(record_card: Any, result: Any, metas: Sequence[Mapping[str, Any
     run = {str(c.get("test_case_id")): c for c in (result or {}).get("cases") or [] if isinstance(c, Mapping)}
     out = []
     for meta in metas:
-        cid = str(meta.get("test_case_id"))
-        primary = meta.get("primary_metric")
-        declared = next((m for m in meta.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary),
-                        {})
-        direction = str(declared.get("direction") or LOWER)
+        cid, primary, declared, direction = _primary_of(meta)
         original = _real(((recorded.get(cid) or {}).get("metrics_current") or {}).get(primary))
         case = run.get(cid) or {}
         metric = next((m for m in case.get("metrics") or [] if isinstance(m, Mapping) and m.get("name") == primary),

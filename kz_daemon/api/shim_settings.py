@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kz_daemon.config.settings import HttpSettings
 from kz_events import defaults
 
 MIB = 1024 * 1024
+
+
+#: the kz.yaml http: section's defaults, so each is written once (config/settings.py)
+_HTTP = HttpSettings()
 
 
 @dataclass(frozen=True)
@@ -21,36 +26,36 @@ class ShimSettings:
     #: Largest upload (the tar.gz) accepted by POST /api/submissions, enforced while streaming.
     max_upload_bytes: int = 64 * MIB
     #: Any other JSON POST body (claim, renew, release, cancel).
-    max_json_bytes: int = 1 * MIB
+    max_json_bytes: int = _HTTP.max_json_bytes
     #: POST /api/submissions/{uuid}/result (benchmark JSON + base64 logs).
-    max_result_bytes: int = 48 * MIB
+    max_result_bytes: int = _HTTP.max_result_bytes
     #: Uploads with a token: a bucket per token holder, sustained submissions per second and burst.
-    submit_rate_per_s: float = 0.5
-    submit_burst: int = 20
+    submit_rate_per_s: float = _HTTP.submit_rate_per_s
+    submit_burst: int = _HTTP.submit_burst
     #: Uploads without a token: a bucket per client address (never below the per-submitter
     #: figures), and the proxies whose X-Forwarded-For names the client (addresses or CIDR
     #: ranges; none by default).
-    submit_rate_per_address_per_s: float = 2.0
-    submit_burst_per_address: int = 60
-    trusted_proxies: tuple = ()
+    submit_rate_per_address_per_s: float = _HTTP.submit_rate_per_address_per_s
+    submit_burst_per_address: int = _HTTP.submit_burst_per_address
+    trusted_proxies: tuple = _HTTP.trusted_proxies
     #: Submissions need a submitter (or admin) token.
     submissions_require_token: bool = False
     #: Upper bounds of the long polls' ``wait`` (seconds).
-    status_max_wait_s: float = 60.0
-    claim_max_wait_s: float = 60.0
+    status_max_wait_s: float = _HTTP.status_max_wait_s
+    claim_max_wait_s: float = _HTTP.claim_max_wait_s
     #: How long POST /api/submissions waits for intake before answering 202 as ``received``.
-    intake_wait_s: float = 30.0
+    intake_wait_s: float = _HTTP.intake_wait_s
     #: Slow and crowding clients (kz_daemon/http/guard.py): a request head must arrive within
     #: ``header_timeout_s``, a body may stall for ``body_timeout_s``, an idle kept-alive
     #: connection is closed after ``keep_alive_s``; at most ``max_connections`` connections
     #: (``max_connections_per_address`` from one client address), and ``fd_reserve`` file
     #: descriptors are never spent on connections.
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    keep_alive_s: float = 5.0
-    max_connections: int = 1024
-    max_connections_per_address: int = 64
-    fd_reserve: int = 256
+    header_timeout_s: float = _HTTP.header_timeout_s
+    body_timeout_s: float = _HTTP.body_timeout_s
+    keep_alive_s: float = _HTTP.keep_alive_s
+    max_connections: int = _HTTP.max_connections
+    max_connections_per_address: int = _HTTP.max_connections_per_address
+    fd_reserve: int = _HTTP.fd_reserve
     #: Lease length reported to runners when the claim does not carry it.
     lease_seconds: float = 300.0
     #: Timeouts handed to runners with each claim.

@@ -126,6 +126,31 @@ def test_the_kernel_document_carries_the_speed_of_light_of_each_case(board):
     assert doc["cases"][0]["best"]["spread"] == {"n": 200, "lo": 9.5, "hi": 10.5}
 
 
+def test_the_kernel_page_shows_each_cases_percentage_of_peak_as_the_api_gives_it(board):
+    import re
+    from html import unescape
+
+    from kz_daemon.web.render import fmt_pct
+
+    with board.client() as http:
+        doc = http.get(f"/api/kernels/{OP}/fast").json()
+        page = http.get(f"/kernels/{OP}/fast")
+    assert page.status_code == 200
+    table = re.search(r'<table class="speed-of-light">(.*?)</table>', page.text, re.S)
+    assert table, "the kernel page has no speed-of-light table"
+    for case in CASES:
+        row = re.search(rf'<tr data-case="{case}">(.*?)</tr>', table.group(1), re.S)
+        assert row, case
+        sol = doc["speed_of_light"][case]
+        cells = unescape(row.group(1))
+        peak = re.search(r'<td class="num peak">(.*?)</td>', cells).group(1)
+        assert peak == fmt_pct(sol["pct_of_peak"], False) and peak.endswith(" %")
+        assert f"{sol['achieved_bytes_per_s'] / 1e9:.4g} GB/s" in cells and "L2" in cells
+    # the n1m case by hand: 12 bytes an element plus the scalar, in 1000 us, against the CPU's L2
+    n1m = doc["speed_of_light"]["n1m"]["pct_of_peak"]
+    assert n1m == round(100 * (4 + 12 * N["n1m"]) / 1000e-6 / DEFAULT_CEILINGS["cpu"].l2_bytes_per_s, 3)
+
+
 def test_an_unknown_operator_is_404(board):
     with board.client() as http:
         resp = http.get("/api/operators/cpu/Nope/Nope/fp32")

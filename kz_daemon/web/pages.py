@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from kz_daemon.api import views
 from kz_daemon.api.public import catalog
+from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.intake import review
@@ -222,6 +223,24 @@ def _scorecard_rows(card: Any, primaries: Mapping[str, str], head_harness: str |
     return rows
 
 
+def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harness: Any,
+                         ceilings: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per case: its primary metric's best and that best's speed of light, as ``GET /api/kernels/{id}``.
+
+    The same document the API's ``speed_of_light`` is (:func:`kernel_speed_of_light`): the
+    achieved bandwidth or flop/s of the case's best record and its % of the arch's peak.
+    """
+    facts = KernelFacts(dict(harness.params) if harness is not None else {}, desc.get("io_signature"))
+    sol = kernel_speed_of_light(entry, facts, ceilings)
+    rows = []
+    for case in views.cases(entry):
+        case_id = str(case.get("test_case_id"))
+        rows.append({"case": case_id, "metric": str(case.get("primary_metric") or ""),
+                     "unit": str(case.get("unit") or ""), "best": operators.measured_value(case.get("best")),
+                     "sol": sol.get(case_id)})
+    return rows
+
+
 def _kernel_data(history: Any, kernel_id: str) -> tuple[Any, Any, list[Any], Any]:
     if history is None:
         return None, None, [], None
@@ -230,7 +249,7 @@ def _kernel_data(history: Any, kernel_id: str) -> tuple[Any, Any, list[Any], Any
 
 
 async def kernel_page(request: Request) -> Response:
-    """GET /kernels/{kernel_id}: description, scorecard, per-case history charts, every attempt."""
+    """GET /kernels/{kernel_id}: description, scorecard, speed of light, per-case history charts, every attempt."""
     kernel_id = request.path_params["kernel_id"]
     entry = catalog(request).get(kernel_id)
     if entry is None:
@@ -252,6 +271,7 @@ async def kernel_page(request: Request) -> Response:
         "scorecard": _scorecard_rows(card, primaries, harness.blob if harness else None), "primaries": primaries, "points": list(reversed(points)),
         "charts": [c for c in _case_charts(points, primaries, units) if c is not None],
         "harness": harness, "attempts": attempts, "more_attempts": more, "records": records,
+        "speed_of_light": _speed_of_light_rows(entry, desc, harness, ceilings_of(request.app.state.zoo)),
         "io": [i for i in desc.get("io_signature") or [] if isinstance(i, dict)]})
 
 

@@ -3,8 +3,9 @@
 A background thread, never the accept path: :meth:`Mirror.notify` only records the
 newest head and wakes the thread. Each push (dulwich ``porcelain.push``; a local
 path to a bare repository works, and is created bare when missing) is one
-``mirror.pushed`` event, ok or not; a failed push is retried with exponential
-backoff (1 s doubling to 5 min) until it succeeds or a newer head supersedes it.
+``mirror.pushed`` event, ok or not; a failed round of pushes is retried after
+``compute_backoff`` of the failed rounds in a row (``kz_events.backoff``: 1 s doubling
+to 5 min) until it succeeds, or sooner when a newer head is notified.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dulwich.repo import Repo
 
 from kz_daemon.config.ports import Daemon
 from kz_events import events as ev
+from kz_events.backoff import compute_backoff
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 300.0
@@ -37,8 +39,10 @@ def push(repo_path: Path, url: str, branch: str) -> None:
 class Mirror:
     """Pushes the branch to every configured mirror in a background thread."""
 
-    def __init__(self, zoo: Daemon) -> None:
+    def __init__(self, zoo: Daemon, first_backoff_s: float = BACKOFF_START_S,
+                 max_backoff_s: float = BACKOFF_MAX_S) -> None:
         self.zoo = zoo
+        self.first_backoff_s, self.max_backoff_s = first_backoff_s, max_backoff_s
         self.mirrors = zoo.config.mirrors
         self._cond = threading.Condition()
         self._wanted: str | None = None
@@ -73,8 +77,13 @@ class Mirror:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before the next round (a notify or a stop ends the wait early)."""
+        with self._cond:
+            self._cond.wait(seconds)
+
     def _run(self) -> None:
-        backoff = BACKOFF_START_S
+        failures = 0  # failed rounds in a row
         while True:
             with self._cond:
                 while not self._stop and (self._wanted is None or all(
@@ -101,8 +110,7 @@ class Mirror:
                 except Exception:
                     return  # the store is closed or broken: the daemon is going down
             if failed:
-                with self._cond:
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                failures += 1
+                self._pause(compute_backoff(failures, self.first_backoff_s, self.max_backoff_s))
             else:
-                backoff = BACKOFF_START_S
+                failures = 0

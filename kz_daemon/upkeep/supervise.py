@@ -2,8 +2,9 @@
 
 One poisonous job (a package that kills its runner) must not leave the zoo without
 a runner. :class:`Supervisor` starts the child, watches it from a thread and, when
-it exits while not being stopped, starts it again after a backoff that doubles from
-``first_backoff_s`` up to ``max_backoff_s`` (reset once a run lasted ``stable_s``).
+it exits while not being stopped, starts it again after ``compute_backoff`` of its exits
+in a row (``kz_events.backoff``: ``first_backoff_s`` doubling up to ``max_backoff_s``;
+the count starts over once a run lasted ``stable_s``).
 Every exit is logged on one line. A child that exited ``crash_limit`` times within
 ``window_s`` is *crash-looping*: :meth:`health` reports it (``/readyz`` turns 503)
 while the restarts go on.
@@ -23,6 +24,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
+
+from kz_events.backoff import compute_backoff
 
 #: ``kz runner``'s exit code when no sandbox can be made on its host (its EXIT_SANDBOX_UNAVAILABLE;
 #: the daemon does not import the runner's worker modules)
@@ -104,7 +107,7 @@ class Supervisor:
                     pass
 
     def _watch(self) -> None:
-        backoff = self.first_backoff_s
+        failures = 0  # exits in a row, each after a run shorter than stable_s
         while not self._stopping.is_set():
             proc = self.proc
             began = time.monotonic()
@@ -116,19 +119,20 @@ class Supervisor:
                 return
             now = time.monotonic()
             self.last_exit = code
+            if now - began >= self.stable_s:
+                failures = 0
+            failures += 1
+            delay = compute_backoff(failures, self.first_backoff_s, self.max_backoff_s)
             if code in self.refusals:
                 self.refusal = self._refusal_reason(code)
-                self.log(f"{self.refusal[1]}; trying again in {backoff:.0f} s")
+                self.log(f"{self.refusal[1]}; trying again in {delay:.3g} s")
             self._exits.append(now)
-            if now - began >= self.stable_s:
-                backoff = self.first_backoff_s
             looping = self.crash_looping()
-            self.log(f"exited with code {code} after {now - began:.1f} s; restarting in {backoff:.0f} s"
+            self.log(f"exited with code {code} after {now - began:.1f} s; restarting in {delay:.3g} s"
                      + (f" (it died {len(self._exits)} times within {self.window_s:.0f} s: "
                         "look at its log above)" if looping else ""))
-            if self._stopping.wait(backoff):
+            if self._stopping.wait(delay):
                 return
-            backoff = min(self.max_backoff_s, backoff * 2)
             try:
                 self._spawn()
             except OSError as exc:

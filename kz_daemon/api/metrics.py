@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kz_daemon.core.clock import epoch_of
+from kz_events.log.history import ACCEPT_LATENCY_BOUNDS
 from kz_events.status import Status
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
@@ -22,8 +23,9 @@ _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 _LABELS = {"by_state": "state", "by_status": "status", "by_arch": "arch", "by_code": "code"}
 
 
-#: Upper bounds (seconds) of the accept-latency histogram buckets.
-LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+#: Upper bounds (seconds) of the accept-latency histogram buckets: the history projection's,
+#: so the histogram computed here and the one the projection keeps have the same buckets.
+LATENCY_BUCKETS = ACCEPT_LATENCY_BOUNDS
 
 
 def accept_latency(submissions: Any) -> dict[str, Any]:

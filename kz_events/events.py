@@ -35,6 +35,7 @@ __all__ = [
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
     "DaemonStarted", "LogRepaired", "SpoolSkipped",
     "RerunRequested", "RerunClaimed", "RerunLeaseRenewed", "RerunReleased", "RerunReported", "RerunFailed",
+    "RerunCancelled",
 ]
 
 #: type word -> the class of the current version of that event.
@@ -507,8 +508,8 @@ class RevokeCommitted(Event):
 # A rerun measures an accepted record again: its package and harness at its source
 # commit, on a runner of its arch (or the one named), as a job of its own kind. It is
 # never judged for an accept and never changes the scorecard; it ends ``done`` with
-# each case's figure beside the record's, or ``failed``. Its events name the record
-# (``uuid``) and the rerun (``rerun_id``).
+# each case's figure beside the record's, ``failed``, or ``cancelled`` by an admin. Its
+# events name the record (``uuid``) and the rerun (``rerun_id``).
 
 _RERUN = "Id of the rerun (a uuid4 the daemon draws)."
 _RECORD = "Uuid of the accepted submission the rerun measures again (the subject of the event)."
@@ -632,6 +633,19 @@ class DaemonStarted(Event):
 
     TYPE = "daemon.started"
     version: str = doc("kernel_zoo version.")
+@register
+class RerunCancelled(Event):
+    """An admin cancelled the rerun: a queued one ends ``cancelled`` at once and is never claimed; a running
+    one goes ``cancelling``: its runner finishes the job (its lease stays renewable), and when the lease
+    ends (report, release, expiry) the rerun ends ``cancelled`` with the report's figures discarded."""
+
+    TYPE = "rerun.cancelled"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    by: str = doc("Who cancelled (the admin token's id).")
+    reason: str = doc("Why (may be empty).")
+
+
     pid: int = doc("Process id of the daemon.", minimum=1)
 
 

@@ -22,7 +22,9 @@ The lifecycle (``kz_events.status.Status``)::
 A rerun of an accepted record (``state.reruns``) has a lifecycle of its own and never
 changes the submission: rerun.requested --> queued --rerun.claimed--> running
 --rerun.reported--> done; running --rerun.released--> queued (attempt counted);
-queued/running --rerun.failed--> failed. ``next_rerun(state, arch, runner_id)`` picks one.
+queued/running --rerun.failed--> failed; queued --rerun.cancelled--> cancelled;
+running --rerun.cancelled--> cancelling --rerun.reported/released--> cancelled (the
+report's figures discarded). ``next_rerun(state, arch, runner_id)`` picks one.
     received/held/queued/running --job.cancelled--> cancelled
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
@@ -574,14 +576,19 @@ def amend(record: Submission, seq: int, change: tuple) -> None:
 # --- reruns of accepted records -------------------------------------------------------------
 #
 # ``state.reruns[rerun_id]`` is a plain dict: rerun_id, uuid (the record), kernel_id, arch,
-# runner (the only runner that may claim it, or None), by, status (queued, running, done,
-# failed), requested_seq, requested_at, attempts, lease ([runner_id, lease_id, expires_at,
-# attempt] while running), result (the report's runner_id, result_sha256, cases, overall,
-# env, env_changes), reason ({code, message} when failed), history ([[seq, status, ts]]).
+# runner (the only runner that may claim it, or None), by, status (queued, running,
+# cancelling, done, failed, cancelled), requested_seq, requested_at, attempts, lease
+# ([runner_id, lease_id, expires_at, attempt] while running or cancelling), result (the
+# report's runner_id, result_sha256, cases, overall, env, env_changes; a cancelled run's
+# report keeps only runner_id, lease_id, result_sha256 and ``discarded: True``), reason
+# ({code, message, seq} when failed; {code: CANCELLED, message, by, seq} once cancelled),
+# history ([[seq, status, ts]]).
 # A rerun never touches a submission, the queue of submissions or a kernel's heads.
 
-RERUN_LIVE = ("queued", "running")
-RERUN_STATUSES = ("queued", "running", "done", "failed")
+RERUN_LIVE = ("queued", "running", "cancelling")
+RERUN_STATUSES = ("queued", "running", "cancelling", "done", "failed", "cancelled")
+#: a runner holds the lease of a rerun in these (a cancelling one runs to its end, then is discarded)
+RERUN_LEASED = ("running", "cancelling")
 
 
 def _accepted_kernel(state: State, uuid: str) -> str | None:
@@ -646,22 +653,22 @@ def _rerun_claimed(state: State, seq: int, ts: str, p: dict) -> None:
 
 def _rerun_renewed(state: State, seq: int, ts: str, p: dict) -> None:
     t = "rerun.lease_renewed"
-    rerun = _rerun(state, seq, t, p, ("running",))
+    rerun = _rerun(state, seq, t, p, RERUN_LEASED)
     lease = _rerun_lease(seq, t, p, rerun)
     rerun["lease"] = [lease[0], lease[1], p["lease_expires_at"], lease[3]]
 
 
 def _rerun_released(state: State, seq: int, ts: str, p: dict) -> None:
     t = "rerun.released"
-    rerun = _rerun(state, seq, t, p, ("running",))
+    rerun = _rerun(state, seq, t, p, RERUN_LEASED)
     _rerun_lease(seq, t, p, rerun)
     rerun["lease"] = None
-    _rerun_status(rerun, "queued", seq, ts)
+    _rerun_status(rerun, "cancelled" if rerun["status"] == "cancelling" else "queued", seq, ts)
 
 
 def _rerun_reported(state: State, seq: int, ts: str, p: dict) -> None:
     t = "rerun.reported"
-    rerun = _rerun(state, seq, t, p, ("running",))
+    rerun = _rerun(state, seq, t, p, RERUN_LEASED)
     _rerun_lease(seq, t, p, rerun)
     rerun["lease"] = None
     rerun["result"] = {"runner_id": p["runner_id"], "lease_id": p["lease_id"], "result_sha256": p["result_sha256"],
@@ -671,7 +678,7 @@ def _rerun_reported(state: State, seq: int, ts: str, p: dict) -> None:
 
 
 def _rerun_failed(state: State, seq: int, ts: str, p: dict) -> None:
-    rerun = _rerun(state, seq, "rerun.failed", p, RERUN_LIVE)
+    rerun = _rerun(state, seq, "rerun.failed", p, ("queued", "running"))
     rerun["lease"] = None
     rerun["reason"] = {"code": p["code"], "message": p["message"], "seq": seq}
     _rerun_status(rerun, "failed", seq, ts)
@@ -717,6 +724,11 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.SubmissionHeld: _held,
     E.SubmissionReviewed: _reviewed,
     E.AcceptStarted: _accept_started,
+    if rerun["status"] == "cancelling":  # cancelled while it ran: the report is taken, its figures discarded
+        rerun["result"] = {"runner_id": p["runner_id"], "lease_id": p["lease_id"],
+                           "result_sha256": p["result_sha256"], "discarded": True}
+        _rerun_status(rerun, "cancelled", seq, ts)
+        return
     E.AcceptSourceCommitted: _source_committed,
     E.AcceptScorecardCommitted: _scorecard_committed,
     E.AcceptCompleted: _completed,
@@ -730,6 +742,16 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.SubmissionRevoked: _revoked,
     E.RevokeCommitted: _revoke_committed,
     E.RerunRequested: _rerun_requested,
+def _rerun_cancelled(state: State, seq: int, ts: str, p: dict) -> None:
+    rerun = _rerun(state, seq, "rerun.cancelled", p, ("queued", "running"))
+    rerun["reason"] = {"code": "CANCELLED", "message": p["reason"] or f"cancelled by {p['by']}", "by": p["by"],
+                       "seq": seq}
+    if rerun["status"] == "queued":
+        _rerun_status(rerun, "cancelled", seq, ts)
+    else:  # its runner finishes; the lease's end makes it cancelled
+        _rerun_status(rerun, "cancelling", seq, ts)
+
+
     E.RerunClaimed: _rerun_claimed,
     E.RerunLeaseRenewed: _rerun_renewed,
     E.RerunReleased: _rerun_released,
@@ -789,6 +811,7 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
         "revoking": {u: state.revoking.get(u) for u in uuids},
         "finished": None if state.finished is None else len(state.finished),
     }
+    E.RerunCancelled: _rerun_cancelled,
 
 
 def restore(state: State, memo: dict[str, Any]) -> None:

@@ -9,6 +9,14 @@ recorded value and the rerun's, with their 95 % intervals, the change in % and w
 the two are within each other's noise; then the environment facts that changed. With
 ``--json`` stdout holds the rerun's document. Exit 0 done, 1 failed (or refused), 2
 usage, network or timeout.
+
+``kz rerun list`` shows every rerun, newest first, where each stands (``--status``,
+``--record UUID``, ``--kernel ID`` filter; no token needed; ``--json``: ``GET
+/api/reruns``'s document). ``kz rerun cancel RERUN_ID [--reason R]`` (an admin token)
+cancels a rerun: a queued one never runs; a running one's runner finishes the job, and
+its figures are discarded (the rerun ends ``cancelled``). Exit 0 when cancelled (or
+cancelling), 1 refused (not an admin, unknown id, already done or failed), 2 usage or
+network.
 """
 from __future__ import annotations
 
@@ -17,14 +25,24 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 NAME = "rerun"
-HELP = "measure an accepted record again on a runner of its arch and compare, case by case"
+HELP = ("measure an accepted record again on a runner of its arch and compare, case by case; "
+        "'list' the reruns, 'cancel' one (admin)")
+
+
+#: the words ``kz rerun`` takes in place of a record's uuid (a uuid is hex: never one of them)
+ACTIONS = ("list", "cancel")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Fill the ``kz rerun`` parser."""
-    parser.add_argument("uuid", help="the accepted record's uuid, or an unambiguous prefix (8 characters)")
+    """Fill the ``kz rerun`` parser: ``kz rerun UUID``, ``kz rerun list``, ``kz rerun cancel RERUN_ID``."""
+    parser.add_argument("uuid", metavar="UUID|list|cancel",
+                        help="the accepted record's uuid, or an unambiguous prefix (8 characters); 'list' to show "
+                             "every rerun; 'cancel' to cancel the rerun RERUN_ID (admin)")
+    parser.add_argument("rerun_id", nargs="?", metavar="RERUN_ID",
+                        help="with cancel: the rerun's id, or an unambiguous prefix (8 characters)")
     parser.add_argument("--server", default=os.environ.get("KZ_SERVER", "http://127.0.0.1:8470"),
                         help="server URL (env KZ_SERVER; default http://127.0.0.1:8470)")
     parser.add_argument("--token", default=os.environ.get("KZ_TOKEN"),
@@ -33,7 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-wait", action="store_true", help="return once the rerun is queued")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds to follow the rerun before giving up (default 3600)")
-    parser.add_argument("--json", action="store_true", help="print the rerun's document as JSON")
+    parser.add_argument("--reason", default="", help="with cancel: why (kept in the event log)")
+    parser.add_argument("--status", default=None, help="with list: only reruns in this status")
+    parser.add_argument("--record", default=None, metavar="UUID", help="with list: only reruns of this record")
+    parser.add_argument("--kernel", default=None, metavar="ID", help="with list: only reruns of this kernel_id")
+    parser.add_argument("--json", action="store_true",
+                        help="print the rerun's document (list: every rerun's) as JSON")
 
 
 def _num(value: object) -> str:
@@ -78,6 +101,48 @@ def describe(doc: dict) -> list[str]:
     return lines
 
 
+def table(docs: list[dict]) -> list[str]:
+    """``kz rerun list``'s table: one line per rerun, newest first."""
+    if not docs:
+        return ["no reruns"]
+    rows = [("rerun", "record", "kernel", "status", "runner", "requested", "attempts", "reason")]
+    for d in docs:
+        found = d.get("reason")
+        reason: dict = found if isinstance(found, dict) else {}
+        rows.append((str(d.get("rerun_id"))[:8], str(d.get("uuid"))[:8], str(d.get("kernel_id")),
+                     str(d.get("status")) + (" (figures discarded)" if d.get("discarded") else ""),
+                     str(d.get("runner_id") or d.get("runner") or "-"), str(d.get("requested_at") or "-"),
+                     str(d.get("attempts", 0)), str(reason.get("code") or "-")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def _list(args: argparse.Namespace, client: Any) -> int:
+    import urllib.parse
+
+    query = {k: v for k, v in (("status", args.status), ("uuid", args.record), ("kernel", args.kernel)) if v}
+    path = "/api/reruns" + ("?" + urllib.parse.urlencode(query) if query else "")
+    doc = client.request_json("GET", path).body
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print("\n".join(table(doc.get("reruns") or [])))
+    return 0
+
+
+def _cancel(args: argparse.Namespace, client: Any) -> int:
+    body = {"reason": args.reason} if args.reason else {}
+    doc = client.request_json("POST", f"/api/reruns/{args.rerun_id.strip()}/cancel", body).body
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        lines = describe(doc)
+        if doc.get("status") == "cancelling":
+            lines.append("its runner finishes the job; its figures will be discarded")
+        print("\n".join(lines))
+    return 0
+
+
 def _print(args: argparse.Namespace, doc: dict) -> None:
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
@@ -89,6 +154,36 @@ def run(args: argparse.Namespace) -> int:
     """Ask for the rerun and follow it; 0 done, 1 failed or refused, 2 usage/network/timeout."""
     from kz_runner.worker.client import ApiError, ClientError, ZooClient
 
+    action = args.uuid.strip() if args.uuid.strip() in ACTIONS else None
+    if action == "cancel" and not args.rerun_id:
+        print("kz rerun cancel: name the rerun: kz rerun cancel RERUN_ID", file=sys.stderr)
+        return 2
+    if action != "cancel" and args.rerun_id:
+        print(f"kz rerun: unexpected argument {args.rerun_id!r} (only 'cancel' takes a RERUN_ID)", file=sys.stderr)
+        return 2
+    if action == "list":
+        try:
+            return _list(args, ZooClient(args.server, args.token))
+        except ApiError as exc:
+            print(f"kz rerun list: {exc.code}: {exc.message}", file=sys.stderr)
+            return 1 if exc.status < 500 else 2
+        except (ClientError, ValueError, OSError) as exc:
+            print(f"kz rerun list: {exc}", file=sys.stderr)
+            return 2
+    if not args.token and action == "cancel":
+        print("kz rerun cancel: needs an admin token (--token or env KZ_TOKEN)", file=sys.stderr)
+        return 2
+    if action == "cancel":
+        try:
+            return _cancel(args, ZooClient(args.server, args.token))
+        except ApiError as exc:
+            print(f"kz rerun cancel: {exc.code}: {exc.message}", file=sys.stderr)
+            for candidate in (exc.details or {}).get("candidates") or []:
+                print(f"  {candidate}", file=sys.stderr)
+            return 1 if exc.status < 500 else 2
+        except (ClientError, ValueError, OSError) as exc:
+            print(f"kz rerun cancel: {exc}", file=sys.stderr)
+            return 2
     if not args.token:
         print("kz rerun: needs a token: an admin's or the record's submitter's (--token or env KZ_TOKEN)",
               file=sys.stderr)

@@ -11,7 +11,15 @@ files with the harness the runner ran and the scorecard it was judged against. N
 a rerun reaches git or the scorecard: its report is stored beside the record's run
 (``runs/<uuid>/rerun-<rerun_id>-*``) and put beside the record's figures, case by case
 (``kz_daemon.board.outcome.rerun_deltas``), with the environment facts that changed.
-Every step is an event; these functions only decide them, under ``zoo.lock``.
+
+An admin may cancel a rerun (``kz rerun cancel ID``, ``POST /api/reruns/{id}/cancel``):
+a queued one ends ``cancelled`` at once and no runner claims it; a running one goes
+``cancelling``: its runner runs the job to its end (the lease stays renewable, so a
+runner is never cut off mid-step), and its report is stored as any rerun's but its
+figures are discarded and the rerun ends ``cancelled`` (as it does when that lease is
+released or expires: never queued again). ``kz rerun list`` (``GET /api/reruns``) shows
+where each stands. Every step is an event; these functions only decide them, under
+``zoo.lock``.
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ from kz_daemon.guards import unconfined
 from kz_daemon.storage.pending import result_bytes
 from kz_events import events as ev
 from kz_events.durable import atomic_write
-from kz_events.reducer import RERUN_LIVE, next_rerun
+from kz_events.reducer import RERUN_LEASED, RERUN_LIVE, RERUN_STATUSES, next_rerun
 from kz_events.status import Status
 from kz_runner.contract.checks import check_result
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, KP
@@ -38,7 +46,7 @@ from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.targz import deterministic_targz
 
 __all__ = ["request", "is_rerun", "pick", "claim_event", "decide_renew", "decide_release", "expired", "package",
-           "report", "public", "of_record", "get", "wait"]
+           "report", "cancel", "listing", "public", "of_record", "get", "wait"]
 
 #: the result-check codes that void a rerun's figures (the package's own verdict does not matter here)
 VOID_CODES = frozenset({"BAD_OUTPUT", "RESULT_SCHEMA", "RESULT_KERNEL_ID", "RESULT_CASES", "RESULT_NONFINITE",
@@ -95,7 +103,7 @@ def _held(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str | None) -> d
     if rerun is None:
         raise ZooError("NOT_FOUND", f"no rerun {rerun_id}", {"rerun_id": rerun_id})
     lease = rerun["lease"]
-    if rerun["status"] != "running" or lease is None or lease[0] != runner_id or \
+    if rerun["status"] not in RERUN_LEASED or lease is None or lease[0] != runner_id or \
             (lease_id is not None and lease[1] != lease_id):
         raise ZooError("LEASE_LOST", f"runner {runner_id} holds no lease on rerun {rerun_id} "
                        f"({rerun['status']}); abandon the job", {"rerun_id": rerun_id, "status": rerun["status"]})
@@ -113,10 +121,11 @@ def decide_renew(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str) -> t
 
 
 def _gone(zoo: Daemon, rerun: dict, runner_id: str, lease_id: str, reason: str, expired_: bool) -> list:
-    """The events of a lease that ended without a report: back in line, or failed once attempts are spent."""
+    """The events of a lease that ended without a report: back in line, failed once attempts are spent,
+    or (a cancelling rerun) cancelled."""
     out: list = [ev.RerunReleased(rerun_id=rerun["rerun_id"], uuid=rerun["uuid"], runner_id=runner_id,
                                   lease_id=lease_id, reason=reason, expired=expired_)]
-    if rerun["attempts"] >= zoo.config.queue.max_attempts:
+    if rerun["status"] == "running" and rerun["attempts"] >= zoo.config.queue.max_attempts:
         out.append(ev.RerunFailed(rerun_id=rerun["rerun_id"], uuid=rerun["uuid"], code="ATTEMPTS_EXHAUSTED",
                                   message=f"{rerun['attempts']} attempts without a result "
                                           f"(queue.max_attempts is {zoo.config.queue.max_attempts})"))
@@ -134,7 +143,7 @@ def expired(zoo: Daemon, state: Any, now: float) -> list[list]:
     """The events of every rerun lease past its time, one batch per rerun (the reaper emits them)."""
     return [_gone(zoo, rerun, rerun["lease"][0], rerun["lease"][1], "the lease expired", True)
             for rerun in state.reruns.values()
-            if rerun["status"] == "running" and rerun["lease"] is not None and rerun["lease"][2] <= now]
+            if rerun["status"] in RERUN_LEASED and rerun["lease"] is not None and rerun["lease"][2] <= now]
 
 
 def _record(zoo: Daemon, rerun: dict) -> Any:
@@ -204,9 +213,13 @@ def report(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str, result: di
         rerun = _held(zoo, rerun_id, runner_id, lease_id)
         stored = zoo.pending.store_run(rerun["uuid"], result, logs, env, failure, _prefix(rerun_id))
         base = {"rerun_id": rerun_id, "uuid": rerun["uuid"]}
-        if failure:
+        if rerun["status"] == "cancelling":  # cancelled while it ran: taken, stored, its figures discarded
+            event: ev.Event = ev.RerunReported(**base, runner_id=runner_id, lease_id=lease_id,
+                                               result_sha256=stored.sha256, cases=[], overall={}, env=env or {},
+                                               env_changes=[])
+        elif failure:
             code = str(failure.get("code") or "RUNNER_FAILURE")
-            event: ev.Event = ev.RerunFailed(**base, code=code, message=str(failure.get("message") or code)[:2000])
+            event = ev.RerunFailed(**base, code=code, message=str(failure.get("message") or code)[:2000])
         elif not isinstance(stored.result, dict):
             event = ev.RerunFailed(**base, code="BAD_OUTPUT", message="the runner reported no result document")
         elif unconfined.is_unconfined(env):
@@ -228,6 +241,46 @@ def report(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str, result: di
     return get(zoo, rerun_id)
 
 
+def _resolve(state: Any, token: str) -> str:
+    """The rerun id ``token`` names: a full id, or an unambiguous prefix of one (as ``kz`` prints: 8 characters)."""
+    return short_ids.resolve(token, state.reruns, "rerun")
+
+
+def cancel(zoo: Daemon, token: str, by: str, reason: str = "") -> dict[str, Any]:
+    """Cancel the rerun ``token`` names (an id or an unambiguous prefix); the rerun as it stands after.
+
+    A queued rerun ends ``cancelled``; a running one goes ``cancelling`` (its runner
+    finishes, its figures are discarded). Cancelling one that is cancelling or cancelled
+    already records nothing new; a done or failed one is CONFLICT.
+    """
+    with zoo.lock:
+        with zoo.store.lock:
+            rerun_id = _resolve(zoo.store.state, token)
+            found = zoo.store.state.reruns.get(rerun_id)
+            rerun = copy.deepcopy(found) if found is not None else None
+        if rerun is None:
+            raise ZooError("NOT_FOUND", f"no rerun {rerun_id}", {"rerun_id": rerun_id})
+        if rerun["status"] in ("done", "failed"):
+            raise ZooError("CONFLICT", f"rerun {rerun_id} is {rerun['status']}; only a queued or running rerun can "
+                           "be cancelled", {"rerun_id": rerun_id, "status": rerun["status"]})
+        if rerun["status"] in ("queued", "running"):
+            zoo.store.emit(ev.RerunCancelled(rerun_id=rerun_id, uuid=rerun["uuid"], by=by, reason=reason[:2000]))
+    return get(zoo, rerun_id)
+
+
+def listing(zoo: Daemon, status: str | None = None, uuid: str | None = None,
+            kernel_id: str | None = None) -> list[dict[str, Any]]:
+    """Every rerun, newest first, as the API shows them; only those of ``status``, record ``uuid``, ``kernel_id``."""
+    if status is not None and status not in RERUN_STATUSES:
+        raise ZooError("BAD_REQUEST", f"status must be one of {', '.join(RERUN_STATUSES)}, got {status!r}",
+                       {"parameter": "status", "allowed": list(RERUN_STATUSES)})
+    with zoo.store.lock:
+        found = [r for r in zoo.store.state.reruns.values()
+                 if (status is None or r["status"] == status) and (uuid is None or r["uuid"] == uuid)
+                 and (kernel_id is None or r["kernel_id"] == kernel_id)]
+        return [public(r) for r in sorted(found, key=lambda r: r["requested_seq"], reverse=True)]
+
+
 def public(rerun: dict) -> dict[str, Any]:
     """A rerun as the API shows it: who asked, where it stands, and its figures beside the record's."""
     result = rerun.get("result") or {}
@@ -238,6 +291,7 @@ def public(rerun: dict) -> dict[str, Any]:
             "attempts": rerun["attempts"], "runner_id": result.get("runner_id") or (lease[0] if lease else None),
             "cases": result.get("cases") or [], "overall": result.get("overall"),
             "env_changes": result.get("env_changes") or [], "reason": rerun.get("reason"),
+            "discarded": bool(result.get("discarded")),
             "history": [list(h) for h in rerun["history"]]}
 
 

@@ -78,6 +78,8 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
 }
 
 
+    E.RerunCancelled: lambda p: (f"rerun {p['rerun_id'][:8]} cancelled by {p['by']}"
+                                 + (f": {p['reason']}" if p["reason"] else "")),
 def describe(event: dict) -> str:
     """One human sentence for an event dict (a parsed log line)."""
     word = event.get("type")

@@ -318,7 +318,7 @@ def test_upload_is_answered_at_once_when_the_log_fails_during_its_wait(small_dis
         server.stop()
 
 
-def test_a_daemon_loop_failing_on_a_full_log_says_so_once_not_every_pass(small_disk, capfd):
+def test_a_daemon_loop_failing_on_a_full_log_says_so_once_not_every_pass(small_disk, caplog):
     # the reaper runs every 0.05 s and each pass fails (an expired lease cannot be logged)
     zoo = Zoo(configured_state(small_disk.parent, f"paths:\n  events: {small_disk / 'events'}\n"
                                                   "queue:\n  reaper_interval_s: 0.05\n  lease_seconds: 1\n"))
@@ -334,11 +334,11 @@ def test_a_daemon_loop_failing_on_a_full_log_says_so_once_not_every_pass(small_d
             except StorageError:
                 break
         time.sleep(3.0)  # the lease expires after 1 s: some 40 failing passes
-        lines = [line for line in capfd.readouterr().err.splitlines() if "lease reaper failed" in line]
+        lines = [r for r in caplog.records if "lease reaper failed" in r.getMessage()]
         assert len(lines) == 1, (lines, zoo.store.submission(sub_uuid).status, zoo.store.health())
         os.unlink(filler)
         assert poll(lambda: zoo.store.submission(sub_uuid).status == Status.QUEUED), \
             zoo.store.submission(sub_uuid).status
-        assert poll(lambda: "the lease reaper works again" in capfd.readouterr().err, 10)
+        assert poll(lambda: "the lease reaper works again" in caplog.text, 10)
     finally:
         zoo.stop()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -32,6 +32,8 @@ from kz_runner.contract.host import usable_cpus
 from kz_runner.contract.indexing import build as lib
 from kz_runner.contract.indexing.cache import ContentsCache
 from kz_runner.contract.layout import KP
+
+logger = logging.getLogger(__name__)
 
 
 def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,
@@ -282,7 +284,7 @@ class Indexer:
             try:
                 self._write_now()
             except Exception as exc:  # the next accept or the stop retries
-                print(f"kz daemon: index.json not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+                logger.warning("index.json not written: %s: %s", type(exc).__name__, exc)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the writer and flush a pending write; persist the parse cache."""

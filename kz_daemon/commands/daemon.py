@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Initialise the state dir, then run the Zoo until a signal."""
     from kz_daemon.core.errors import ZooError
-    from kz_daemon.ops.runtime import init_state_dir, open_failure, run_until_signal
+    from kz_daemon.ops.runtime import configure_logging, init_state_dir, open_failure, run_until_signal
 
+    configure_logging()  # the daemon's log lines: stderr, with UTC time and level
     try:
         config = init_state_dir(args.state_dir, seed_from=args.seed_from, config_file=args.config,
                                 repo=args.repo)

@@ -66,5 +66,5 @@ class Daemon(Protocol):
         ...
 
     def log(self, message: str) -> None:
-        """Tell the operator (stderr)."""
+        """Tell the operator about trouble: one WARNING line in the daemon's log."""
         ...

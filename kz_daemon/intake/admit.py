@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +50,8 @@ from kz_runner.contract.rules.pysource import read_metas
 from kz_runner.contract.tarball import read_member
 from kz_runner.contract.validate import validate_tarball
 from kz_runner.contract.yamlio import load_yaml
+
+logger = logging.getLogger(__name__)
 
 EMIT_BATCH = 16  # files whose events are appended together
 REASON_FILE = "reason.json"
@@ -270,8 +272,7 @@ class Intake:
         except BaseException:
             self._skipped.discard(key)  # not logged: the next scan tries again
             raise
-        print(f"kz daemon: spool: left {name!r} in the inbox alone: it is a {reason}, "
-              "not a regular file", file=sys.stderr)
+        logger.warning("spool: left %r in the inbox alone: it is a %s, not a regular file", name, reason)
 
     def flush(self) -> None:
         """Append the events of the decided files in one go, then clean their work/ files."""
@@ -292,7 +293,7 @@ class Intake:
                     self._owed = True
                     raise
                 except ReducerError as exc:
-                    print(f"kz daemon: intake events refused: {exc}", file=sys.stderr)
+                    logger.error("intake events refused: %s", exc)
         for _events, claimed in batch:
             self._cleanup(claimed)
 
@@ -428,7 +429,7 @@ class Intake:
                     try:
                         self._emit(sub_uuid, doc["received"], Outcome(**doc["outcome"]))
                     except ReducerError as exc:
-                        print(f"kz daemon: intake events of {sub_uuid} refused: {exc}", file=sys.stderr)
+                        logger.error("intake events of %s refused: %s", sub_uuid, exc)
                         continue
                     count += 1
                     if live:

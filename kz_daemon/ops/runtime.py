@@ -8,16 +8,26 @@ idempotent: calling it again on a running installation changes nothing.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from kz_daemon.config.settings import Config, write_default
 from kz_daemon.ops.service import Zoo
 from kz_daemon.storage.gitstore import GitStore, file_mode, format_message
 from kz_events.log.segments import CorruptLog, LogError, LogLocked
+
+#: the loggers whose lines the daemon's process shows: every module of these packages logs under them
+DAEMON_LOGGERS = ("kz_daemon", "kz_events")
+#: one line of the daemon's log: UTC time, level, the program, the message
+LOG_FORMAT = "%(asctime)s %(levelname)s kz daemon: %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo")
@@ -93,6 +103,33 @@ def run_until_signal(config: Config, on_ready: Callable[[object], None] | None =
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+class DaemonLogHandler(logging.StreamHandler):
+    """The handler :func:`configure_logging` installs (told apart from any other by its class)."""
+
+
+def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> logging.Handler:
+    """Show the daemon's log lines on ``stream`` (stderr): ``kz daemon`` and ``kz up`` call this once.
+
+    The modules log through ``logging.getLogger(__name__)``; this gives the ``kz_daemon``
+    and ``kz_events`` loggers one handler writing ``LOG_FORMAT`` (UTC time, level, the
+    message), at ``level`` and up. Other libraries' loggers are left as they are. A second
+    call returns the handler of the first.
+    """
+    for name in DAEMON_LOGGERS:
+        for existing in logging.getLogger(name).handlers:
+            if isinstance(existing, DaemonLogHandler):
+                return existing
+    handler = DaemonLogHandler(sys.stderr if stream is None else stream)
+    formatter = logging.Formatter(LOG_FORMAT, LOG_DATE_FORMAT)
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    for name in DAEMON_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(level)
+    return handler
 
 
 def open_failure(prog: str, state_dir: Path, exc: BaseException) -> str | None:

@@ -15,8 +15,8 @@ keeps no workflow fields of its own (runners seen is a counter for the queue vie
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +47,8 @@ from kz_events.log.history import Query
 from kz_events.log.store import Store
 from kz_events.status import Status
 from kz_runner import __version__
+
+logger = logging.getLogger(__name__)
 
 SYNC_QUIET_S = 1.0       # git index sync waits for this long without an accept ...
 SYNC_MAX_DELAY_S = 30.0  # ... but no longer than this
@@ -139,14 +141,14 @@ class Zoo:
             try:
                 step()
             except Exception as exc:
-                self.log(f"stopping {name}: {type(exc).__name__}: {exc}")
+                logger.warning("stopping %s: %s: %s", name, type(exc).__name__, exc)
         self._threads.clear()
         with self.lock, self.git_lock:
             for name, close in (("event store", self.store.close), ("repo", self.git.close)):
                 try:
                     close()
                 except Exception as exc:
-                    self.log(f"closing the {name}: {type(exc).__name__}: {exc}")
+                    logger.warning("closing the %s: %s: %s", name, type(exc).__name__, exc)
 
     def _intake_loop(self) -> None:
         period = self.config.intake.rescan_interval_s
@@ -215,10 +217,10 @@ class Zoo:
             try:
                 swept = self.sweep_retention()
                 if swept.count:
-                    self.log(f"retention: removed {swept.count} file(s)/folder(s) of {swept.submissions} "
-                             f"submission(s), {swept.bytes} bytes")
+                    logger.info("retention: removed %d file(s)/folder(s) of %d submission(s), %d bytes",
+                                swept.count, swept.submissions, swept.bytes)
             except Exception as exc:
-                self.log(f"retention sweep failed: {type(exc).__name__}: {exc}")
+                logger.warning("retention sweep failed: %s: %s", type(exc).__name__, exc)
             self._stop.wait(self.config.retention.sweep_interval_s)
 
     def _sync_loop(self) -> None:
@@ -239,7 +241,7 @@ class Zoo:
                     self.git.sync_files()
                     self.git.sync_index()
             except Exception as exc:
-                self.log(f"worktree sync failed: {type(exc).__name__}: {exc}")
+                logger.warning("worktree sync failed: %s: %s", type(exc).__name__, exc)
 
     def after_accept(self, head: str) -> None:
         """Wake the background work that follows an accept (worktree/index sync, mirrors)."""
@@ -248,8 +250,8 @@ class Zoo:
         self.mirror.notify(head)
 
     def log(self, message: str) -> None:
-        """Tell the operator (one line on stderr)."""
-        print(f"kz daemon: {message}", file=sys.stderr, flush=True)
+        """Tell the operator about trouble: one WARNING line in the daemon's log (stderr under ``kz daemon``/``kz up``)."""
+        logger.warning("%s", message)
 
     # -- intake ---------------------------------------------------------------------------
     def drop_upload(self, fileobj: BinaryIO, meta: dict[str, Any]) -> str:

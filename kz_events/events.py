@@ -603,6 +603,19 @@ class RerunFailed(Event):
     message: str = doc("What happened.")
 
 
+@register
+class RerunCancelled(Event):
+    """An admin cancelled the rerun: a queued one ends ``cancelled`` at once and is never claimed; a running
+    one goes ``cancelling``: its runner finishes the job (its lease stays renewable), and when the lease
+    ends (report, release, expiry) the rerun ends ``cancelled`` with the report's figures discarded."""
+
+    TYPE = "rerun.cancelled"
+    rerun_id: str = doc(_RERUN)
+    uuid: str = doc(_RECORD)
+    by: str = doc("Who cancelled (the admin token's id).")
+    reason: str = doc("Why (may be empty).")
+
+
 # --- the rest of the system -------------------------------------------------------
 
 
@@ -633,19 +646,6 @@ class DaemonStarted(Event):
 
     TYPE = "daemon.started"
     version: str = doc("kernel_zoo version.")
-@register
-class RerunCancelled(Event):
-    """An admin cancelled the rerun: a queued one ends ``cancelled`` at once and is never claimed; a running
-    one goes ``cancelling``: its runner finishes the job (its lease stays renewable), and when the lease
-    ends (report, release, expiry) the rerun ends ``cancelled`` with the report's figures discarded."""
-
-    TYPE = "rerun.cancelled"
-    rerun_id: str = doc(_RERUN)
-    uuid: str = doc(_RECORD)
-    by: str = doc("Who cancelled (the admin token's id).")
-    reason: str = doc("Why (may be empty).")
-
-
     pid: int = doc("Process id of the daemon.", minimum=1)
 
 

@@ -671,6 +671,11 @@ def _rerun_reported(state: State, seq: int, ts: str, p: dict) -> None:
     rerun = _rerun(state, seq, t, p, RERUN_LEASED)
     _rerun_lease(seq, t, p, rerun)
     rerun["lease"] = None
+    if rerun["status"] == "cancelling":  # cancelled while it ran: the report is taken, its figures discarded
+        rerun["result"] = {"runner_id": p["runner_id"], "lease_id": p["lease_id"],
+                           "result_sha256": p["result_sha256"], "discarded": True}
+        _rerun_status(rerun, "cancelled", seq, ts)
+        return
     rerun["result"] = {"runner_id": p["runner_id"], "lease_id": p["lease_id"], "result_sha256": p["result_sha256"],
                        "cases": p["cases"], "overall": p["overall"], "env": p["env"],
                        "env_changes": p["env_changes"]}
@@ -682,6 +687,16 @@ def _rerun_failed(state: State, seq: int, ts: str, p: dict) -> None:
     rerun["lease"] = None
     rerun["reason"] = {"code": p["code"], "message": p["message"], "seq": seq}
     _rerun_status(rerun, "failed", seq, ts)
+
+
+def _rerun_cancelled(state: State, seq: int, ts: str, p: dict) -> None:
+    rerun = _rerun(state, seq, "rerun.cancelled", p, ("queued", "running"))
+    rerun["reason"] = {"code": "CANCELLED", "message": p["reason"] or f"cancelled by {p['by']}", "by": p["by"],
+                       "seq": seq}
+    if rerun["status"] == "queued":
+        _rerun_status(rerun, "cancelled", seq, ts)
+    else:  # its runner finishes; the lease's end makes it cancelled
+        _rerun_status(rerun, "cancelling", seq, ts)
 
 
 def next_rerun(state: State, arch: str | None, runner_id: str | None = None) -> str | None:
@@ -724,11 +739,6 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.SubmissionHeld: _held,
     E.SubmissionReviewed: _reviewed,
     E.AcceptStarted: _accept_started,
-    if rerun["status"] == "cancelling":  # cancelled while it ran: the report is taken, its figures discarded
-        rerun["result"] = {"runner_id": p["runner_id"], "lease_id": p["lease_id"],
-                           "result_sha256": p["result_sha256"], "discarded": True}
-        _rerun_status(rerun, "cancelled", seq, ts)
-        return
     E.AcceptSourceCommitted: _source_committed,
     E.AcceptScorecardCommitted: _scorecard_committed,
     E.AcceptCompleted: _completed,
@@ -742,21 +752,12 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.SubmissionRevoked: _revoked,
     E.RevokeCommitted: _revoke_committed,
     E.RerunRequested: _rerun_requested,
-def _rerun_cancelled(state: State, seq: int, ts: str, p: dict) -> None:
-    rerun = _rerun(state, seq, "rerun.cancelled", p, ("queued", "running"))
-    rerun["reason"] = {"code": "CANCELLED", "message": p["reason"] or f"cancelled by {p['by']}", "by": p["by"],
-                       "seq": seq}
-    if rerun["status"] == "queued":
-        _rerun_status(rerun, "cancelled", seq, ts)
-    else:  # its runner finishes; the lease's end makes it cancelled
-        _rerun_status(rerun, "cancelling", seq, ts)
-
-
     E.RerunClaimed: _rerun_claimed,
     E.RerunLeaseRenewed: _rerun_renewed,
     E.RerunReleased: _rerun_released,
     E.RerunReported: _rerun_reported,
     E.RerunFailed: _rerun_failed,
+    E.RerunCancelled: _rerun_cancelled,
 }
 #: the same by type word: the fold of a log line knows only the word.
 _BY_WORD: dict[str, Handler] = {cls.TYPE: handler for cls, handler in _HANDLERS.items()}
@@ -811,7 +812,6 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
         "revoking": {u: state.revoking.get(u) for u in uuids},
         "finished": None if state.finished is None else len(state.finished),
     }
-    E.RerunCancelled: _rerun_cancelled,
 
 
 def restore(state: State, memo: dict[str, Any]) -> None:

@@ -75,11 +75,11 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
                                 + (f"{p['overall']['delta_pct']:+.1f} % against the record"
                                    if isinstance(p["overall"].get("delta_pct"), (int, float)) else "no comparable case")),
     E.RerunFailed: lambda p: f"rerun {p['rerun_id'][:8]} failed: {p['code']}: {p['message']}",
+    E.RerunCancelled: lambda p: (f"rerun {p['rerun_id'][:8]} cancelled by {p['by']}"
+                                 + (f": {p['reason']}" if p["reason"] else "")),
 }
 
 
-    E.RerunCancelled: lambda p: (f"rerun {p['rerun_id'][:8]} cancelled by {p['by']}"
-                                 + (f": {p['reason']}" if p["reason"] else "")),
 def describe(event: dict) -> str:
     """One human sentence for an event dict (a parsed log line)."""
     word = event.get("type")

@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     revoke = sub.add_parser("revoke", parents=[state], help="remove every token of a principal")
     revoke.add_argument("kind", choices=KINDS)
     revoke.add_argument("id")
+    revoke.add_argument("--json", action="store_true", help='print {"kind", "id", "revoked": N}')
     listing = sub.add_parser("list", parents=[state], help="list the principals that hold tokens")
     listing.add_argument("--json", action="store_true", help="print JSON")
 
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "revoke":
         removed = store.revoke(args.kind, args.id)
+        if args.json:
+            print(json.dumps({"kind": args.kind, "id": args.id, "revoked": removed}))
         if not removed:
             print(f"kz token: no {args.kind} token for {args.id!r}", file=sys.stderr)
             return 1

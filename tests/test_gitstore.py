@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from dulwich.objects import Blob
 
 from kz_daemon.storage.gitstore import CommitConflict, GitStore, format_message, parse_trailers
 
@@ -139,3 +140,23 @@ def test_the_parsed_tree_cache_is_bounded_in_count_and_cost(store, monkeypatch):
     assert store.is_dir("w") and store.read_file("w/f000.txt") == b"x"
     assert store._tree_bytes <= 30_000
     assert store.read_file("k3/src/a.txt") == b"3"  # still readable once evicted
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_hook_before_the_ref_update_runs_once_objects_are_written_and_the_branch_has_not_moved(store):
+    base = store.commit_changes({"k/a.txt": b"1"}, "base", AUTHOR, None)
+    seen = []
+
+    def hook() -> None:  # the saga's crash point between the objects and the branch
+        seen.append(store.head())
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        store.commit_changes({"k/a.txt": b"2"}, "edit", AUTHOR, base, before_ref_update=hook)
+    assert seen == [base] and store.head() == base  # called once, before the branch moved
+    assert Blob.from_string(b"2").id in store.store  # the new objects are written already
+    again = store.commit_changes({"k/a.txt": b"2"}, "edit", AUTHOR, base)  # no hook: nothing left behind
+    assert store.head() == again and store.read_file("k/a.txt") == b"2"

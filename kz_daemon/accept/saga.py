@@ -480,11 +480,8 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
             message = format_message(f"accept {kid} (submission {sub_uuid[:8]})",
                                      _trailers(sub, "source", **anchor.head_of(zoo)),
                                      body=reason)
-            zoo.git.before_ref_update = lambda: crash_point("before_source_ref")
-            try:
-                sha_src = zoo.git.commit_changes(changes, message, author, head)
-            finally:
-                zoo.git.before_ref_update = None
+            sha_src = zoo.git.commit_changes(changes, message, author, head,
+                                             before_ref_update=lambda: crash_point("before_source_ref"))
             crash_point("after_source_commit")
         if sub.sha_src is None:
             parent = zoo.git.commit_info(sha_src).parents
@@ -498,11 +495,8 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
             data = new_scorecard(zoo, sub, sha_src, result(), case_metas())
             message = format_message(f"bench_result update (source {sha_src[:7]})",
                                      _trailers(sub, "scorecard", **{"Kz-Source": sha_src}, **anchor.head_of(zoo)))
-            zoo.git.before_ref_update = lambda: crash_point("before_scorecard_ref")
-            try:
-                sha_br = zoo.git.commit_changes({f"{kid}/{KP}/{BENCH_RESULT}": data}, message, author, sha_src)
-            finally:
-                zoo.git.before_ref_update = None
+            sha_br = zoo.git.commit_changes({f"{kid}/{KP}/{BENCH_RESULT}": data}, message, author, sha_src,
+                                            before_ref_update=lambda: crash_point("before_scorecard_ref"))
             crash_point("after_scorecard_commit")
         if sub.sha_br is None:
             zoo.store.emit(ev.AcceptScorecardCommitted(uuid=sub_uuid, sha_src=sha_src, sha_br=sha_br))

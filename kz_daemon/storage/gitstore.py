@@ -127,8 +127,6 @@ class GitStore:
         self.clock = clock
         # Objects are fsynced by us (file and directory) in _write_objects.
         self.store = repo.object_store
-        # Called after the objects are durable and before the branch moves (crash tests).
-        self.before_ref_update: Callable[[], None] | None = None
         # Trees are immutable by id: keep recently read ones parsed (the top levels of a
         # 10,000-package repo are read on every lookup and every commit).
         self._trees: dict[bytes, Tree] = {}
@@ -283,7 +281,8 @@ class GitStore:
 
     # -- writing -------------------------------------------------------------------
     def commit_changes(self, changes: Mapping[str, Change], message: str, author: str,
-                       parent_expected: str | None) -> str:
+                       parent_expected: str | None, *,
+                       before_ref_update: Callable[[], None] | None = None) -> str:
         """Commit ``changes`` on top of ``parent_expected`` and move the branch; returns the SHA.
 
         ``changes`` maps repo-relative paths to new content (bytes or (bytes, mode)) or
@@ -291,6 +290,8 @@ class GitStore:
         ``{"k": None, "k/a": b"..."}`` replaces folder ``k`` wholesale. Only the trees
         on the changed paths are rebuilt. Raises :class:`CommitConflict` when the
         branch is not at ``parent_expected`` (the compare-and-swap failed).
+        ``before_ref_update`` is called after the objects are durable and before the
+        branch moves: the accept saga's crash point between the two (fault injection).
         """
         current = self.head()
         if current != parent_expected:
@@ -316,8 +317,8 @@ class GitStore:
         commit.message = message.encode()
         new_objects.append(commit)
         self._write_objects(new_objects)
-        if self.before_ref_update is not None:
-            self.before_ref_update()
+        if before_ref_update is not None:
+            before_ref_update()
         if parent_expected is None:
             moved = self.repo.refs.add_if_new(self.ref, commit.id)
         else:

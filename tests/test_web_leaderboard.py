@@ -62,6 +62,11 @@ def _run(live, anon, runner, kernel_id, latencies, *, accept=True, submitter="al
     body = {"lease_id": claim["lease_id"], "result": _result(kernel_id, latencies, accept),
             "logs_b64": base64.b64encode(b"ok").decode(), "env": {}, "failure": None}
     view = runner.post(f"/api/submissions/{uuid}/result", json=body).json()
+    if view["status"] == "queued":  # the zoo asked for a confirmation run: another runner runs it again
+        with live.client("runner:r2") as r2:
+            claim = r2.post("/api/runner/claim", json={"arch": "cpu", "wait": 10}).json()
+            assert claim["uuid"] == uuid
+            view = r2.post(f"/api/submissions/{uuid}/result", json=dict(body, lease_id=claim["lease_id"])).json()
     assert view["status"] == ("accepted" if accept else "rejected"), view
     return uuid, view.get("commit_sha")
 
@@ -163,6 +168,8 @@ def test_kernel_page_charts_attempts_and_commit_links(board, javascript):
         assert page.locator("svg.chart circle").count() == 6
         harness = page.locator("#harness code").inner_text()
         assert re.fullmatch(r"[0-9a-f]{10}", harness)
+        peaks = page.locator("table.speed-of-light tbody tr td.peak").all_inner_texts()
+        assert len(peaks) == 3 and all(p.endswith(" %") for p in peaks), peaks  # each case's % of peak
         if not javascript:
             _shot(page, "kernel")
         page.goto(f"{board.url}/kernels/{OP}/fast_a")

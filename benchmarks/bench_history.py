@@ -1,6 +1,7 @@
 """Memory and start-up of a daemon with a long history: a million submissions against ten thousand.
 
-    python benchmarks/bench_history.py --json [--submissions 1000000] [--baseline 10000] [--work DIR]
+    python benchmarks/bench_history.py --json [--submissions 1000000] [--baseline 10000] [--requests 400]
+        [--work DIR [--keep | --reuse]] [--out FILE]
 
 For each size it writes a history of that many submissions (``kz_events.read.workload.history``:
 intake rejections, holds and reviews, confirmation runs, accepts with their index
@@ -19,7 +20,11 @@ of log time) into a fresh state directory, then measures:
 - ``list_*``: ``GET /api/submissions?submitter=S&limit=50`` for submitters from the
   busiest to the rarest, half of them with ``status=accepted``, and a walk of cursor
   pages; ``status_*``: ``GET /api/submissions/{uuid}/status`` of finished submissions
-  picked at random: p50 and p99 in ms, one client, sequential requests.
+  picked at random: p50 and p99 in ms, one client, sequential requests; ``list_next_page``
+  follows the ``next_cursor`` of every list that has one;
+- ``list_sql`` / ``list_next_page_sql``: the same first and next pages through the
+  projection's ``History.select`` alone (this process, a read-only connection): the SQL
+  and the decoding, without HTTP.
 
 The comparison (``ratios``) divides the big history's figures by the baseline's.
 Prints one JSON object (``--json``) and writes it to benchmarks/results/bench_history.json.
@@ -161,15 +166,19 @@ def requests(daemon: Daemon, state: Path, count: int, rng: random.Random) -> dic
     rng.shuffle(sample)
     for _ in range(10):  # warm the connection pool and the caches a little, as a running daemon has
         daemon.get("/api/submissions?limit=50")
-    lists, walks = [], []
+    lists, walks, asked = [], [], []
     for i in range(count):
         who = f"submitter-{min(1999, int(rng.paretovariate(1.0)) - 1)}"
-        query = f"/api/submissions?submitter={who}&limit=50" + ("&status=accepted" if i % 2 else "")
+        status = "accepted" if i % 2 else None
+        query = f"/api/submissions?submitter={who}&limit=50" + (f"&status={status}" if status else "")
         ms, body = daemon.get(query)
         lists.append(ms)
-        if i < count // 10 and body["next_cursor"]:  # the next pages of the busiest
-            ms, _ = daemon.get(query + f"&cursor={body['next_cursor']}")
+        cursor = None
+        if body["next_cursor"]:  # the next page, for every list that has one
+            cursor = body["next_cursor"]
+            ms, _ = daemon.get(query + f"&cursor={cursor}")
             walks.append(ms)
+        asked.append((who, status, cursor))
     statuses = []
     for uuid in sample[:count]:
         ms, body = daemon.get(f"/api/submissions/{uuid}/status")
@@ -180,13 +189,40 @@ def requests(daemon: Daemon, state: Path, count: int, rng: random.Random) -> dic
         return {"p50_ms": round(percentile(values, 0.5), 2), "p99_ms": round(percentile(values, 0.99), 2),
                 "n": len(values)}
 
-    return {"list": pct(lists), "list_next_page": pct(walks) if walks else None, "status": pct(statuses)}
+    figures: dict = {"list": lists, "list_next_page": walks or None, "status": statuses}
+    figures.update(sql_alone(state, asked))
+    return {key: pct(values) if isinstance(values, list) else values for key, values in figures.items()}
 
 
-def measure(work: Path, n: int, count: int) -> dict:
-    """Every figure for a history of ``n`` submissions."""
+def sql_alone(state: Path, asked: list[tuple[str, str | None, str | None]]) -> dict:
+    """The same lists through the projection's ``select`` in this process (a read-only
+    connection beside the daemon): the SQL and the decoding of the rows, without HTTP."""
+    from kz_daemon.api.listing import decode_cursor
+    from kz_events.log.history import History, Query, history_path
+
+    first, nxt = [], []
+    with History.open(history_path(state / "events"), readonly=True) as history:
+        for who, status, cursor in asked:
+            query = Query(submitter=who, status=status)
+            started = time.perf_counter()
+            history.select(query, None, 51)
+            first.append((time.perf_counter() - started) * 1000)
+            if cursor is not None:
+                started = time.perf_counter()
+                history.select(query, decode_cursor(cursor), 51)
+                nxt.append((time.perf_counter() - started) * 1000)
+    return {"list_sql": first, "list_next_page_sql": nxt}
+
+
+def measure(work: Path, n: int, count: int, reuse: bool = False) -> dict:
+    """Every figure for a history of ``n`` submissions (``reuse``: a state directory a
+    ``--keep`` run left in ``work`` is measured again, without building it)."""
     state = work / f"h{n}"
-    figures = {"submissions": n, **build(state, n)}
+    if reuse and (state / "events" / "history.sqlite").exists():
+        figures: dict = {"submissions": n, "reused": True}
+        log(f"{n}: reusing {state}")
+    else:
+        figures = {"submissions": n, **build(state, n)}
     figures.update(replay(state))
     log(f"{n}: replay {figures['replay_s']} s")
     figures.update(store_open(state))
@@ -212,6 +248,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="list and status requests each")
     parser.add_argument("--work", default=None, help="where the state directories go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the state directories")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the state directories a --keep run left in --work instead of building them")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_history.json"))
     args = parser.parse_args()
@@ -221,9 +259,9 @@ def main() -> int:
     try:
         sizes = {}
         for n in (args.baseline, args.submissions):
-            sizes[str(n)] = measure(work, n, args.requests)
+            sizes[str(n)] = measure(work, n, args.requests, args.reuse)
     finally:
-        if not args.keep:
+        if not args.keep and not args.reuse:
             shutil.rmtree(work, ignore_errors=True)
     small, big = sizes[str(args.baseline)], sizes[str(args.submissions)]
     ratios = {key: round(big[key] / small[key], 2) for key in
@@ -232,7 +270,7 @@ def main() -> int:
     ratios["status_p99"] = round(big["status"]["p99_ms"] / small["status"]["p99_ms"], 2)
     doc = {"command": "python benchmarks/bench_history.py --json " + " ".join(
                f"--{k} {v}" for k, v in (("submissions", args.submissions), ("baseline", args.baseline),
-                                         ("requests", args.requests))),
+                                         ("requests", args.requests))) + (" --reuse" if args.reuse else ""),
            "sizes": sizes, "ratios": ratios,
            "targets": {"rss_ratio_max": 1.5, "rss_mb_max": 300, "cold_start_s_max": 5, "list_p99_ms_max": 50},
            "machine": machine_facts(calibration_loop_s_start=calibration, calibration_loop_s_end=calibration_s())}

@@ -85,6 +85,8 @@ SINCE_WINDOW = 5000
 READERS = 4
 READER_CACHE_KIB = 2048
 _ACCEPTED = Status.ACCEPTED.value
+#: a page of ``select``: newest first, by the integer key
+_PAGE_SQL = "SELECT rseq, doc FROM submissions{condition} ORDER BY rseq DESC LIMIT ?"
 _REVOKED = Status.REVOKED.value
 
 
@@ -390,8 +392,34 @@ class History:
     def select(self, query: Query, before: int | None = None, limit: int = 50) -> list[tuple[int, Submission]]:
         """(received seq, record) of the newest finished submissions that match, newest first.
 
-        ``before``: only those received before that seq (the cursor of the previous page).
+        ``before``: only those received before that seq (the cursor of the previous page):
+        a keyset predicate on the table's integer key, which every index ends with, so a
+        next page is one index range like the first (``plan`` shows it).
         """
+        condition, args = self._where(query, before)
+        if query.since is not None and self._recent(query.since):
+            # few rows since then: take them through the time index and order them here (a
+            # scan in arrival order would read on to the oldest row when fewer match)
+            found = sorted((r[0] for r in self._rows(
+                "SELECT rseq FROM submissions INDEXED BY submissions_by_received" + condition, tuple(args))),
+                reverse=True)[:limit]
+            marks = ",".join("?" * len(found))
+            rows = self._rows(f"SELECT rseq, doc FROM submissions WHERE rseq IN ({marks}) ORDER BY rseq DESC",
+                              tuple(found)) if found else []
+        else:
+            rows = self._rows(_PAGE_SQL.format(condition=condition), (*args, limit))
+        return [(rseq, _decode(doc)) for rseq, doc in rows]
+
+    def plan(self, query: Query, before: int | None = None) -> list[str]:
+        """SQLite's query plan (``EXPLAIN QUERY PLAN`` details) of ``select``'s page query,
+        e.g. ``SEARCH submissions USING INDEX submissions_by_submitter (submitter_id=? AND rowid<?)``."""
+        condition, args = self._where(query, before)
+        return [row[3] for row in self._rows("EXPLAIN QUERY PLAN " + _PAGE_SQL.format(condition=condition),
+                                             (*args, 50))]
+
+    @staticmethod
+    def _where(query: Query, before: int | None) -> tuple[str, list[Any]]:
+        """The WHERE clause (empty or with its leading space) and its arguments."""
         where: list[str] = []
         args: list[Any] = []
         if query.submitter is not None:
@@ -413,20 +441,7 @@ class History:
         if before is not None:
             where.append("rseq < ?")
             args.append(before)
-        condition = " WHERE " + " AND ".join(where) if where else ""
-        if query.since is not None and self._recent(query.since):
-            # few rows since then: take them through the time index and order them here (a
-            # scan in arrival order would read on to the oldest row when fewer match)
-            found = sorted((r[0] for r in self._rows(
-                "SELECT rseq FROM submissions INDEXED BY submissions_by_received" + condition, tuple(args))),
-                reverse=True)[:limit]
-            marks = ",".join("?" * len(found))
-            rows = self._rows(f"SELECT rseq, doc FROM submissions WHERE rseq IN ({marks}) ORDER BY rseq DESC",
-                              tuple(found)) if found else []
-        else:
-            rows = self._rows("SELECT rseq, doc FROM submissions" + condition + " ORDER BY rseq DESC LIMIT ?",
-                              (*args, limit))
-        return [(rseq, _decode(doc)) for rseq, doc in rows]
+        return (" WHERE " + " AND ".join(where) if where else ""), args
 
     def _recent(self, since: str) -> bool:
         """Whether fewer than ``SINCE_WINDOW`` rows were received at or after ``since`` (counted on the index)."""

@@ -1,7 +1,7 @@
 """Daemon core benchmark: intake rate, accept-saga latency at 10,000 packages, index rebuild time.
 
 Usage: python benchmarks/bench_daemon.py [--json] [--packages 10000] [--accepts 100] [--intake 300]
-       [--runners 32] [--renewals 10000]
+       [--runners 32] [--renewals 10000] [--only intake|renewals|accept]
 
 Prints ONE JSON object with --json:
   intake_per_s     tarballs per second from the drop into spool/inbox to ``queued``
@@ -223,32 +223,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intake", type=int, default=300)
     parser.add_argument("--runners", type=int, default=32, help="concurrent lease holders renewing")
     parser.add_argument("--renewals", type=int, default=10_000, help="renewals in all (split over the runners)")
+    parser.add_argument("--only", choices=("intake", "renewals", "accept"), default=None,
+                        help="run one of the three measurements (the others' figures are left out)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="kz-bench-", dir=os.environ.get("KZ_BENCH_DIR")))
     load_start = round(os.getloadavg()[0], 2)
     calibration_start = calibration_s()
+    out: dict = {}
     try:
-        intake = bench_intake(work, args.intake)
-        renewals = bench_renewals(work, args.runners, args.renewals // args.runners)
-        latencies, rebuild = bench_accept(work, args.packages, args.accepts)
+        if args.only in (None, "intake"):
+            out["intake_per_s"] = round(bench_intake(work, args.intake), 1)
+            out["intake_count"] = args.intake
+        if args.only in (None, "renewals"):
+            out.update(bench_renewals(work, args.runners, args.renewals // args.runners))
+        if args.only in (None, "accept"):
+            latencies, rebuild = bench_accept(work, args.packages, args.accepts)
+            out.update({
+                "accept_p50_ms": round(statistics.median(latencies), 2),
+                "accept_p99_ms": round(percentile(latencies, 0.99), 2),
+                "accept_max_ms": round(max(latencies), 2),
+                "index_rebuild_s": round(rebuild["cold_all_cpus_s"], 3),
+                "index_rebuild_cold_1_worker_s": round(rebuild["cold_1_worker_s"], 3),
+                "index_rebuild_warm_cache_s": round(rebuild["warm_cache_s"], 3),
+                "packages": args.packages, "accepts": args.accepts})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = {
-        "intake_per_s": round(intake, 1),
-        **renewals,
-        "accept_p50_ms": round(statistics.median(latencies), 2),
-        "accept_p99_ms": round(percentile(latencies, 0.99), 2),
-        "accept_max_ms": round(max(latencies), 2),
-        "index_rebuild_s": round(rebuild["cold_all_cpus_s"], 3),
-        "index_rebuild_cold_1_worker_s": round(rebuild["cold_1_worker_s"], 3),
-        "index_rebuild_warm_cache_s": round(rebuild["warm_cache_s"], 3),
-        "packages": args.packages, "accepts": args.accepts, "intake_count": args.intake,
+    out.update({
         "fsync": True,
         "machine": dict(machine(), loadavg_1m_at_start=load_start,
                         calibration_loop_s_at_start=calibration_start,
                         calibration_loop_s_at_end=calibration_s()),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    })
     if args.json:
         print(json.dumps(out))
     else:

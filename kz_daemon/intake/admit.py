@@ -47,7 +47,7 @@ from kz_events.reducer import ReducerError
 from kz_runner.contract.layout import BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.rules.engine import RULES_BY_ID
 from kz_runner.contract.rules.pysource import read_metas
-from kz_runner.contract.tarball import read_member
+from kz_runner.contract.tarball import read_member, scan_tarball
 from kz_runner.contract.validate import validate_tarball
 from kz_runner.contract.yamlio import load_yaml
 
@@ -165,7 +165,9 @@ def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore,
     """
     kid = outcome.kernel_id
     limits = config.limits.contract_limits
-    submitted = {name: read_member(tarball, f"{kid}/{KP}/{name}", limits) for name in HARNESS_FILES}
+    members = {name: f"{kid}/{KP}/{name}" for name in HARNESS_FILES}
+    captured = scan_tarball(tarball, limits, capture=set(members.values())).captured  # one pass for all three
+    submitted = {name: captured.get(member) for name, member in members.items()}
     desc = load_yaml(submitted[DESC] or b"") if submitted[DESC] else None
     desc = desc if isinstance(desc, dict) else {}
     facts["io_signature"] = desc.get("io_signature")
@@ -201,6 +203,7 @@ class Intake:
         self.dirs = SpoolDirs(config.paths.spool)
         self.pending_dir = config.paths.pending
         self._batch: list[tuple[list, Claimed]] = []  # decided, events not appended yet
+        self._unsynced: set[Path] = set()  # folders holding new outcome folders, fsynced once per batch
         self._batched: set[str] = set()
         self._skipped: set[tuple[str, str]] = set()  # inbox entries already logged as spool.skipped
         self._skip_lock = threading.Lock()
@@ -280,6 +283,15 @@ class Intake:
         self._batched.clear()
         if not batch:
             return
+        try:
+            # the new outcome folders' names, durable before their events: one fsync per
+            # parent folder (pending/, rejected/) for the batch instead of one per file
+            for parent in sorted(self._unsynced):
+                durable.fsync_dir(parent)
+            self._unsynced.clear()
+        except OSError:  # not written: their outcome folders are emitted by a later scan
+            self._owed = True
+            raise
         try:
             self.store.emit(*[e for events, _c in batch for e in events])
         except StorageError:  # not written: their outcome folders are emitted by a later scan
@@ -362,7 +374,7 @@ class Intake:
         if tarball.exists() or tarball.is_symlink():
             os.replace(tarball, folder / PACKAGE_FILE)
         durable.fsync_dir(folder)         # the JSON and the tarball names
-        durable.fsync_dir(folder.parent)  # the new folder's own name
+        self._unsynced.add(folder.parent)  # the new folder's own name: fsynced by flush, before the events
 
     def _emit(self, sub_uuid: str, meta: dict, outcome: Outcome) -> None:
         self.store.emit(*self._events(sub_uuid, meta, outcome))
@@ -420,6 +432,7 @@ class Intake:
             for base, name in ((self.pending_dir, SUBMISSION_FILE), (self.dirs.rejected, REASON_FILE)):
                 if not base.exists():
                     continue
+                durable.fsync_dir(base)  # the folders' names are durable before their events
                 # finished submissions are in the history projection: ask once, in batches
                 for sub_uuid in self.store.unknown(sorted(u for u in os.listdir(base) if spool.is_uuid(u))):
                     doc_path = base / sub_uuid / name

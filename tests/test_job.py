@@ -207,8 +207,8 @@ def test_keep_workdir_and_a_read_only_tree_is_still_removed(tmp_path):
 
 def test_runner_failure_codes_are_the_wire_codes():
     assert set(job.FAILURE_CODES) - {job.CANCELLED, *job.RUNNER_REFUSALS} == {
-        "UNPACK_FAILED", "BUILD_FAILED", "BUILD_TIMEOUT", "BENCHMARK_TIMEOUT", "BENCHMARK_CRASHED", "BAD_OUTPUT",
-        "INTEGRITY_ERROR"}
+        "UNPACK_FAILED", "BUILD_FAILED", "BUILD_TIMEOUT", "BENCHMARK_TIMEOUT", "BENCHMARK_CRASHED", "MEMORY_LIMIT",
+        "BAD_OUTPUT", "INTEGRITY_ERROR"}
     # the host's refusals are never reported, but their meaning and fix are in the one code table
     from kz_runner.contract.codes import CODES
 

@@ -113,6 +113,97 @@ def test_a_file_size_bomb_is_stopped_and_the_result_still_flows(tmp_path):
     assert out.failure is None and out.result["overall"]["accept"] is True
 
 
+# -- memory and processes ----------------------------------------------------------------
+
+MiB = 1024 * 1024
+# A cgroup v2 directory this test run may manage (memory and pids available, no process of its
+# own), e.g. one delegated by systemd (systemd-run --property=Delegate=yes); else the runner's
+# own delegated cgroup when it has one.
+TEST_CGROUP = os.environ.get("KZ_TEST_CGROUP")
+
+
+def _cgroup() -> str:
+    if TEST_CGROUP:
+        return TEST_CGROUP
+    guard = contain.memory_guard(contain.Containment())
+    if guard.mechanism != "cgroup" or guard.parent is None:
+        pytest.skip(f"no cgroup v2 directory delegated here ({guard.why}); set KZ_TEST_CGROUP=DIR")
+    return guard.parent
+
+
+MECHANISMS = [pytest.param("rlimit", id="rlimit"), pytest.param("cgroup", id="cgroup")]
+
+
+def _where(mechanism: str) -> str:
+    return "none" if mechanism == "rlimit" else _cgroup()
+
+
+def _left_behind(tmp_path: Path) -> list[str]:
+    """Processes whose command line names this test's folders (a job's steps do)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if str(tmp_path).encode() in fh.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_step_allocating_four_times_its_limit_is_stopped_with_memory_limit(tmp_path, mechanism):
+    limit = 128 * MiB
+    limits = {"memory_bytes": limit, "cgroup": _where(mechanism)}
+    out = run(tmp_path, {"PROBE_ALLOC_BYTES": str(4 * limit)}, containment=limits)
+    assert probe(out, "UID").startswith(str(contain.NOBODY))  # the step ran, then was stopped
+    assert b"PROBE-ALLOC=all" not in out.logs
+    assert out.failure_code == job.MEMORY_LIMIT and not out.refused and out.result is None, out.failure
+    assert out.failure_message.startswith("build_test_env.py ") and "memory limit of 128 MiB" in out.failure_message
+    memory = out.env["containment"]["memory"]
+    assert memory["mechanism"] == mechanism and memory["limit_bytes"] == limit
+    if mechanism == "cgroup":  # the kernel's word, not the step's
+        assert "OOM killer" in out.failure_message and memory["cgroup"] == limits["cgroup"]
+        assert [p for p in os.listdir(limits["cgroup"]) if p.startswith("kz-step-")] == []
+    else:
+        assert out.env["containment"]["limits"]["DATA"] == [limit, limit] and "AS" not in out.env["containment"]["limits"]
+    assert _left_behind(tmp_path) == []
+    # the runner is unharmed: an honest package under the same limit runs and is accepted
+    (tmp_path / "next").mkdir()
+    honest = run(tmp_path / "next", {}, containment=limits)
+    assert honest.failure is None and honest.result["overall"]["accept"] is True
+
+
+def test_a_failure_that_is_not_memory_is_not_called_memory_limit(tmp_path):
+    out = run(tmp_path, {}, name="build_fails", containment={"memory_bytes": 128 * MiB})
+    assert out.failure_code == job.BUILD_FAILED
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(tmp_path, mechanism):
+    if mechanism == "rlimit" and not AS_ROOT:
+        pytest.skip("RLIMIT_NPROC counts the job uid's processes: a real uid only as root")
+    out = run(tmp_path, {"PROBE_FORKBOMB_S": "2"}, containment={"nproc": 48, "cgroup": _where(mechanism)})
+    alive = probe(out, "FORKBOMB")
+    assert alive.startswith("alive ") and int(alive.split()[1]) <= 48 + 2, alive  # the step's pid 1 and itself
+    assert out.failure is None and out.result["overall"]["accept"] is True
+    assert _left_behind(tmp_path) == []
+
+
+def test_a_job_cgroup_the_operator_named_that_cannot_be_used_refuses_every_job(tmp_path):
+    (tmp_path / "not-a-cgroup").mkdir()
+    limits = {"cgroup": str(tmp_path / "not-a-cgroup")}
+    out = run(tmp_path, {}, containment=limits)
+    assert out.failure_code == job.SANDBOX_UNAVAILABLE and out.refused and out.result is None
+    assert "not a cgroup v2 directory" in out.failure_message and b"BUILD-SAW" not in out.logs
+    check = job.preflight(job.JobSettings(containment=contain.Containment(**limits)), tmp_path)
+    assert check.problem.startswith("SANDBOX_UNAVAILABLE: the job cgroup cannot be used")
+    with pytest.raises(ValueError):
+        contain.Containment(memory_bytes=1024)
+    with pytest.raises(ValueError):
+        contain.Containment(cgroup="relative/dir")
+
+
 def test_the_build_outputs_are_read_only_to_the_benchmark_so_tampering_fails(tmp_path):
     out = run(tmp_path, {}, name="tamper_expected")
     assert b"TAMPER-FAILED" in out.logs and b"Read-only file system" in out.logs

@@ -32,6 +32,9 @@ DAEMON_HINTS: dict[str, str] = {
                          "time it locally with `kz dry-run`.",
     "BENCHMARK_CRASHED": "benchmark.py exited with an error before printing its JSON: read the benchmark "
                          "log tail (logs_url) and reproduce with `kz dry-run`.",
+    "MEMORY_LIMIT": "A step (build_test_env.py or benchmark.py, with every process it started) used more host "
+                    "memory than the runner allows and was stopped: generate smaller inputs, free what you no "
+                    "longer need, and measure the peak locally (`kz dry-run`, /usr/bin/time -v).",
     "INTEGRITY_ERROR": "Do not modify the files build_test_env.py produced or .kernel_package/ during the "
                        "benchmark, and print the same result on stdout as the harness reports.",
     "RUNNER_FAILURE": "The runner reported a failure without a code: read the log tails (logs_url) and "

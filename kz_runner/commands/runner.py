@@ -71,7 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-fsize", type=int, default=None, metavar="BYTES",
                         help="largest file a step may write (RLIMIT_FSIZE; default 8 GiB)")
     parser.add_argument("--job-nproc", type=int, default=None, metavar="N",
-                        help="processes the job user may have (RLIMIT_NPROC; default 4096)")
+                        help="processes the job user may have (RLIMIT_NPROC, and pids.max of a step's cgroup; "
+                             "default 4096)")
+    parser.add_argument("--job-memory", type=int, default=None, metavar="BYTES",
+                        help="memory a step may use (memory.max of its cgroup, else RLIMIT_DATA per process; "
+                             "default 16 GiB)")
+    parser.add_argument("--job-cgroup", default=None, metavar="auto|none|DIR",
+                        help="where each step's cgroup is made: auto (the runner's own cgroup when delegated to "
+                             "it, else the rlimit fallback), none (rlimits only), or a cgroup v2 directory the "
+                             "runner may manage (unusable: no job runs); default auto")
     parser.add_argument("--unconfined-dev", action="store_true",
                         help="DEVELOPMENT ONLY: run steps without a sandbox, as this runner's user; the runs are "
                              "marked unconfined and the zoo never accepts them")
@@ -82,7 +90,8 @@ def _argv_without_token(args: argparse.Namespace, fd: int) -> list[str]:
     argv = ["--server", args.server, "--token-fd", str(fd), "--wait", repr(args.wait), "--grace", repr(args.grace)]
     for flag, value in (("--gpu", args.gpu), ("--arch", args.arch), ("--work-root", args.work_root),
                         ("--runner-id", args.runner_id), ("--job-user", args.job_user),
-                        ("--job-fsize", args.job_fsize), ("--job-nproc", args.job_nproc)):
+                        ("--job-fsize", args.job_fsize), ("--job-nproc", args.job_nproc),
+                        ("--job-memory", args.job_memory), ("--job-cgroup", args.job_cgroup)):
         if value is not None:
             argv += [flag, str(value)]
     for flag, on in (("--once", args.once), ("--keep-workdir", args.keep_workdir),
@@ -160,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
                 changes["fsize_bytes"] = args.job_fsize
             if args.job_nproc is not None:
                 changes["nproc"] = args.job_nproc
+            if args.job_memory is not None:
+                changes["memory_bytes"] = args.job_memory
+            if args.job_cgroup is not None:
+                changes["cgroup"] = args.job_cgroup
             containment = Containment(**changes)
         config = RunnerConfig(server=args.server, gpu=args.gpu, arch=args.arch, once=args.once, wait_s=args.wait,
                               work_root=work_root, runner_id=runner_id, grace_s=args.grace,

@@ -22,7 +22,9 @@ sandbox (:mod:`kz_runner.worker.sandbox`) that shows the step only the package a
 staged library (read-only), the job's ``work/`` (writable for the build, read-only for
 the benchmark), ``home/`` and ``tmp/``, the interpreter, ``/usr`` and its GPU's device
 nodes; no network, no other process, never root; limits from
-:class:`kz_runner.worker.contain.Containment`. It is supervised in its own process group
+:class:`kz_runner.worker.contain.Containment`, memory and processes held by the step's own
+cgroup where the runner has one, else by rlimits (:func:`kz_runner.worker.contain.memory_guard`):
+a step stopped at its memory limit ends the job with ``MEMORY_LIMIT``. It is supervised in its own process group
 with a timeout (the whole group is killed), a scrubbed environment built from an
 allow-list (never the runner's token or server address), only the runner's GPU visible,
 and caps on captured output. ``PYTHONPATH`` holds only a read-only staged copy of the
@@ -48,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,9 @@ BUILD_FAILED = "BUILD_FAILED"
 BUILD_TIMEOUT = "BUILD_TIMEOUT"
 BENCHMARK_TIMEOUT = "BENCHMARK_TIMEOUT"
 BENCHMARK_CRASHED = "BENCHMARK_CRASHED"
+# a step was stopped at its memory limit (the OOM killer in its cgroup, or its own allocation
+# refused under RLIMIT_DATA)
+MEMORY_LIMIT = "MEMORY_LIMIT"
 BAD_OUTPUT = channel.BAD_OUTPUT
 INTEGRITY_ERROR = channel.INTEGRITY_ERROR
 CANCELLED = "CANCELLED"
@@ -76,8 +81,8 @@ CANCELLED = "CANCELLED"
 SANDBOX_UNAVAILABLE = sandbox.SANDBOX_UNAVAILABLE
 HARNESS_LIBRARY_CHANGED = "HARNESS_LIBRARY_CHANGED"
 RUNNER_REFUSALS = (SANDBOX_UNAVAILABLE, HARNESS_LIBRARY_CHANGED)
-FAILURE_CODES = (UNPACK_FAILED, BUILD_FAILED, BUILD_TIMEOUT, BENCHMARK_TIMEOUT, BENCHMARK_CRASHED, BAD_OUTPUT,
-                 INTEGRITY_ERROR, CANCELLED, *RUNNER_REFUSALS)
+FAILURE_CODES = (UNPACK_FAILED, BUILD_FAILED, BUILD_TIMEOUT, BENCHMARK_TIMEOUT, BENCHMARK_CRASHED, MEMORY_LIMIT,
+                 BAD_OUTPUT, INTEGRITY_ERROR, CANCELLED, *RUNNER_REFUSALS)
 
 BUILD_SCRIPT = f"{KP}/{BUILD_TEST_ENV}"
 BENCHMARK_SCRIPT = f"{KP}/{BENCHMARK}"
@@ -332,6 +337,12 @@ def device_view(settings: JobSettings) -> tuple[tuple[str, ...], tuple[str, ...]
     return (), ()
 
 
+def _data_limit(c: contain.Containment) -> int | None:
+    """RLIMIT_DATA of a step: the memory limit where no cgroup holds it, else None (the cgroup's
+    memory.max counts the whole step; a per-process limit besides would only differ)."""
+    return c.memory_bytes if contain.memory_guard(c).mechanism == "rlimit" else None
+
+
 def sandbox_spec(settings: JobSettings, *, cwd: Path, env: Mapping[str, str], timeout_s: float,
                  readonly: Sequence[Path] = (), writable: Sequence[Path] = (), pass_fds: Sequence[int] = (),
                  status_fd: int | None = None, nested: bool = False,
@@ -346,7 +357,7 @@ def sandbox_spec(settings: JobSettings, *, cwd: Path, env: Mapping[str, str], ti
         interpreter=sandbox.interpreter_paths(settings.python), devices=devices,
         ro_try=tuple(ro_try) + library_paths(env), env=dict(env), pass_fds=tuple(pass_fds),
         cpu_s=c.cpu_seconds(timeout_s), fsize_bytes=c.fsize_bytes, nproc=c.nproc, nofile=c.nofile,
-        uid=c.uid, gid=c.gid, status_fd=status_fd, nested=nested,
+        data_bytes=_data_limit(c), uid=c.uid, gid=c.gid, status_fd=status_fd, nested=nested,
         ro_at=tuple((str(a), str(b)) for a, b in readonly_at))
 
 
@@ -378,7 +389,7 @@ def worker_prefix(settings: JobSettings, package_dir: Path, lib: Path, work: Pat
         cwd=str(package_dir), ro=(str(lib),), ro_at=tuple(worker_views(package_dir, work)),
         interpreter=sandbox.interpreter_paths(settings.python),
         devices=devices, ro_try=tuple(ro_try) + library_paths(env), cpu_s=c.cpu_seconds(timeout_s),
-        fsize_bytes=c.fsize_bytes, nproc=c.nproc, nofile=c.nofile, hostname="kz-worker")
+        fsize_bytes=c.fsize_bytes, nproc=c.nproc, nofile=c.nofile, data_bytes=_data_limit(c), hostname="kz-worker")
     return sandbox.nested_command(spec)
 
 
@@ -405,9 +416,13 @@ def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env:
     of ``reads``, closed here whatever happens. Call it from a thread that outlives the step
     (the sandbox dies with the thread that started it).
 
+    Under the ``cgroup`` memory mechanism the step runs in a cgroup of its own (its limits, then
+    killed and removed when the step ends) and ``extra["limits"]`` holds its events as JSON
+    (``oom_kill``, ``pids_max``, ``memory_peak``; :func:`memory_limit_hit` reads them).
+
     Raises :class:`kz_runner.worker.sandbox.SandboxUnavailable` when the sandbox could not be
-    made (``SANDBOX_UNAVAILABLE``): the step did not run, and the package is not to blame.
-    With ``settings.containment.unconfined`` (development only) the step runs directly.
+    made (``SANDBOX_UNAVAILABLE``), its limits included: the step did not run, and the package is
+    not to blame. With ``settings.containment.unconfined`` (development only) the step runs directly.
     """
     s = settings
     caps = dict(timeout_s=timeout_s, stdout_cap=s.stdout_cap, stderr_cap=max(1, s.log_cap // 2),
@@ -417,16 +432,27 @@ def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env:
         return run_step(argv, cwd=cwd, env=env, pass_fds=pass_fds, reads=reads, **caps)
     status_read, status_write = os.pipe()
     os.set_inheritable(status_read, False)
+    cgroup: contain.StepCgroup | None = None
     try:
         spec = sandbox_spec(s, cwd=cwd, env=env, timeout_s=timeout_s, readonly=readonly, writable=writable,
                             pass_fds=(*pass_fds, status_write), status_fd=status_write, nested=nested,
                             readonly_at=readonly_at)
         command = sandbox.command(spec, argv)
+        cgroup = _step_cgroup(s.containment)
+        if cgroup is not None:
+            command = cgroup.enter_argv() + command
     except BaseException:
         _close_fds([status_read, status_write, *pass_fds, *(fd for fd, _cap in reads.values())])
         raise
     reads["sandbox"] = (status_read, STATUS_CAP)
-    res = run_step(command, cwd=cwd, env=spec.env, pass_fds=spec.pass_fds, reads=reads, **caps)
+    try:
+        res = run_step(command, cwd=cwd, env=spec.env, pass_fds=spec.pass_fds, reads=reads, **caps)
+    finally:
+        events = cgroup.events() if cgroup is not None else None
+        if cgroup is not None:
+            cgroup.close()
+    if events is not None:
+        res = replace(res, extra={**res.extra, "limits": json.dumps(events).encode()})
     if res.cancelled or sandbox.started(res.extra.get("sandbox", b"")):
         return res
     lines = res.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -436,6 +462,44 @@ def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env:
     report = sandbox.SandboxReport(False, f"a job step's sandbox could not be made: {why}", fix, "broken",
                                    mode=sandbox.mode(), stderr="\n".join(lines[-20:]))
     raise sandbox.SandboxUnavailable(report)
+
+
+def _step_cgroup(c: contain.Containment) -> contain.StepCgroup | None:
+    """A fresh cgroup for one step under the ``cgroup`` mechanism, None under ``rlimit``. Raises
+    :class:`~kz_runner.worker.sandbox.SandboxUnavailable` when the limits cannot be held: an
+    operator's ``--job-cgroup`` that cannot be used, or a step cgroup that cannot be made."""
+    guard = contain.memory_guard(c)
+    why = guard.problem
+    if why is None and guard.mechanism == "cgroup":
+        try:
+            return contain.StepCgroup(guard, "step")
+        except OSError as exc:
+            why = f"the step's cgroup cannot be made under {guard.parent}: {exc}"
+    if why is None:
+        return None
+    raise sandbox.SandboxUnavailable(sandbox.SandboxReport(
+        False, why, "delegate a cgroup v2 directory to the runner (systemd: Delegate=yes) or give "
+        "--job-cgroup auto", "denied", mode=sandbox.mode()))
+
+
+def memory_limit_hit(res: StepResult, settings: JobSettings) -> str | None:
+    """Why a failed step counts as stopped at its memory limit (``MEMORY_LIMIT``), else None: its
+    cgroup's ``oom_kill`` count (the kernel's word), or under the rlimit mechanism the step's own
+    last words (``MemoryError``, ``bad_alloc``, ...: :data:`kz_runner.worker.contain.OOM_WORDS`)."""
+    c = settings.containment
+    if c.unconfined or res.ok or res.timed_out or res.cancelled:
+        return None
+    limit = f"{c.memory_bytes / MiB:g} MiB"
+    raw = res.extra.get("limits")
+    if raw is not None:
+        events = json.loads(raw)
+        if events.get("oom_kill", 0) > 0:
+            return (f"was killed at its memory limit of {limit} (the kernel's OOM killer took "
+                    f"{events['oom_kill']} process(es) in its cgroup)")
+        return None
+    if contain.oom_in_stderr(res.stderr_tail):
+        return f"ran out of memory at its memory limit of {limit} per process (RLIMIT_DATA; its own error says so)"
+    return None
 
 
 def containment_facts(settings: JobSettings) -> dict[str, Any]:
@@ -448,13 +512,13 @@ def containment_facts(settings: JobSettings) -> dict[str, Any]:
     report = sandbox.probe()
     devices, _ro = device_view(settings)
     limits = sandbox.SandboxSpec(cwd="/", interpreter=(), fsize_bytes=c.fsize_bytes, nproc=c.nproc,
-                                 nofile=c.nofile).limits()
+                                 nofile=c.nofile, data_bytes=_data_limit(c)).limits()
     for step, timeout_s in (("BUILD", settings.build_timeout_s), ("BENCHMARK", settings.benchmark_timeout_s)):
         limits[f"CPU_{step}"] = sandbox.SandboxSpec(cwd="/", interpreter=(), cpu_s=c.cpu_seconds(timeout_s)).limits()["CPU"]
     return {"unconfined": False, "sandbox": "bubblewrap", "ok": report.ok, "mode": report.mode,
             "bwrap_version": report.version, "uid": c.uid, "gid": c.gid, "network": "none (own loopback only)",
             "devices": list(devices), "limits": {k: list(v) for k, v in limits.items()},
-            "pythonpath": "a read-only copy of kz_runner.bench"}
+            "memory": contain.memory_guard(c).as_dict(), "pythonpath": "a read-only copy of kz_runner.bench"}
 
 
 def harness_hash(lib: Path, python: str) -> str:
@@ -477,6 +541,8 @@ class Preflight:
     problem: str | None
     # the sandbox probe's report (None when unconfined)
     report: sandbox.SandboxReport | None = None
+    # how the steps' memory and processes are held (None when unconfined)
+    memory: contain.MemoryGuard | None = None
 
 
 def preflight(settings: JobSettings, work_root: Path) -> Preflight:
@@ -494,6 +560,9 @@ def preflight(settings: JobSettings, work_root: Path) -> Preflight:
         report = sandbox.probe()
         if not report.ok:
             return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: {report.reason} (fix: {report.fix})", report)
+        guard = contain.memory_guard(settings.containment)
+        if guard.problem:
+            return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: {guard.problem}", report, guard)
         nested = sandbox.probe_nested()  # the judge's step makes the kernel worker's sandbox itself
         if not nested.ok:
             return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: {nested.reason} (fix: {nested.fix})", nested)
@@ -514,7 +583,7 @@ def preflight(settings: JobSettings, work_root: Path) -> Preflight:
             return Preflight(digest, f"{SANDBOX_UNAVAILABLE}: uid {settings.containment.uid} cannot import the "
                                      f"harness library with {settings.python} in the sandbox: {why} (fix: make the "
                                      "interpreter and its site-packages readable by that uid)", report)
-        return Preflight(digest, None, report)
+        return Preflight(digest, None, report, guard)
     finally:
         _rmtree(job_dir)
 
@@ -641,6 +710,9 @@ def execute_job(
             return done(None, CANCELLED, "stopped during build_test_env.py")
         if build.timed_out:
             return done(None, BUILD_TIMEOUT, f"build_test_env.py ran past {settings.build_timeout_s:g} s")
+        memory = memory_limit_hit(build, settings)
+        if memory:
+            return done(None, MEMORY_LIMIT, f"build_test_env.py {memory}")
         if not build.ok:
             why = build.start_error or f"build_test_env.py exited with status {build.returncode}"
             return done(synthesize_build_failure(package_dir, kernel_id, settings, why), BUILD_FAILED, why)
@@ -739,6 +811,10 @@ def _judge_benchmark(bench: StepResult, settings: JobSettings, logs: _Logs,
     if bench.timed_out:
         logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
         return None, BENCHMARK_TIMEOUT, f"benchmark.py ran past {settings.benchmark_timeout_s:g} s"
+    memory = memory_limit_hit(bench, settings)
+    if memory:
+        logs.section("benchmark.py stdout", bench.stdout, bench.stdout_dropped)
+        return None, MEMORY_LIMIT, f"benchmark.py {memory}"
     if channel_data.strip() and not bench.extra_dropped.get("result"):
         doc, _problem = channel.parse_channel(channel_data)
         if doc is not None and doc.get("kind") == "integrity":

@@ -406,8 +406,10 @@ class Runner:
             self.log(f"refusing to run jobs: {check.problem}")
             return EXIT_SANDBOX_UNAVAILABLE
         if check.report is not None:
+            memory = (f"; memory: {check.memory.mechanism} ({check.memory.limit_bytes} bytes a step, "
+                      f"{check.memory.pids_max} processes; {check.memory.why})" if check.memory else "")
             self.log(f"sandbox ok: bubblewrap {check.report.version or '?'}, mode {check.report.mode}, steps run "
-                     f"as uid {self.config.containment.uid} ({check.report.seconds:.2f} s probe)")
+                     f"as uid {self.config.containment.uid} ({check.report.seconds:.2f} s probe){memory}")
         return None
 
     def _serve(self) -> int:

@@ -27,8 +27,10 @@ Every step (``build_test_env.py``, ``benchmark.py``) runs as
     (util-linux) becomes the real uid/gid 65534 with no groups, no capabilities (bounding
     set emptied) and ``no_new_privs`` before the step's program starts. A drop that fails
     means the program is never executed.
-- limits: ``prlimit`` (util-linux) inside the sandbox sets RLIMIT_CPU/AS/FSIZE/NPROC/
+- limits: ``prlimit`` (util-linux) inside the sandbox sets RLIMIT_CPU/AS/DATA/FSIZE/NPROC/
   CORE/NOFILE just before the step (a separate program: safe with the runner's threads).
+  Memory is held by the step's cgroup where the runner has one, else by RLIMIT_DATA
+  (:func:`kz_runner.worker.contain.memory_guard`); RLIMIT_AS is left unset on GPU lanes.
   :func:`preexec_fn` gives the same limits as a ``Popen(preexec_fn=...)`` for callers
   with no threads; limits set there are inherited through bwrap.
 
@@ -256,6 +258,9 @@ class SandboxSpec:
     # reserves far more address space than it uses): cap memory with a cgroup there.
     cpu_s: int | None = None
     address_space_bytes: int | None = None
+    # RLIMIT_DATA: heap and private writable mappings per process (the memory limit where no
+    # cgroup holds it; CUDA's address-space reservations do not count against it)
+    data_bytes: int | None = None
     fsize_bytes: int | None = 8 * GiB
     nproc: int | None = 4096
     nofile: int | None = 4096
@@ -284,7 +289,7 @@ class SandboxSpec:
         out: dict[str, tuple[int, int]] = {"CORE": (0, 0)}
         if self.cpu_s is not None:
             out["CPU"] = (int(self.cpu_s), int(self.cpu_s) + 5)  # SIGXCPU first, SIGKILL 5 s later
-        for name, value in (("AS", self.address_space_bytes), ("FSIZE", self.fsize_bytes),
+        for name, value in (("AS", self.address_space_bytes), ("DATA", self.data_bytes), ("FSIZE", self.fsize_bytes),
                             ("NPROC", self.nproc), ("NOFILE", self.nofile)):
             if value is not None:
                 out[name] = (int(value), int(value))

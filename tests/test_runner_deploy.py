@@ -70,3 +70,27 @@ def test_kubernetes_indexed_job_runs_kz_runner_once_per_index():
     assert "--token" not in container["args"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert pod["terminationGracePeriodSeconds"] > args.grace
+
+
+def test_kubernetes_pod_gives_bwrap_its_namespaces_and_proc_with_the_least_privilege():
+    """bwrap needs to make a user namespace (seccomp and AppArmor defaults refuse it) and mount a
+    fresh /proc (refused under a masked /proc); nothing else: no privileged container, no
+    capability, no privilege escalation, not root, in a user namespace of its own."""
+    job = yaml.safe_load((DEPLOY / "kz-runner-job.yaml").read_text())
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    ctx = container["securityContext"]
+    assert pod["hostUsers"] is False  # procMount: Unmasked is allowed only in a user namespace
+    assert ctx["procMount"] == "Unmasked"
+    assert pod["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert pod["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+    assert ctx.get("privileged", False) is False and ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]} and "add" not in ctx["capabilities"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert ctx["readOnlyRootFilesystem"] is True and pod["automountServiceAccountToken"] is False
+    assert not any(key in pod for key in ("hostPID", "hostIPC", "hostNetwork"))
+    # each step's memory stays under the pod's own limit, so the runner keeps room of its own
+    args = _parse(container["args"])
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi") and 0 < args.job_memory < int(limit[:-2]) * 1024 ** 3
+    assert args.job_cgroup is None and not args.unconfined_dev

@@ -157,3 +157,17 @@ def test_runner_unit_lets_the_job_sandbox_make_its_namespaces_and_proc():
     u = _unit("kz-runner@.service")
     assert set(u["Service.RestrictNamespaces"][0].split()) == {"user", "mnt", "pid", "net", "ipc", "uts", "cgroup"}
     assert "Service.ProtectKernelTunables" not in u and "Service.ProtectKernelLogs" not in u
+
+
+def test_runner_unit_gives_the_sandbox_what_it_needs_and_nothing_more():
+    """The job sandbox's needs: user namespaces (the runner is not root), the unit's cgroup delegated
+    (each step's memory.max and pids.max), /sys/fs/cgroup writable for that; and no privilege
+    besides: no capabilities, no_new_privs, not root, a task limit on the whole unit."""
+    u = _unit("kz-runner@.service")
+    assert {"memory", "pids"} <= set(u["Service.Delegate"][0].split())
+    assert u.get("Service.ProtectControlGroups", ["no"]) == ["no"]  # "yes" makes the delegated cgroup read-only
+    assert "user" in u["Service.RestrictNamespaces"][0].split() and "Service.PrivateUsers" not in u
+    assert u["Service.User"] == ["kz-runner"] and u["Service.NoNewPrivileges"] == ["yes"]
+    assert u["Service.CapabilityBoundingSet"] == [""] and u["Service.AmbientCapabilities"] == [""]
+    assert int(u["Service.TasksMax"][0]) > 0
+    assert "--unconfined-dev" not in u["Service.ExecStart"][0] and "--job-cgroup none" not in u["Service.ExecStart"][0]

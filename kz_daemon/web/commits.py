@@ -3,7 +3,9 @@
 Read-only through dulwich. The diff against the first parent is written by
 ``dulwich.patch.write_tree_diff`` into a bounded buffer: a seed commit of thousands
 of packages stops at ``MAX_DIFF_BYTES`` (the page says so) instead of reading every
-blob, and binary files appear as dulwich's one-line summary, never as bytes.
+blob, and binary files appear as dulwich's one-line summary, never as bytes. The diff is
+cut into lines at "\n" only (:func:`diff_lines`): a file's own CR, U+2028 or form feed cannot
+start a line on the page.
 """
 from __future__ import annotations
 
@@ -19,6 +21,12 @@ from dulwich.repo import Repo
 from kz_daemon.storage.gitstore import parse_trailers
 
 MAX_DIFF_BYTES = 256 * 1024
+# Characters that end a line for str.splitlines(), Unicode line breaking or an HTML parser (which
+# turns a lone CR into a newline), besides "\n": inside a diff line they are file content, shown as
+# a visible mark so no file can start a line of its own on the page (a forged "+++" or "@@").
+_BREAKS = {"\r": "\u240d", "\x0b": "\u240b", "\x0c": "\u240c", "\x1c": "<U+001C>", "\x1d": "<U+001D>",
+           "\x1e": "<U+001E>", "\x85": "<U+0085>", "\u2028": "<U+2028>", "\u2029": "<U+2029>"}
+_VISIBLE = str.maketrans(_BREAKS)
 MAX_FILES = 400
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -123,11 +131,20 @@ def tree_diff(repo: Repo, old_tree: bytes | None, new_tree: bytes | None, *, max
         diff_truncated = False
     except _Full:
         diff_truncated = True
-    lines = b"".join(sink.chunks).decode("utf-8", "replace").splitlines()
-    if diff_truncated and lines:
+    return tuple(files), files_truncated, diff_lines(b"".join(sink.chunks), diff_truncated), diff_truncated
+
+
+def diff_lines(data: bytes, truncated: bool = False) -> tuple[DiffLine, ...]:
+    """The unified diff ``data`` as classed lines, split at "\n" only: every other line-ending
+    character (:data:`_BREAKS`: CR, VT, FF, NEL, U+2028, ...) belongs to the line it is in and is
+    shown as a visible mark. ``truncated``: the last line was cut and is left out."""
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "" and text.endswith("\n"):
+        lines.pop()
+    if truncated and lines:
         lines = lines[:-1]  # the cut line is partial
-    return (tuple(files), files_truncated, tuple(DiffLine(_line_class(line), line) for line in lines),
-            diff_truncated)
+    return tuple(DiffLine(_line_class(line), line.translate(_VISIBLE)) for line in lines)
 
 
 def read_commit(repo_path: str | Path, sha: str, *, max_diff: int = MAX_DIFF_BYTES,

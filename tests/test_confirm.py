@@ -116,29 +116,36 @@ def _zoo(tmp_path, margin=0.1, agreement=0.1, exclusive_s=60, text=None):
     return Config.load(state)
 
 
-def test_the_margin_is_per_lane_with_the_cpu_lane_off_by_default(tmp_path):
+@pytest.mark.confirmation_defaults
+def test_the_margin_and_the_agreement_are_per_lane_and_every_lane_confirms_by_default(tmp_path):
     settings = _zoo(tmp_path, text="").confirmation
-    assert (settings.margin, settings.cpu_margin, settings.agreement) == (0.1, 0.0, 0.1)
+    assert (settings.margin, settings.cpu_margin, settings.agreement, settings.cpu_agreement) == (0.1, 0.25, 0.1, 0.25)
+    assert settings.first_records
     assert settings.margin_for("sm_90") == settings.margin_for("gfx942") == 0.1
-    assert settings.margin_for("cpu") == 0.0
-    (tmp_path / "kz" / "kz.yaml").write_text("confirmation: {cpu_margin: -1}\n")
-    with pytest.raises(ZooError, match="confirmation.cpu_margin"):
-        Config.load(tmp_path / "kz")
+    assert settings.margin_for("cpu") == 0.25
+    assert settings.agreement_for("gfx942") == 0.1 and settings.agreement_for("cpu") == 0.25
+    for key in ("cpu_margin", "cpu_agreement"):
+        (tmp_path / "kz" / "kz.yaml").write_text(f"confirmation: {{{key}: -1}}\n")
+        with pytest.raises(ZooError, match=f"confirmation.{key}"):
+            Config.load(tmp_path / "kz")
 
 
 GPU_ID = "sm_90/Elementwise/Axpy/fp32/lane_test"
 
 
-@pytest.mark.parametrize("kernel_id, text, confirms", [
+@pytest.mark.confirmation_defaults
+@pytest.mark.parametrize("kernel_id, settings, confirms", [
     (GPU_ID, "", True),                                  # the GPU lane confirms by default
-    (AXPY_ID, "", False),                                # the CPU lane does not ...
-    (AXPY_ID, "confirmation: {margin: 0.5}\n", False),   # ... nor does the GPU lane's margin apply to it
-    (AXPY_ID, "confirmation: {cpu_margin: 0.5}\n", True),  # ... unless cpu_margin is set
-    (GPU_ID, "confirmation: {margin: 0, cpu_margin: 0.5}\n", False),
+    (AXPY_ID, "", True),                                 # so does the CPU lane ...
+    (AXPY_ID, "cpu_margin: 0", False),                   # ... unless cpu_margin is 0
+    (AXPY_ID, "margin: 20, cpu_margin: 0", False),       # ... and the GPU lane's margin does not apply to it
+    (AXPY_ID, "cpu_margin: 20", False),                  # (10x the best is within a margin of 20)
+    (GPU_ID, "margin: 0, cpu_margin: 0.5", False),
 ])
-def test_a_result_far_ahead_is_confirmed_by_its_lanes_margin(tmp_path, kernel_id, text, confirms):
+def test_a_result_far_ahead_is_confirmed_by_its_lanes_margin(tmp_path, kernel_id, settings, confirms):
     arch = kernel_id.split("/", 1)[0]
-    zoo = Zoo(_zoo(tmp_path, text=text))
+    # first records are confirmed too (tests/test_confirm_reference.py): off here, to see the margin alone
+    zoo = Zoo(_zoo(tmp_path, text=f"confirmation: {{first_records: false, {settings}}}\n".replace(", }", "}")))
     zoo.start()
     try:
         first = drop_and_decide(zoo, "a.tar.gz", axpy_tarball(kernel_id)).uuid

@@ -20,6 +20,7 @@ import pytest
 
 from kz_daemon.upkeep.sdnotify import socket_address
 from tests.helpers.http_server import CPU_AXPY, package_tarball
+from tests.helpers.system import pin_confirmation
 from tests.test_submit import GUIDE_CURL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +37,8 @@ class Up:
         if notify:
             env["NOTIFY_SOCKET"] = notify
             env["WATCHDOG_USEC"] = "400000"  # ping every 0.2 s from the event loop
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        pin_confirmation(state_dir)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kz_daemon", "up", "--state-dir", str(state_dir), "--port", "0", *extra],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

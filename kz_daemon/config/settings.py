@@ -108,11 +108,16 @@ physics:                  # the floor under reported figures (IMPLAUSIBLE_RESULT
 rules:                    # static rules over the source area (docs/architecture.md, "Trust")
   disabled: []            # rule ids switched off
 
-confirmation:             # a result far ahead of the recorded best is run twice before it is committed
+confirmation:             # a new best, and every first record, is run twice before it is committed; the
+                          # second run times the operator's reference kernel beside it (a ratio)
   margin: 0.1             # GPU arches (sm_*, gfx*): re-run when a case's primary metric beats the non-seed
                           # best by more than 10 % (0: never); honest GPU re-runs differ by well under 1 %
-  cpu_margin: 0           # the same for arch cpu: off, as CPU timings on a shared host move more than 10 %
-  agreement: 0.1          # the two runs' primary metrics may differ by at most 10 % per case
+  cpu_margin: 0.25        # the same for arch cpu, whose timings on a shared host move by 10 % and more
+  first_records: true     # re-run a kernel's first record (no non-seed record yet) on every lane
+  agreement: 0.1          # per case, the first run's ratio to the reference (its value / the reference's
+                          # record) and the confirmation's measured ratio may differ by at most 10 %
+                          # (without a reference: the two runs' primary metrics)
+  cpu_agreement: 0.25     # the same for arch cpu
   exclusive_s: 120        # for this long only another runner may take the confirmation run; then any
 
 retention:                # what a finished submission leaves on disk (`kz gc`; the daemon sweeps hourly)
@@ -231,21 +236,33 @@ class HttpSettings:
 class ConfirmationSettings:
     """When a result is run a second time before it is committed, and how close the runs must be.
 
+    A result is run again when a case beats its recorded best by more than its lane's margin,
+    and when it would be the kernel's first record (``first_records``). The confirmation run
+    times the operator's reference kernel beside the candidate, so it measures a ratio in which
+    the host's noise cancels (``kz_daemon.queue.confirm``).
+
     The margin is per lane. On GPU arches (``sm_*``, ``gfx*``) honest resubmissions vary
     little (the examples on an H200: a CV of 0.02-0.15 % between runs), so a result more
-    than 10 % ahead of the best (``margin`` 0.1) is far outside honest noise and is measured
-    again. On the ``cpu`` arch a shared host moves timings by more than 10 % between runs,
-    so ``cpu_margin`` is 0 (off) by default. 0 disables either.
+    than 10 % ahead of the best (``margin`` 0.1) is far outside honest noise. On the ``cpu``
+    arch a shared host moves timings by 10 % and more between runs, so ``cpu_margin`` is
+    0.25, and the ratios may differ by ``cpu_agreement`` (0.25) instead of ``agreement``
+    (0.1). A margin of 0 disables that lane's new-best trigger.
     """
 
     margin: float = 0.1
-    cpu_margin: float = 0.0
+    cpu_margin: float = 0.25
+    first_records: bool = True
     agreement: float = 0.1
+    cpu_agreement: float = 0.25
     exclusive_s: float = 120.0
 
     def margin_for(self, arch: str) -> float:
         """The margin that applies to a submission of ``arch`` (``cpu_margin`` for ``cpu``)."""
         return self.cpu_margin if arch == "cpu" else self.margin
+
+    def agreement_for(self, arch: str) -> float:
+        """The agreement that applies to a submission of ``arch`` (``cpu_agreement`` for ``cpu``)."""
+        return self.cpu_agreement if arch == "cpu" else self.agreement
 
 
 @dataclass(frozen=True)
@@ -501,7 +518,7 @@ def _check_ranges(config: Config, source: str) -> None:
     for key, value in not_negative.items():
         if value < 0:
             raise _invalid(f"{source}: {key} must be >= 0, got {value!r}", path=source, key=key)
-    for key in ("margin", "cpu_margin", "agreement", "exclusive_s"):
+    for key in ("margin", "cpu_margin", "agreement", "cpu_agreement", "exclusive_s"):
         if getattr(config.confirmation, key) < 0:
             raise _invalid(f"{source}: confirmation.{key} must be >= 0", path=source, key=f"confirmation.{key}")
     for key in ("pending_days", "run_logs_days", "rejected_keep", "rejected_max_bytes", "rejected_days",

@@ -1,24 +1,45 @@
-"""Confirmation runs: a result far ahead of the recorded best is run a second time before it is committed.
+"""Confirmation runs: a claimed new best, and every first record, is measured again, beside the reference.
 
-A reported result that accepts is compared with the kernel's scorecard at HEAD. When a
-case's primary metric beats that case's recorded best (a non-seed ``metrics_best``
-record, in the metric's declared direction) by more than the margin of the
-submission's lane (``confirmation.margin`` for GPU arches, ``confirmation.cpu_margin``
-for ``cpu``; relative: new/best beyond 1 + margin for ``higher_better``, best/new for
-``lower_better``), nothing is committed yet: ``job.confirmation_requested`` puts the
-job back in the queue as a new attempt of the same submission, and the runner of the
-first result may not claim it for ``confirmation.exclusive_s`` seconds (then any
-runner of the arch may, so a zoo with one runner still makes progress).
+**When.** A reported result that accepts is compared with the kernel's scorecard at HEAD.
+It is run a second time before anything is committed when (a) a case's primary metric
+beats that case's recorded best (a non-seed ``metrics_best`` record, in the metric's
+declared direction) by more than the margin of the submission's lane
+(``confirmation.margin`` for GPU arches, ``confirmation.cpu_margin`` for ``cpu``; relative:
+new/best beyond 1 + margin for ``higher_better``, best/new for ``lower_better``), or (b) the
+kernel has no non-seed record yet: its first record (``confirmation.first_records``), on
+every lane. ``job.confirmation_requested`` puts the job back in the queue as a new attempt
+of the same submission, and the runner of the first result may not claim it for
+``confirmation.exclusive_s`` seconds (then any runner of the arch may, so a zoo with one
+runner still makes progress). An unverified result is never confirmed: it never becomes a best.
 
-The second report is the confirmation run, stored beside the first
-(``runs/<uuid>/confirm-result.json``; the first stays ``runs/<uuid>/result.json``).
-The two agree when both accept, every case's correctness is ``passed`` in both (the
-case's own correctness tolerance, applied by the package's benchmark, governs the
-outputs), and each case's primary metric differs by at most ``confirmation.agreement``
-relative to the first run's value (this governs the timings). Otherwise the
-submission is rejected with ``CONFIRMATION_MISMATCH`` and both results are kept.
-When they agree the accept saga commits the slower of the two (see
-:func:`committed_choice`): the conservative record.
+**Beside the reference.** The confirmation job's package carries the operator's reference
+kernel (:mod:`kz_daemon.queue.reference`): the candidate's benchmark times the candidate
+and the reference alternately in the same run, with the same harness and the same input
+distribution, and reports per case ``reference_ratio`` (the candidate's primary metric over
+the reference's). The host's speed is a common factor of both, so it cancels: a ratio
+measured on a loaded CPU host means what it means on a quiet one, which is what lets the
+CPU lane confirm at all. When the reference's source lacks the candidate's kernel (another
+module or function name) the harness times the kernel the reference's own benchmark names;
+when there is none, or the operator has no measured reference, the result says
+``reference: unavailable`` and the agreement falls back to the absolute comparison below.
+
+**Agreement.** The confirmation run is stored beside the first
+(``runs/<uuid>/confirm-result.json``; the first stays ``runs/<uuid>/result.json``). The two
+agree when both accept, every case's correctness is ``passed`` in both (the case's own
+correctness tolerance, applied by the package's benchmark, governs the outputs), and for
+each case: with a measured ratio, the first run's *implied* ratio (its value over the
+reference's recorded value at HEAD, the one kept with the choice) and the confirmation's
+measured ratio differ by at most ``confirmation.agreement`` (``cpu_agreement`` on the CPU
+lane) relative to the implied one; without one, the two runs' primary metrics differ by at
+most that much relative to the first run's value. Otherwise the submission is rejected with
+``CONFIRMATION_MISMATCH`` and both results are kept. When they agree the accept saga commits
+the slower of the two (see :func:`committed_choice`): the conservative record.
+
+What it catches: a first run whose figure the judge could not see through (a runner that
+reported more than it measured, a kernel fast only when it is not looked at twice) against
+a second run on another runner. A consistent cheat that fakes speed in ways the judge
+cannot see agrees with itself, in ratios as in absolute figures; the ratio is about noise,
+not cheats: it lets an honest CPU result be confirmed on a shared host.
 
 Everything here decides from the log and the stored files, so start-up recovery
 (:func:`recover`) takes the same decision for a report whose verdict a crash lost.
@@ -31,12 +52,14 @@ from typing import Any
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.guards import unconfined
+from kz_daemon.queue import reference
 from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
 from kz_events import events as ev
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP, is_seed_sha
 
-__all__ = ["CONFIRM_RESULT_FILE", "MISMATCH", "is_confirmation_run", "beyond_margin", "disagreement",
+__all__ = ["CONFIRM_RESULT_FILE", "MISMATCH", "is_confirmation_run", "beyond_margin", "first_record",
+           "needs_confirmation", "measured_ratios", "disagreement",
            "committed_choice", "store_run", "load_confirm_result", "committed_result", "verdict_events",
            "excluded", "recover"]
 
@@ -98,9 +121,56 @@ def beyond_margin(card: dict | None, metas: list[dict], cases: list[dict], margi
     return None
 
 
-def disagreement(first: list[dict], second: list[dict], metas: list[dict], agreement: float) -> list[str]:
-    """What keeps two runs' case summaries from agreeing (empty: they agree)."""
+def first_record(card: dict | None) -> bool:
+    """Whether a kernel's scorecard holds no measurement yet: no scorecard, or only seed records."""
+    for case in (card or {}).get("cases") or []:
+        for key in ("metrics_best", "metrics_current"):
+            for record in (case.get(key) or {}).values():
+                if isinstance(record, dict) and not is_seed_sha(str(record.get("commit_sha", ""))):
+                    return False
+    return True
+
+
+def needs_confirmation(card: dict | None, metas: list[dict], cases: list[dict], margin: float,
+                       first_records: bool, kernel_id: str = "") -> str | None:
+    """Why the run needs a confirmation run (a first record, or a case beyond the margin), or None."""
+    if first_records and first_record(card) and any(c.get("value") is not None for c in cases):
+        return f"the first record of {kernel_id or 'the kernel'} (no measured record yet)"
+    return beyond_margin(card, metas, cases, margin)
+
+
+def measured_ratios(result: Any, choice: dict | None) -> dict[str, dict]:
+    """test_case_id -> the confirmation result's ``reference_ratio``, when it measured the chosen reference.
+
+    Empty when no reference was chosen, the result says ``reference: unavailable``, or it names
+    another kernel or commit than the stored choice (a package built before the choice changed).
+    """
+    if not isinstance(result, dict) or not choice or "unavailable" in choice:
+        return {}
+    ref = result.get("reference")
+    if not isinstance(ref, dict) or ref.get("status") != "measured" or \
+            ref.get("kernel_id") != choice.get("kernel_id") or ref.get("commit") != choice.get("commit"):
+        return {}
+    out = {}
+    for case in result.get("cases") or []:
+        ratio = case.get("reference_ratio") if isinstance(case, dict) else None
+        if isinstance(ratio, dict) and isinstance(ratio.get("value"), (int, float)) and ratio["value"] > 0 \
+                and math.isfinite(ratio["value"]):
+            out[str(case.get("test_case_id"))] = ratio
+    return out
+
+
+def disagreement(first: list[dict], second: list[dict], metas: list[dict], agreement: float,
+                 ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None) -> list[str]:
+    """What keeps two runs' case summaries from agreeing (empty: they agree).
+
+    ``ratios`` (the confirmation's measured ``reference_ratio`` per case) and ``recorded`` (the
+    reference's recorded primary value per case): where a case has both, its first value over
+    the recorded one (the implied ratio) is compared with the measured ratio; any other case
+    compares the two runs' primary metrics.
+    """
     problems = []
+    ratios, recorded = ratios or {}, recorded or {}
     primaries = _directions(metas)
     seconds = {c["test_case_id"]: c for c in second}
     for case in first:
@@ -116,6 +186,14 @@ def disagreement(first: list[dict], second: list[dict], metas: list[dict], agree
         primary = primaries.get(cid, (case.get("primary_metric"),))[0]
         if a is None or b is None:
             problems.append(f"{cid}: {primary} not measured in both runs")
+            continue
+        if cid in ratios and recorded.get(cid):
+            implied, measured = a / recorded[cid], float(ratios[cid]["value"])
+            apart = abs(measured - implied) / implied if implied else math.inf
+            if apart > agreement:
+                problems.append(f"{cid}: {primary} {a} is {implied:.4g}x the reference's record {recorded[cid]}, "
+                                f"but the confirmation measured {measured:.4g}x the reference in one run "
+                                f"({apart:.3g} apart, agreement {agreement:g})")
         elif a == b:
             continue
         elif a == 0 or abs(b - a) / abs(a) > agreement:
@@ -187,16 +265,22 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
     """
     accepted, code, message, details, _invalid = verdict
     settings = zoo.config.confirmation
+    arch = sub.arch or sub.kernel_id.split("/", 1)[0]  # the kernel id starts with the arch
     if confirming:
         first = pending_first(zoo, sub.uuid, metas, summarize)
+        choice = reference.load(zoo.pending, sub.uuid)
+        ratios = measured_ratios(run.result, choice)
+        recorded = {k: float(v) for k, v in ((choice or {}).get("values") or {}).items()} if ratios else {}
         problems = [] if accepted else [f"the confirmation run did not accept: {code}: {message}"]
-        problems += disagreement(first, cases, metas, settings.agreement) if first is not None \
-            else ["the first result is no longer stored"]
+        problems += disagreement(first, cases, metas, settings.agreement_for(arch), ratios, recorded) \
+            if first is not None else ["the first result is no longer stored"]
         if problems:
+            ref = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} if choice else {}
+            ref["ratios"] = "measured" if ratios else "unavailable"
             return [ev.SubmissionRejected(
                 uuid=sub.uuid, stage="result", code=MISMATCH,
                 message="the confirmation run does not agree with the first run: " + "; ".join(problems[:5]),
-                details={"problems": problems, "confirmation_code": code or None,
+                details={"problems": problems, "confirmation_code": code or None, "reference": ref,
                          "results": ["result.json", CONFIRM_RESULT_FILE]})]
     elif not accepted:
         return [ev.SubmissionRejected(uuid=sub.uuid, stage="result", code=code or "PACKAGE_REJECTED",
@@ -204,8 +288,8 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
     else:
         with zoo.git_lock:
             card = scorecard.load(zoo.git.read_file(f"{sub.kernel_id}/{KP}/{BENCH_RESULT}"))
-        arch = sub.arch or sub.kernel_id.split("/", 1)[0]  # the kernel id starts with the arch
-        reason = beyond_margin(card, metas, cases, settings.margin_for(arch))
+        reason = needs_confirmation(card, metas, cases, settings.margin_for(arch), settings.first_records,
+                                    sub.kernel_id)
         # an unverified result never becomes a best: a second run could not change what it records
         unverified = isinstance(run.result, dict) and run.result.get("measurement") == "unverified"
         if reason is not None and not unverified:

@@ -10,7 +10,8 @@ is an event: there is no queue state here besides the fold of the log.
 The tarball a runner receives (:func:`runner_package`) is the submission plus the
 kernel's current ``.kernel_package/bench_result.yaml`` at HEAD, or a seed scorecard
 with the ``0000000`` sentinel for a new kernel_id, built deterministically (sorted
-members, zero mtimes and owners) and cached per scorecard blob.
+members, zero mtimes and owners) and cached per scorecard blob; a confirmation run's also
+carries the operator's reference kernel (:mod:`kz_daemon.queue.reference`).
 """
 from __future__ import annotations
 
@@ -27,14 +28,14 @@ from kz_daemon.config.settings import Limits
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards import harness_lock
-from kz_daemon.queue import confirm, reruns
+from kz_daemon.queue import confirm, reference, reruns
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import RUNNER_TARBALL, RUNNER_TARBALL_KEY
 from kz_events import events as ev
 from kz_events.durable import atomic_write
 from kz_events.reducer import next_claimable
 from kz_events.status import Status
-from kz_runner.contract.layout import BENCH_RESULT, DESC, KP
+from kz_runner.contract.layout import BENCH_RESULT, DESC, KP, REFERENCE_DIR
 from kz_runner.contract.tarball import scan_tarball
 from kz_runner.contract.targz import deterministic_targz
 
@@ -242,11 +243,17 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
         # an existing kernel runs HEAD's harness, whatever the package holds (a maintainer's
         # own harness change runs as submitted: HEAD still has the old one)
         harness = {} if sub.harness_change else harness_lock.head_harness(zoo.git, kid)
+        # a confirmation run carries the operator's reference kernel (chosen once, kept in pending/)
+        extra = reference.package_entries(zoo.git, kid, reference.decide(
+            zoo.pending, zoo.git, sub_uuid, kid, zoo.pending.metas(sub_uuid))) \
+            if confirm.is_confirmation_run(sub) else {}
     if current is None:
         metas = zoo.pending.metas(sub_uuid)
         current = scorecard.dump(scorecard.seed_scorecard(kid, metas))
     key = hashlib.sha256(current + b"".join(hashlib.sha256(harness[n]).digest()
-                                            for n in sorted(harness))).hexdigest()
+                                            for n in sorted(harness))
+                         + b"".join(hashlib.sha256(n.encode() + b"\0" + extra[n]).digest()
+                                    for n in sorted(extra))).hexdigest()
     target = folder / RUNNER_TARBALL
     key_file = folder / RUNNER_TARBALL_KEY
     try:
@@ -254,7 +261,7 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
             return target
     except (OSError, ValueError):
         pass
-    data = build_runner_tarball(zoo.pending.package(sub_uuid), kid, current, zoo.config.limits, harness)
+    data = build_runner_tarball(zoo.pending.package(sub_uuid), kid, current, zoo.config.limits, harness, extra)
     # a cache: a crash may lose it (it is rebuilt), never leave it half-written
     atomic_write(target, data, fsync=False)
     key_file.write_text(json.dumps({"scorecard_sha256": key}) + "\n")
@@ -262,10 +269,12 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
 
 
 def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits,
-                         harness: dict[str, bytes] | None = None) -> bytes:
+                         harness: dict[str, bytes] | None = None, extra: dict[str, bytes] | None = None) -> bytes:
     """Deterministic tar.gz bytes: every member of ``package`` plus ``<kid>/.kernel_package/bench_result.yaml``.
 
-    ``harness`` ({contract file name: bytes}, HEAD's) replaces those files of the package.
+    ``harness`` ({contract file name: bytes}, HEAD's) replaces those files of the package. A
+    submitted ``.kernel_package/reference/`` never reaches a runner: only the server puts the
+    reference kernel there, as ``extra`` ({path in the tarball: bytes}) of a confirmation run.
     """
     scan = scan_tarball(package, limits.contract_limits, capture=lambda name: True,
                         capture_bytes=limits.max_member_bytes)
@@ -273,8 +282,13 @@ def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, lim
         raise ZooError("CONFLICT", f"the stored package of {kernel_id} no longer passes the tarball checks",
                        {"problems": [p.to_json() for p in scan.problems]})
     entries: dict[str, tuple[str, int, bytes]] = {}
+    planted = f"{kernel_id}/{KP}/{REFERENCE_DIR}"
     for member in scan.members:
+        if member.name == planted or member.name.startswith(planted + "/"):
+            continue
         entries[member.name] = (member.kind, member.mode, scan.captured.get(member.name, b""))
+    for name, data in (extra or {}).items():
+        entries[name] = ("file", 0o644, data)
     bench_path = f"{kernel_id}/{KP}/{BENCH_RESULT}"
     entries[bench_path] = ("file", 0o644, bench_result)
     for name, data in (harness or {}).items():

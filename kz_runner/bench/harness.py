@@ -29,6 +29,7 @@ writes the document to the real stdout and returns the exit code.
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import io
 import json
@@ -58,7 +59,7 @@ from kz_runner.bench.output import build_document, case_result, write_document
 from kz_runner.bench.scorecard import Scorecard, regression_check
 from kz_runner.bench.timing import Timing, summarize, time_fn
 from kz_runner.bench.trials import Trials, judge_inputs, mismatches
-from kz_runner.contract.layout import BENCH_RESULT, KP
+from kz_runner.contract.layout import BENCH_RESULT, KP, REFERENCE_DIR, REFERENCE_FILE
 
 USAGE = "usage: benchmark.py <workdir>"
 CPU_TRIALS = 4  # argument buffers rotated on the CPU, as many as the input copies it always rotated
@@ -71,6 +72,9 @@ JUDGE_VOIDS = {"WRONG_OUTPUT": "WRONG_OUTPUT", "TIMER_TAMPERED": TIMER_TAMPERED,
 BUSY_RETRIES = 2
 # The judge's batches: at least this many (the spread of a figure is over the batches' means).
 JUDGE_MIN_BATCHES = 8
+# A confirmation run times the candidate and the operator's reference alternately, A B A B A B: the
+# ratio is the median of the candidate's rounds over the median of the reference's.
+REFERENCE_ROUNDS = 3
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -113,6 +117,49 @@ def _import_kernel(ref: KernelRef, package_root: Path) -> Callable:
     if src not in sys.path:
         sys.path.insert(0, src)
     return getattr(importlib.import_module(ref.module), ref.function)
+
+
+def _read_reference(package_root: Path) -> dict[str, Any] | None:
+    """``.kernel_package/reference/reference.json`` of a confirmation run's package, or None (not one)."""
+    path = package_root / KP / REFERENCE_DIR / REFERENCE_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"status": "unavailable", "unavailable": f"{REFERENCE_FILE} is unreadable: {exc}"}
+    return doc if isinstance(doc, dict) else {"status": "unavailable", "unavailable": f"{REFERENCE_FILE} is no object"}
+
+
+def _defines(src: Path, module: str, function: str) -> bool:
+    """Whether ``src/<module>.py`` (or its package's ``__init__.py``) binds ``function`` at top level.
+
+    Read with ``ast``: the benchmark's process never imports a source area, the reference's included.
+    """
+    base = src.joinpath(*module.split("."))
+    for path in (base.parent / (base.name + ".py"), base / "__init__.py"):
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == function:
+                return True
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == function
+                                                    for t in node.targets):
+                return True
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == function:
+                return True
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and \
+                    any((a.asname or a.name.split(".")[0]) == function for a in node.names):
+                return True
+    return False
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 class StdoutGuard:
@@ -176,6 +223,21 @@ def metric_spread(value: float, timing: Timing, direction: str) -> dict[str, Any
         lo, hi = value * s.median_lo / s.median, value * s.median_hi / s.median
     lo, hi = min(lo, value), max(hi, value)  # the interval always holds the figure itself
     return {"n": int(s.n), "lo": float(lo), "hi": float(hi)}
+
+
+def reference_ratio(timing: Timing, direction: str) -> dict[str, Any] | None:
+    """``{value, lo, hi, rounds}`` of a primary metric over the reference's, from ``timing``'s time ratio.
+
+    A time metric (``lower_better``) is proportional to the time, so its ratio is the time
+    ratio; a rate (``higher_better``) is inversely proportional, so its ratio is the inverse.
+    """
+    ref = timing.reference
+    if not ref or not (ref["time_ratio"] > 0 and ref["lo"] > 0 and ref["hi"] > 0):
+        return None
+    if direction == "higher_better":
+        return {"value": 1.0 / ref["time_ratio"], "lo": 1.0 / ref["hi"], "hi": 1.0 / ref["lo"],
+                "rounds": ref["rounds"]}
+    return {"value": ref["time_ratio"], "lo": ref["lo"], "hi": ref["hi"], "rounds": ref["rounds"]}
 
 
 class CaseRun:
@@ -299,8 +361,6 @@ class CaseRun:
         """Check and time ``ref`` through the judge (see the module docstring); the findings are values."""
         import numpy as np
 
-        from kz_runner.judge import Judge
-
         harness = self.harness
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (() if inputs is None else (inputs,))
         base = tuple(np.array(a) if hasattr(a, "__array__") and not np.isscalar(a) else a for a in args)
@@ -324,43 +384,94 @@ class CaseRun:
         env = dict(os.environ)
         if prefix:  # the worker's view has its own /tmp and none of this process's folders
             env.update({"HOME": "/tmp", "TMPDIR": "/tmp"})
-        src = Path(channel.worker_source() or harness.package_root) / "src"
+        root = Path(channel.worker_source() or harness.package_root)
         options = dict(atol=atol, rtol=rtol, first_inputs=base, first_expected=expected0,
                        calls=int(settings.get("min_reps", 10)), min_batches=JUDGE_MIN_BATCHES,
                        target_rse=float(settings.get("target_rse", 0.005)),
                        budget_s=float(settings.get("budget_s", 2.0)))
+        later = dict(options, first_inputs=None, first_expected=None)
+        out_mode = "out_pos" if out is not None else "return"
+        target, why = harness.reference_kernel(ref) if harness.reference is not None else (None, "")
+        results: list[Any] = []
+        ref_results: list[Any] = []
+        for round_no in range(REFERENCE_ROUNDS if target is not None else 1):
+            result = self._judge_run(prefix, env, root / "src", ref, out_mode, inputs_fn, reference,
+                                     options if round_no == 0 else later)
+            if result is None:
+                self._void(Finding(HARNESS_ERROR, f"the judge could not start the kernel's worker: {self._start_error}",
+                                   self.id))
+            if round_no == 0 and result.first_output is not None:
+                first = result.first_output[0] if len(result.first_output) == 1 else tuple(result.first_output)
+                self.check(first, expected0)
+            for f in result.findings:
+                evidence = {k: v for k, v in f.evidence.items() if isinstance(v, (int, float, str, bool, type(None)))}
+                if f.code in JUDGE_VOIDS:
+                    self._void(Finding(JUDGE_VOIDS[f.code], f.message, self.id, evidence))
+                raise CaseFailure(f.line())
+            results.append(result)
+            if target is None or why:
+                continue
+            # the reference, timed the same way on the same distribution of inputs, right after
+            other = self._judge_run(prefix, env, root / KP / REFERENCE_DIR / "src", target, out_mode, inputs_fn,
+                                    reference, later)
+            if other is None:
+                why = f"the reference's worker did not start: {self._start_error}"
+            elif other.findings:
+                why = f"the reference kernel {target} did not time cleanly: {other.findings[0].line()}"[:500]
+            elif not (other.batch_mean_median_ns > 0 and results[-1].batch_mean_median_ns > 0):
+                why = "the reference kernel's timing has no clean batch"
+            else:
+                ref_results.append(other)
+        clean = [m / 1e6 for r in results for m, ok in zip(r.batch_means_ns, r.clean) if ok] or \
+            [m / 1e6 for r in results for m in r.batch_means_ns]
+        if not clean:
+            raise CaseFailure("HARNESS_ERROR: the judge timed no batch")
+        ratio = None
+        if target is not None and not why and len(ref_results) == len(results):
+            mine = [r.batch_mean_median_ns for r in results]
+            theirs = [r.batch_mean_median_ns for r in ref_results]
+            value = _median(mine) / _median(theirs)
+            per_round = [a / b for a, b in zip(mine, theirs)]
+            ratio = {"kernel": str(target), "time_ratio": value, "lo": min(min(per_round), value),
+                     "hi": max(max(per_round), value), "rounds": len(per_round)}
+            harness.log(f"case {self.id}: {value:.4g}x the reference's time ({harness.reference_name()} "
+                        f"{target}, {len(per_round)} rounds, {min(per_round):.4g}..{max(per_round):.4g})")
+        elif target is not None or why:
+            harness.reference_missing(self.id, why or "the reference was not timed")
+        last = results[-1]
+        return Timing(stats=summarize(clean), device="cpu", stop_reason=last.stop_reason or "batches",
+                      target_rse=options["target_rse"], warmup_calls=0, rotations=int(last.overhead.get("slots", 1)),
+                      l2_flush_bytes=0, elapsed_s=sum(r.timed_wall_s for r in results),
+                      checked_calls=sum(r.compared for r in results),
+                      judge={"batch_size": last.batch_size, "batches": sum(len(r.walls_ns) for r in results),
+                             "clean_batches": sum(sum(r.clean) for r in results), "calls": sum(r.n for r in results),
+                             "overhead_ns": round(last.overhead.get("batch_overhead_ns", 0.0)),
+                             "elapsed_s": round(sum(r.elapsed_s for r in results), 4)},
+                      reference=ratio)
+
+    _start_error = ""
+
+    def _judge_run(self, prefix: list[str], env: dict[str, str], src: Path, ref: KernelRef, out_mode: str,
+                   inputs_fn: Callable, reference: Callable, options: dict[str, Any]) -> Any:
+        """One ``Judge.time`` of ``ref`` from ``src`` (again when the machine was too busy); None when its
+        worker could not start (``_start_error`` says why)."""
+        from kz_runner.judge import Judge
+
+        result = None
         for attempt in range(BUSY_RETRIES + 1):
             try:
-                judge = Judge.start(prefix, src, ref.module, ref.function,
-                                    out_mode="out_pos" if out is not None else "return", env=env, harden=True)
+                judge = Judge.start(prefix, src, ref.module, ref.function, out_mode=out_mode, env=env, harden=True)
             except RuntimeError as exc:
-                self._void(Finding(HARNESS_ERROR, f"the judge could not start the kernel's worker: {exc}", self.id))
+                self._start_error = str(exc)
+                return None
             try:
                 result = judge.time(inputs_fn, reference, **options)
             finally:
                 judge.close()
             if result.codes != ["MACHINE_BUSY"] or attempt == BUSY_RETRIES:
                 break
-            harness.log(f"case {self.id}: the machine was too busy to judge the timing; again")
-        if result.first_output is not None:
-            first = result.first_output[0] if len(result.first_output) == 1 else tuple(result.first_output)
-            self.check(first, expected0)
-        for f in result.findings:
-            evidence = {k: v for k, v in f.evidence.items() if isinstance(v, (int, float, str, bool, type(None)))}
-            if f.code in JUDGE_VOIDS:
-                self._void(Finding(JUDGE_VOIDS[f.code], f.message, self.id, evidence))
-            raise CaseFailure(f.line())
-        clean = [m / 1e6 for m, ok in zip(result.batch_means_ns, result.clean) if ok] or \
-            [m / 1e6 for m in result.batch_means_ns]
-        if not clean:
-            raise CaseFailure("HARNESS_ERROR: the judge timed no batch")
-        return Timing(stats=summarize(clean), device="cpu", stop_reason=result.stop_reason or "batches",
-                      target_rse=options["target_rse"], warmup_calls=0, rotations=int(result.overhead.get("slots", 1)),
-                      l2_flush_bytes=0, elapsed_s=result.timed_wall_s, checked_calls=result.compared,
-                      judge={"batch_size": result.batch_size, "batches": len(result.walls_ns),
-                             "clean_batches": sum(result.clean), "calls": result.n,
-                             "overhead_ns": round(result.overhead.get("batch_overhead_ns", 0.0)),
-                             "elapsed_s": round(result.elapsed_s, 4)})
+            self.harness.log(f"case {self.id}: the machine was too busy to judge the timing; again")
+        return result
 
     def _void(self, finding: Finding) -> None:
         """Record ``finding`` on the harness (it voids the run) and stop the case."""
@@ -436,6 +547,10 @@ class Harness:
         self.trial_seed = channel.trial_seed()  # the in-process (unverified) timing's; the judge draws its own
         self.finding: Finding | None = None  # the first integrity finding; it voids the run
         self.unverified = False  # set once a kernel was timed in this process (not by the judge)
+        # a confirmation run's package names the operator's reference kernel: it is timed beside each case
+        self.reference = _read_reference(self.package_root)
+        self._reference_missing: dict[str, str] = {}  # case -> why it has no reference_ratio
+        self._reference_timed: set[str] = set()  # the reference kernels timed, as src/<module>.py:<function>
 
     @classmethod
     def from_argv(cls, argv: Sequence[str], package_file: str | Path, metas: Sequence[dict[str, Any]],
@@ -452,6 +567,58 @@ class Harness:
             harness._guard = StdoutGuard().__enter__()
             harness._out = harness._guard.stream
         return harness
+
+    # -- the reference kernel of a confirmation run -----------------------------------
+
+    def reference_name(self) -> str:
+        """The reference kernel's kernel_id (or a placeholder when the package names none)."""
+        return str((self.reference or {}).get("kernel_id") or "the reference")
+
+    def reference_kernel(self, ref: KernelRef) -> tuple[KernelRef | None, str]:
+        """The reference's kernel to time beside ``ref``, or (None, why not).
+
+        The same module and function when the reference's source area defines it (read with
+        ``ast``); else the one kernel the reference's own benchmark names with ``bench.kernel``
+        (or the one of them with ``ref``'s function name).
+        """
+        doc = self.reference or {}
+        if doc.get("status") != "available":
+            return None, str(doc.get("unavailable") or "the package names no reference kernel")
+        src = self.package_root / KP / REFERENCE_DIR / "src"
+        if _defines(src, ref.module, ref.function):
+            return ref, ""
+        declared = []
+        for pair in doc.get("kernels") or []:
+            try:
+                declared.append(kernel(*pair))
+            except (TypeError, ValueError):
+                continue
+        pick = declared[0] if len(declared) == 1 else next((k for k in declared if k.function == ref.function), None)
+        if pick is not None and _defines(src, pick.module, pick.function):
+            return pick, ""
+        return None, (f"the reference kernel {self.reference_name()} defines no {ref} and its benchmark names no "
+                      "kernel of its own that it defines")
+
+    def reference_missing(self, case_id: str, why: str) -> None:
+        """Record why ``case_id`` carries no reference ratio (said in the document's ``reference``)."""
+        self._reference_missing.setdefault(case_id, why)
+        self.log(f"case {case_id}: reference unavailable: {why}")
+
+    def _reference_doc(self, ratios: int) -> dict[str, Any] | None:
+        """The document's ``reference``: which kernel was timed, and whether any case has a ratio."""
+        if self.reference is None:
+            return None
+        doc: dict[str, Any] = {"status": "measured" if ratios else "unavailable"}
+        for key in ("kernel_id", "commit"):
+            if isinstance(self.reference.get(key), str):
+                doc[key] = self.reference[key]
+        if self._reference_timed:
+            doc["kernel"] = ", ".join(sorted(self._reference_timed))[:300]
+        if self._reference_missing:
+            doc["reason"] = "; ".join(f"{k}: {v}" for k, v in self._reference_missing.items())[:2000]
+        elif not ratios:
+            doc["reason"] = str(self.reference.get("unavailable") or "no case was timed by the judge")[:2000]
+        return doc
 
     # -- helpers for the case bodies -------------------------------------------------
 
@@ -525,11 +692,17 @@ class Harness:
             else:
                 errors.append(f"metric {name} is not finite ({value})")
         spreads = {}
+        ratio = None
         if primary in metrics and primary in run.metric_timings:
             spread = metric_spread(metrics[primary], run.metric_timings[primary],
                                    directions.get(primary, "lower_better"))
             if spread is not None:
                 spreads[primary] = spread
+            ratio = reference_ratio(run.metric_timings[primary], directions.get(primary, "lower_better"))
+            if ratio is not None:
+                self._reference_timed.add(run.metric_timings[primary].reference["kernel"])  # type: ignore[index]
+        if self.reference is not None and ratio is None and run.id not in self._reference_missing:
+            self._reference_missing[run.id] = "its primary metric was not recorded after a judged timing"
         if run.checked is None:
             correctness = "failed"
             if not run.error:
@@ -565,6 +738,7 @@ class Harness:
                 correctness_detail=run.checked.to_detail() if run.checked else None,
                 accept_reason=reason,
                 error="; ".join(errors) if errors else None,
+                reference_ratio=ratio,
             )
         )
         self.log(f"case {run.id}: {'accept' if accept else 'REJECT'} ({reason})")
@@ -621,4 +795,6 @@ class Harness:
         else:
             reason = f"all {len(self.results)} cases accepted (regression tolerance " \
                      f"{self._describe_tolerance()} against the {self.against})"
-        return build_document(self.kernel_id, self.results, arch=arch, accept_reason=reason[:2000])
+        ratios = sum(1 for r in self.results if "reference_ratio" in r)
+        return build_document(self.kernel_id, self.results, arch=arch, accept_reason=reason[:2000],
+                              reference=self._reference_doc(ratios))

@@ -41,11 +41,14 @@ def case_result(
     correctness_detail: dict[str, Any] | None = None,
     accept_reason: str | None = None,
     error: str | None = None,
+    reference_ratio: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One ``cases[]`` entry; ``metrics`` as ``{name: value}`` or ``[{name, value, spread?}]``.
 
     ``spread`` (optional, per metric) is ``{n, lo, hi}``: how many timed calls the value
-    summarises and a 95 % confidence interval of it in the metric's unit.
+    summarises and a 95 % confidence interval of it in the metric's unit. ``reference_ratio``
+    (a confirmation run's) is ``{value, lo, hi, rounds}``: the primary metric over the
+    reference kernel's, timed alternately in the same run.
     """
     if correctness not in ("passed", "failed", "skipped"):
         raise ValueError(f"correctness must be passed, failed or skipped, not {correctness!r}")
@@ -70,6 +73,9 @@ def case_result(
         case["correctness_detail"] = correctness_detail
     if accept_reason is not None:
         case["accept_reason"] = accept_reason
+    if reference_ratio is not None:
+        case["reference_ratio"] = {"value": float(reference_ratio["value"]), "lo": float(reference_ratio["lo"]),
+                                   "hi": float(reference_ratio["hi"]), "rounds": int(reference_ratio["rounds"])}
     return case
 
 
@@ -83,8 +89,12 @@ def build_document(
     accept_reason: str | None = None,
     ran_at: str | None = None,
     arch_detector: Callable[[], str] | None = None,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The benchmark_output document: overall.accept = build_ok AND every case accepted.
+
+    ``reference`` (a confirmation run's): which reference kernel was timed beside the
+    candidate (``kernel_id``, ``commit``, ``status`` measured or unavailable, ``reason``).
 
     Raises ValueError for NaN/Inf anywhere and, when jsonschema is importable, for a
     document the schema rejects: both are bugs in the calling benchmark.py.
@@ -117,6 +127,8 @@ def build_document(
         "overall": {"accept": accept, "accept_reason": accept_reason, "build_ok": bool(build_ok)},
         "cases": cases,
     }
+    if reference is not None:
+        doc["reference"] = dict(reference)
     bad = nonfinite_paths(doc)
     if bad:
         raise ValueError(f"NaN/Inf is not allowed in benchmark output: {', '.join(bad)}")

@@ -140,6 +140,9 @@ class Timing:
     # timed by the judge (kz_runner.judge): its batches and overhead; the samples are then the clean
     # batches' mean call times (only a batch's sum is checked against the judge's clock), n is the batches
     judge: dict[str, Any] | None = None
+    # a confirmation run's: the operator's reference kernel timed alternately with this one in the same
+    # run, {kernel, time_ratio (this median / the reference's), lo, hi (over the rounds), rounds}
+    reference: dict[str, Any] | None = None
 
     @property
     def median_ms(self) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["KP", "DESC", "BENCH_RESULT", "BUILD_TEST_ENV", "BENCHMARK", "CONTRACT_FILES",
            "HARNESS_FILES", "SEED_SHA", "SEED_SUBMITTER", "SEED_RECORDED_AT", "PENDING_COMMIT", "is_seed_sha",
            "seed_scorecard", "CONTROL_ENV", "RESULT_ENV", "LIBRARY_CODES", "WORKER_SANDBOX_ENV",
-           "WORKER_SOURCE_ENV", "MEASUREMENTS"]
+           "WORKER_SOURCE_ENV", "MEASUREMENTS", "REFERENCE_DIR", "REFERENCE_FILE"]
 
 #: the contract area's folder name.
 KP = ".kernel_package"
@@ -44,6 +44,12 @@ WORKER_SOURCE_ENV = "KZ_WORKER_SOURCE"
 #: how a run's figures were measured (``env.measurement``): by the judge, whose process never
 #: ran the package's code, or by a harness that ran it in its own process (never ranked).
 MEASUREMENTS = ("judged", "unverified")
+#: a confirmation run's package carries the operator's reference kernel here, under its own
+#: contract area (``.kernel_package/reference/``): its source area, and ``reference.json`` naming
+#: it (kernel_id, source commit, the kernels its benchmark declares) or saying why there is none.
+#: Only the server puts it there: a submitted package's copy is dropped from every runner package.
+REFERENCE_DIR = "reference"
+REFERENCE_FILE = "reference.json"
 #: the placeholder the accept saga writes into the scorecard before its source commit exists.
 PENDING_COMMIT = "__PENDING_COMMIT__"
 

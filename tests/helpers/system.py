@@ -81,6 +81,24 @@ intake:
 {extra}"""
 
 
+def pin_confirmation(state_dir: Path) -> None:
+    """Give a daemon started as a subprocess the confirmation tests/conftest.py pins in this one.
+
+    Its kz.yaml gets the pinned values unless it has a ``confirmation:`` section of its own;
+    a missing kz.yaml is written from the (pinned) default.
+    """
+    from kz_daemon.config.settings import write_default
+    from tests.conftest import PINNED_CONFIRMATION
+
+    path = Path(state_dir) / "kz.yaml"
+    if write_default(path):
+        return
+    text = path.read_text(encoding="utf-8")
+    if not any(line.startswith("confirmation:") for line in text.splitlines()):
+        pinned = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in PINNED_CONFIRMATION.items())
+        path.write_text(text.rstrip("\n") + f"\nconfirmation: {{{pinned}}}\n", encoding="utf-8")
+
+
 # -- processes ----------------------------------------------------------------------------------
 
 class ZooProcess:
@@ -95,6 +113,7 @@ class ZooProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         (self.state_dir / "kz.yaml").write_text(CONFIG.format(port=self.port, lease=lease, attempts=attempts,
                                                               extra=extra_yaml))
+        pin_confirmation(self.state_dir)
         self.config = init_state_dir(self.state_dir, seed_from=seed_from)
         store = TokenStore(self.state_dir / "auth.yaml")
         self.tokens = {rid: store.issue("runner", rid) for rid in runners}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -14,6 +15,7 @@ from kz_daemon.api.views import Catalog, case_metric, matches
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
 from kz_daemon.http.app import create_app
+from kz_daemon.storage.pending import LOGS_FILE, PendingStore
 from kz_daemon.web import charts as web_charts
 from kz_daemon.web.pages import log_blocks
 from kz_daemon.web.render import TEMPLATES, fmt_speedup, markdown
@@ -172,10 +174,14 @@ def test_case_metric_shapes():
 
 
 class _LogsZoo:
-    """Stands in for the daemon, whose side of runner logs does not exist yet: one status document with logs."""
+    """Stands in for the daemon: one status document with its logs, kept in its run folder."""
 
-    def __init__(self, doc: dict) -> None:
+    def __init__(self, doc: dict, state_dir: Path) -> None:
         self.doc = doc
+        self.pending = PendingStore(state_dir / "pending", state_dir / "runs")
+        run = self.pending.run_folder(doc["uuid"])
+        run.mkdir(parents=True)
+        (run / LOGS_FILE).write_text(doc["logs"])  # the run's logs are kept: not pruned
 
     def submission(self, uuid: str) -> dict:
         if uuid != self.doc["uuid"]:
@@ -197,7 +203,7 @@ def test_submission_page_shows_logs_reasons_with_hints_and_history(tmp_path):
                       "primary_metric": "latency_us", "value": 12.5}],
            "logs": "build ok\n<script>window.x=1</script>\n",
            "log_tails": {"benchmark": "x" * 70_000 + "TAIL-END"}}
-    app = create_app(_LogsZoo(doc), TokenStore(tmp_path / "auth.yaml"))
+    app = create_app(_LogsZoo(doc, tmp_path), TokenStore(tmp_path / "auth.yaml"))
     with TestClient(app) as client:
         html = client.get("/submissions/u-1").text
         assert client.get("/submissions/u-2").status_code == 404

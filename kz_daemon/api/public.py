@@ -22,6 +22,7 @@ from kz_daemon.api import authz, listing, rate_limits as limits, views
 from kz_daemon.api.metrics import accept_latency, render_metrics
 from kz_daemon.api.spec import Op, Param
 from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
+from kz_daemon.config.ports import service_of
 from kz_daemon.core.errors import ZooError
 from kz_daemon.intake import idempotency
 from kz_daemon.storage.run_logs import logs_doc
@@ -435,12 +436,10 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text exposition."""
-    zoo = request.app.state.zoo
+    zoo = service_of(request.app.state)
     data = dict(await run_in_threadpool(zoo.metrics))
     if "accept_latency_seconds" not in data:
-        state = getattr(getattr(zoo, "store", None), "state", None)
-        data["accept_latency_seconds"] = await run_in_threadpool(
-            accept_latency, getattr(state, "submissions", {}))
+        data["accept_latency_seconds"] = await run_in_threadpool(accept_latency, zoo.store.state.submissions)
     text = render_metrics(data, request.app.state.http_counters)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -18,6 +18,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from kz_daemon.api import authz, rate_limits as limits, views
 from kz_daemon.api.public import wait_slices
 from kz_daemon.api.spec import Op
+from kz_daemon.config.ports import service_of
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.run_logs import clean_tails
 
@@ -29,13 +30,15 @@ def rfc3339(epoch: float | str | None) -> str | None:
     return datetime.fromtimestamp(float(epoch), tz=UTC).isoformat().replace("+00:00", "Z")
 
 
-def _str_field(doc: dict[str, Any], name: str, required: bool = True) -> str | None:
+def _str_field(doc: dict[str, Any], name: str) -> str:
     value = doc.get(name)
-    if value is None and not required:
-        return None
     if not isinstance(value, str) or not value:
         raise ZooError("BAD_REQUEST", f"field {name} must be a non-empty string", {"field": name})
     return value
+
+
+def _optional_str_field(doc: dict[str, Any], name: str) -> str | None:
+    return None if doc.get(name) is None else _str_field(doc, name)
 
 
 def claim_doc(claim: Any, settings: Any) -> dict[str, Any]:
@@ -74,12 +77,10 @@ async def claim(request: Request) -> Response:
                             or (isinstance(gpu, int) and gpu < 0)):
         raise ZooError("BAD_REQUEST", "field gpu must be a GPU index: a string or an integer >= 0",
                        {"field": "gpu"})
-    _str_field(doc, "host", required=False)
-    note = getattr(state.zoo, "note_runner", None)
-    if note is not None:
-        await run_in_threadpool(note, runner_id, {"arch": arch, "host": doc.get("host"),
-                                                  "gpu": None if gpu is None else str(gpu)})
-    zoo = state.zoo
+    _optional_str_field(doc, "host")
+    zoo = service_of(state)
+    await run_in_threadpool(zoo.note_runner, runner_id, {"arch": arch, "host": doc.get("host"),
+                                                         "gpu": None if gpu is None else str(gpu)})
     got = await run_in_threadpool(zoo.claim, runner_id, arch, 0)
     if got is None and wait > 0:
         got = await wait_slices(request, time.monotonic() + wait,
@@ -93,7 +94,7 @@ async def package(request: Request) -> Response:
     """GET /api/runner/package/{uuid}: the job's tar.gz (lease holder only)."""
     runner_id = authz.require_runner(request)
     uuid = request.path_params["uuid"]
-    path = await run_in_threadpool(request.app.state.zoo.runner_package, uuid, runner_id)
+    path = await run_in_threadpool(service_of(request.app.state).runner_package, uuid, runner_id)
     return FileResponse(path, media_type="application/gzip", filename=f"{uuid}.tar.gz")
 
 
@@ -104,10 +105,9 @@ async def renew(request: Request) -> Response:
     doc = await limits.read_json_object(request, state.settings.max_json_bytes, required=("lease_id",))
     lease_id = _str_field(doc, "lease_id")
     uuid = request.path_params["uuid"]
-    expires = await state.zoo.renew_async(uuid, runner_id, lease_id)
-    note = getattr(state.zoo, "note_runner", None)
-    if note is not None:  # a runner busy with a long job still serves its arch (no queue warning)
-        note(runner_id, {})
+    zoo = service_of(state)
+    expires = await zoo.renew_async(uuid, runner_id, lease_id)
+    zoo.note_runner(runner_id, {})  # a runner busy with a long job still serves its arch (no queue warning)
     return JSONResponse({"uuid": uuid, "lease_id": lease_id, "lease_expires_at": rfc3339(expires)})
 
 
@@ -121,7 +121,7 @@ async def release(request: Request) -> Response:
     if not isinstance(reason, str):
         raise ZooError("BAD_REQUEST", "field reason must be a string", {"field": "reason"})
     uuid = request.path_params["uuid"]
-    await state.zoo.release_async(uuid, runner_id, lease_id, reason[:500])
+    await service_of(state).release_async(uuid, runner_id, lease_id, reason[:500])
     return JSONResponse({"uuid": uuid, "released": True})
 
 
@@ -153,9 +153,10 @@ async def result(request: Request) -> Response:
         raise ZooError("BAD_REQUEST", "field logs_b64 is not valid base64", {"field": "logs_b64"}) from None
     tails = clean_tails(doc.get("log_tails"))
     uuid = request.path_params["uuid"]
-    view = await run_in_threadpool(state.zoo.report_result, uuid, runner_id, lease_id, result_doc,
+    zoo = service_of(state)
+    view = await run_in_threadpool(zoo.report_result, uuid, runner_id, lease_id, result_doc,
                                    logs, env, failure, tails)
-    return JSONResponse(views.submission_doc(view, f"/api/submissions/{uuid}/status", state.zoo))
+    return JSONResponse(views.submission_doc(view, f"/api/submissions/{uuid}/status", zoo))
 
 
 OPS: list[Op] = [

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kz_daemon.config.ports import Service
 from kz_daemon.core import hints
 from kz_daemon.intake import review
 from kz_daemon.queue import reruns
@@ -220,7 +221,7 @@ class Catalog:
         return encoded
 
 
-def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) -> dict[str, Any]:
+def submission_doc(view: Any, status_url: str | None = None, zoo: Service | None = None) -> dict[str, Any]:
     """The status document of a submission view (uuid, status, reasons, cases, commit_sha...)."""
     doc = plain(view)
     if not isinstance(doc, dict):
@@ -245,41 +246,38 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Any = None) ->
     return doc
 
 
-def add_run_logs(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
+def add_run_logs(doc: dict[str, Any], zoo: Service, sub_uuid: str) -> None:
     """``logs_url`` once a run was reported, and ``log_tails`` when the run sent any (a file read)."""
     if not isinstance(doc.get("result"), dict):
         return
     doc["logs_url"] = f"/api/submissions/{sub_uuid}/logs"
-    pending = getattr(zoo, "pending", None)
-    tails = logs.load_tails(pending.run_folder(sub_uuid)) if pending is not None else {}
+    tails = logs.load_tails(zoo.pending.run_folder(sub_uuid))
     if tails:
         doc["log_tails"] = tails
 
 
-def add_reruns(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
+def add_reruns(doc: dict[str, Any], zoo: Service, sub_uuid: str) -> None:
     """``reruns``: an accepted (or revoked) record's reruns, oldest first, each beside the record's figures."""
-    store = getattr(zoo, "store", None)
-    if store is None or doc.get("status") not in (Status.ACCEPTED, Status.REVOKED):
+    if doc.get("status") not in (Status.ACCEPTED, Status.REVOKED):
         return
-    with store.lock:
-        found = reruns.of_record(store.state, sub_uuid)
+    with zoo.store.lock:
+        found = reruns.of_record(zoo.store.state, sub_uuid)
     if found:
         doc["reruns"] = found
 
 
-def add_hold(doc: dict[str, Any], zoo: Any, sub_uuid: str) -> None:
+def add_hold(doc: dict[str, Any], zoo: Service, sub_uuid: str) -> None:
     """``held``: the rules that hold a held submission and their evidence (a file read), so a submitter sees why."""
-    if doc.get("status") != Status.HELD or getattr(zoo, "pending", None) is None:
+    if doc.get("status") != Status.HELD:
         return
     evidence = [f for f in review.evidence_of(zoo, sub_uuid) if isinstance(f, dict)]
     doc["held"] = {"rules": sorted({str(f.get("rule")) for f in evidence if f.get("rule")}), "evidence": evidence}
 
 
-def add_queue_warning(doc: dict[str, Any], zoo: Any) -> None:
+def add_queue_warning(doc: dict[str, Any], zoo: Service) -> None:
     """``queue_warning`` for a queued job no live runner serves (a job waiting in silence otherwise)."""
-    warn = getattr(zoo, "queue_warning", None)
-    if doc.get("status") == Status.QUEUED and warn is not None:
-        warning = warn(doc.get("arch"))
+    if doc.get("status") == Status.QUEUED:
+        warning = zoo.queue_warning(doc.get("arch"))
         if warning:
             doc["queue_warning"] = warning
 

@@ -3,20 +3,24 @@
 The queue, intake, accept saga, recovery, indexer and mirror take the daemon as
 their first argument; typing it here (instead of importing ``kz_daemon.ops.service``)
 keeps them free of the service module, so imports run one way: service → them.
+The HTTP layer takes the wider :class:`Service` (the daemon and its service calls),
+read from the app's state with :func:`service_of`.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol, cast
 
 from kz_daemon.config.settings import Config
 from kz_daemon.core.readmodel import SubmissionView
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import PendingStore
+from kz_events.log.history import Query
 from kz_events.log.store import Store
 
-__all__ = ["Daemon", "IndexPort", "IntakePort"]
+__all__ = ["Daemon", "IndexPort", "IntakePort", "Service", "service_of"]
 
 
 class IndexPort(Protocol):
@@ -42,16 +46,33 @@ class IntakePort(Protocol):
 class Daemon(Protocol):
     """The shared daemon object: its state, its locks and the few actions modules call back."""
 
-    config: Config
-    clock: Callable[[], float]
-    lock: AbstractContextManager[Any]       # decisions: read the state, then emit
-    git_lock: AbstractContextManager[Any]   # every git access
-    store: Store
-    git: GitStore
-    pending: PendingStore
-    intake: IntakePort
-    indexer: IndexPort
-    stopping: bool
+    # Read-only members (properties), so the daemon's own types satisfy them: a mutable
+    # protocol attribute would have to be of exactly the declared type (an RLock is not
+    # "an AbstractContextManager" there, nor an Indexer "an IndexPort").
+    @property
+    def config(self) -> Config: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """Decisions: read the state, then emit."""
+        ...
+    @property
+    def git_lock(self) -> AbstractContextManager[Any]:
+        """Every git access."""
+        ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def git(self) -> GitStore: ...
+    @property
+    def pending(self) -> PendingStore: ...
+    @property
+    def intake(self) -> IntakePort: ...
+    @property
+    def indexer(self) -> IndexPort: ...
+    @property
+    def stopping(self) -> bool: ...
 
     def note_runner(self, runner_id: str, info: dict | str | None = None) -> None:
         """Remember that a runner asked for work."""
@@ -68,3 +89,111 @@ class Daemon(Protocol):
     def log(self, message: str) -> None:
         """Tell the operator about trouble: one WARNING line in the daemon's log."""
         ...
+
+
+class Service(Daemon, Protocol):
+    """The daemon as the HTTP layer calls it: the ``Daemon`` and the service's calls (``Zoo``'s methods).
+
+    ``create_app`` takes one, so mypy checks that ``Zoo`` has every call a handler makes;
+    the handlers reach it through :func:`service_of`. Values of the wings above
+    ``config`` (a ``Claim``, an idempotency ``Decision``) are ``Any`` here.
+    """
+
+    def start(self) -> None:
+        """Recovery, then the daemon's threads."""
+        ...
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the threads and close the store and repo (never raises)."""
+        ...
+
+    def index(self) -> dict:
+        """The current index document."""
+        ...
+
+    def metrics(self) -> dict:
+        """Counters and gauges for /metrics."""
+        ...
+
+    def queue_view(self) -> dict:
+        """seq, pending, in flight, accepting, runners."""
+        ...
+
+    def queue_warning(self, arch: str | None) -> dict | None:
+        """Why a queued job of ``arch`` may wait (no live runner serves it), or None."""
+        ...
+
+    def submissions(self, query: Query, before: int | None = None, limit: int = 50) -> list[SubmissionView]:
+        """Submissions matching ``query``, newest first."""
+        ...
+
+    def wait_submission(self, sub_uuid: str, after_seq: int, timeout: float) -> SubmissionView:
+        """The view once it changed after ``after_seq`` (or at ``timeout``)."""
+        ...
+
+    def wait_intake(self, sub_uuid: str, timeout: float) -> SubmissionView:
+        """The view once intake decided the upload (or at ``timeout``)."""
+        ...
+
+    def drop_upload(self, fileobj: BinaryIO, meta: dict[str, Any]) -> str:
+        """Stream an upload into the inbox; its uuid."""
+        ...
+
+    def reserve_upload(self, submitter: str, key: str, sha256: str) -> Any:
+        """Decide an upload carrying an Idempotency-Key (an ``idempotency.Decision``)."""
+        ...
+
+    def release_upload(self, submitter: str, key: str, sub_uuid: str) -> None:
+        """Drop a key's reservation whose upload failed."""
+        ...
+
+    def note_verified(self, sub_uuid: str, kind: str, principal_id: str) -> None:
+        """Record who (a verified token) uploaded ``sub_uuid``."""
+        ...
+
+    def claim(self, runner_id: str, arch: str, wait_s: float = 0.0) -> Any:
+        """A job under a new lease (a ``queue.leases.Claim``), or None."""
+        ...
+
+    def runner_package(self, sub_uuid: str, runner_id: str) -> Path:
+        """The tar.gz for the lease holder."""
+        ...
+
+    async def renew_async(self, sub_uuid: str, runner_id: str, lease_id: str) -> float:
+        """Renew a lease; its new expiry."""
+        ...
+
+    async def release_async(self, sub_uuid: str, runner_id: str, lease_id: str, reason: str = "released") -> None:
+        """Give a lease back."""
+        ...
+
+    async def cancel_async(self, sub_uuid: str, by: str, reason: str = "cancelled") -> None:
+        """Cancel a submission."""
+        ...
+
+    def report_result(self, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
+                      logs: bytes = b"", env: dict | None = None,
+                      failure: dict | None = None, log_tails: dict | None = None) -> SubmissionView:
+        """A runner's report: the hard checks, then the accept saga or a rejection."""
+        ...
+
+    def reviews(self) -> list[dict]:
+        """The held submissions with their evidence."""
+        ...
+
+    def review(self, sub_uuid: str, decision: str, by: str, reason: str = "") -> SubmissionView:
+        """An admin's decision on a held submission."""
+        ...
+
+    def revoke(self, sub_uuid: str, by: str, reason: str) -> SubmissionView:
+        """Take an accepted record back."""
+        ...
+
+
+def service_of(state: Any) -> Service:
+    """The daemon on an HTTP app's ``state`` (``request.app.state``): what ``create_app`` was given, typed.
+
+    Starlette's ``app.state`` is untyped; reading the daemon through this makes every call a
+    handler makes on it checked against :class:`Service`, with no ``getattr`` fallbacks.
+    """
+    return cast(Service, state.zoo)

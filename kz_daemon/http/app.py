@@ -31,6 +31,7 @@ from kz_daemon.api.shim_settings import ShimSettings
 from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.views import Catalog
 from kz_daemon.browse import source_api
+from kz_daemon.config.ports import Service
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.http.guard import BodyDeadline, ConnectionGuard, accept_backlog, protocol_class, raise_fd_limit
 from kz_daemon.mcp.in_process import McpEndpoint
@@ -80,9 +81,12 @@ class _CountRequests:
             self.counters.add(name, status_holder[0])
 
 
-def create_app(zoo: Any, tokens: TokenStore, settings: ShimSettings | None = None, *,
+def create_app(zoo: Service, tokens: TokenStore, settings: ShimSettings | None = None, *,
                history: Any = None, notifier: Notifier | None = None, version: str = "0") -> Starlette:
-    """The HTTP shim for ``zoo``: public API, runner API, web pages, /openapi.json."""
+    """The HTTP shim for ``zoo``: public API, runner API, web pages, /openapi.json.
+
+    ``zoo`` goes on ``app.state.zoo``; handlers read it back with ``service_of`` (typed).
+    """
     settings = settings or ShimSettings()
     notifier = notifier or Notifier({})
     ops = api_ops()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kz_daemon.api.shim_settings import from_config
+from kz_daemon.config.ports import Service
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
 from kz_daemon.http.app import create_app, make_server
@@ -74,7 +75,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
 
 
-def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
+def serve(zoo: Service, app: Any, sock: socket.socket, options: ServeOptions, *,
           banner: Callable[[str], None] | None = None, out: TextIO = sys.stdout,
           notifier: Notifier | None = None) -> int:
     """Serve ``app`` on ``sock`` until SIGINT/SIGTERM; ``zoo`` must be started already. Returns 0."""
@@ -119,9 +120,7 @@ def serve(zoo: Any, app: Any, sock: socket.socket, options: ServeOptions, *,
         asyncio.run(main())
     finally:
         _stop_child(child[0], options.runner_grace_s)
-        stop = getattr(zoo, "stop", None)
-        if stop is not None:
-            stop(options.zoo_stop_s)
+        zoo.stop(options.zoo_stop_s)
         notifier.close()
         print("kz: stopped", file=out, flush=True)
     return 0

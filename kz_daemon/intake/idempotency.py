@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import uuid as uuidlib
+from collections.abc import Container
 from dataclasses import dataclass
 
 from kz_daemon.core.clock import epoch_of
@@ -61,7 +62,7 @@ class Keys:
         self._reserved: dict[tuple[str, str], tuple[str, str, float]] = {}
         self._lock = threading.Lock()
 
-    def decide(self, durable: list | None, received: set | dict, submitter: str, key: str, sha256: str,
+    def decide(self, durable: list | None, received: Container[str], submitter: str, key: str, sha256: str,
                now: float, ttl_s: float) -> Decision:
         """Replay the live entry for (submitter, key), refuse a different package, or reserve the key.
 

@@ -134,8 +134,13 @@ class Zoo:
         self._stop.set()
         self._wake_intake.set()
         self._wake_sync.set()
+
+        def join_threads() -> None:
+            for thread in self._threads:
+                thread.join(left())
+
         for name, step in (("watcher", lambda: self._watcher.stop(left())),
-                           ("threads", lambda: [t.join(left()) for t in self._threads]),
+                           ("threads", join_threads),
                            ("mirror", lambda: self.mirror.stop(left())),
                            ("index", lambda: self.indexer.stop(left()))):
             try:

@@ -1,6 +1,7 @@
-"""One backoff formula (``kz_events.backoff``) behind every retry loop: the mirror pusher,
-``kz up``'s runner supervisor and the runner's HTTP retries wait longer after each failure in
-a row, up to their cap, and start over after a success."""
+"""One backoff formula (``kz_daemon.core.backoff``, the reaper's) behind the daemon's retry loops:
+the mirror pusher and ``kz up``'s runner supervisor wait longer after each failure in a row, up to
+their cap, and start over after a success; the runner's HTTP retries (which cannot import the
+daemon) have the same ceilings, with jitter under them."""
 from __future__ import annotations
 
 import random
@@ -10,10 +11,10 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+from kz_daemon.core.backoff import compute_backoff
 from kz_daemon.upkeep import mirror as mirror_module
 from kz_daemon.upkeep.mirror import Mirror
 from kz_daemon.upkeep.supervise import Supervisor
-from kz_events.backoff import compute_backoff
 from kz_runner.worker.client import RetryPolicy
 from tests.helpers.daemon import wait_for
 

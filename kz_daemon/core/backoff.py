@@ -1,20 +1,24 @@
-"""A per-key schedule of retries on an injectable clock, over the one backoff formula.
+"""Exponential backoff: one formula, and a per-key schedule of retries on an injectable clock.
 
-``compute_backoff(failures, first_s, max_s)`` (``kz_events.backoff``, shared with the
-runner) is the wait after the ``failures``-th failure in a row: ``first_s`` after the
-first, doubling each time, never more than ``max_s``. ``Backoff`` keeps, per key (a
-saga's uuid), when it may be tried again, so a loop that wakes often (the lease reaper,
-several times a second) retries each stuck task ever more rarely instead of at its own
-pace forever. Pure: the clock is given.
+``compute_backoff(failures, first_s, max_s)`` is the wait after the ``failures``-th
+failure in a row: ``first_s`` after the first, doubling each time, never more than
+``max_s``. ``Backoff`` keeps, per key (a saga's uuid), when it may be tried again, so a
+loop that wakes often (the lease reaper, several times a second) retries each stuck
+task ever more rarely instead of at its own pace forever. Pure: the clock is given.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-from kz_events.backoff import compute_backoff
-
 __all__ = ["compute_backoff", "Backoff"]
+
+
+def compute_backoff(failures: int, first_s: float, max_s: float) -> float:
+    """Seconds to wait after ``failures`` failures in a row (0: none, no wait)."""
+    if failures <= 0:
+        return 0.0
+    return min(max_s, first_s * 2.0 ** min(failures - 1, 62))
 
 
 class Backoff:

@@ -4,8 +4,8 @@ A background thread, never the accept path: :meth:`Mirror.notify` only records t
 newest head and wakes the thread. Each push (dulwich ``porcelain.push``; a local
 path to a bare repository works, and is created bare when missing) is one
 ``mirror.pushed`` event, ok or not; a failed round of pushes is retried after
-``compute_backoff`` of the failed rounds in a row (``kz_events.backoff``: 1 s doubling
-to 5 min) until it succeeds, or sooner when a newer head is notified.
+``compute_backoff`` of the failed rounds in a row (``kz_daemon.core.backoff``, as the
+reaper's: 1 s doubling to 5 min) until it succeeds, or sooner when a newer head is notified.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from dulwich import porcelain
 from dulwich.repo import Repo
 
 from kz_daemon.config.ports import Daemon
+from kz_daemon.core.backoff import compute_backoff
 from kz_events import events as ev
-from kz_events.backoff import compute_backoff
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 300.0

@@ -2,9 +2,9 @@
 
 One poisonous job (a package that kills its runner) must not leave the zoo without
 a runner. :class:`Supervisor` starts the child, watches it from a thread and, when
-it exits while not being stopped, starts it again after ``compute_backoff`` of its exits
-in a row (``kz_events.backoff``: ``first_backoff_s`` doubling up to ``max_backoff_s``;
-the count starts over once a run lasted ``stable_s``).
+it exits while not being stopped, starts it again after ``compute_backoff`` of its
+exits in a row (``kz_daemon.core.backoff``, as the reaper's: ``first_backoff_s``
+doubling up to ``max_backoff_s``; the count starts over once a run lasted ``stable_s``).
 Every exit is logged on one line. A child that exited ``crash_limit`` times within
 ``window_s`` is *crash-looping*: :meth:`health` reports it (``/readyz`` turns 503)
 while the restarts go on.
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from kz_events.backoff import compute_backoff
+from kz_daemon.core.backoff import compute_backoff
 
 #: ``kz runner``'s exit code when no sandbox can be made on its host (its EXIT_SANDBOX_UNAVAILABLE;
 #: the daemon does not import the runner's worker modules)

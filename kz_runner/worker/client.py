@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kz_events.backoff import compute_backoff
 from kz_runner import __version__
 
 USER_AGENT = f"kernel-zoo-runner/{__version__}"
@@ -75,8 +74,7 @@ class ResponseTooLarge(ClientError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter: attempt n waits uniform(0, min(cap, base * 2**n)),
-    the ceiling being ``kz_events.backoff.compute_backoff`` of n + 1 failures."""
+    """Exponential backoff with full jitter: attempt n waits uniform(0, min(cap, base * 2**n))."""
 
     # total attempts, the first included (1 = no retry)
     attempts: int = 5
@@ -87,7 +85,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (0-based)."""
-        return rng.uniform(0.0, compute_backoff(attempt + 1, self.base_s, self.cap_s))
+        return rng.uniform(0.0, min(self.cap_s, self.base_s * (2 ** attempt)))
 
 
 NO_RETRY = RetryPolicy(attempts=1)

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from kz_events.backoff import compute_backoff
 from kz_runner.contract.arch import detect_arch
 from kz_runner.worker import contain, envinfo, sandbox
 from kz_runner.worker.client import NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
@@ -597,8 +596,8 @@ class Runner:
                 self.log(f"could not report {claim.uuid} within its lease ({attempt} attempts, last: {problem}); "
                          "the job will be re-queued")
                 return False
-            delay = min(left, rng.uniform(0.5, 1.0) * compute_backoff(attempt + 1, self.config.report_backoff_base_s,
-                                                                      self.config.report_backoff_cap_s))
+            delay = min(left, rng.uniform(0.5, 1.0) * min(self.config.report_backoff_cap_s,
+                                                          self.config.report_backoff_base_s * 2 ** min(attempt, 16)))
             if now - last_logged >= self.config.report_log_interval_s:
                 last_logged = now
                 self.log(f"report of {claim.uuid} failed ({problem}); retrying until the lease ends "

@@ -55,6 +55,11 @@ def accept(live, anon, runner, kernel_id, runs, submitter="alice", note="") -> s
     body = {"lease_id": claim["lease_id"], "result": result(kernel_id, runs),
             "logs_b64": base64.b64encode(b"ok").decode(), "env": {}, "failure": None}
     view = runner.post(f"/api/submissions/{uuid}/result", json=body).json()
+    if view["status"] == "queued":  # the zoo asked for a confirmation run: another runner runs it again
+        with live.client("runner:r2") as r2:
+            claim = r2.post("/api/runner/claim", json={"arch": "cpu", "wait": 10}).json()
+            assert claim["uuid"] == uuid
+            view = r2.post(f"/api/submissions/{uuid}/result", json=dict(body, lease_id=claim["lease_id"])).json()
     assert view["status"] == "accepted", view
     return uuid
 

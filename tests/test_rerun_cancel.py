@@ -154,6 +154,8 @@ def test_cancelling_reruns_through_a_real_zoo_the_cli_and_a_restart(tmp_path):
             assert r1.get(f"/api/runner/package/{late}").status_code == 200
             doc = admin.post(f"/api/reruns/{late}/cancel", json={"reason": "wrong host"}).json()
             assert doc["status"] == "cancelling" and not doc["terminal"]
+            queued = anon.get("/api/queue").json()["reruns"]  # it still holds its runner
+            assert [r["status"] for r in queued if r["rerun_id"] == late] == ["cancelling"]
             renew = r1.post(f"/api/runner/lease/{late}/renew", json={"lease_id": claim["lease_id"]})
             assert renew.status_code == 200, renew.text
             reported = _report(r1, late, claim["lease_id"])

@@ -474,7 +474,7 @@ class Zoo:
             runners = {k: dict(v) for k, v in self._runners.items()}
         live_reruns = [{"rerun_id": r["rerun_id"], "uuid": r["uuid"], "kernel_id": r["kernel_id"], "arch": r["arch"],
                         "runner": r["runner"], "status": r["status"], "attempts": r["attempts"]}
-                       for r in state.reruns.values() if r["status"] in ("queued", "running")]
+                       for r in state.reruns.values() if r["status"] in ("queued", "running", "cancelling")]
         return {"seq": state.seq, "pending": pending, "in_flight": in_flight, "accepting": accepting,
                 "reruns": live_reruns, "runners": runners, "arches": self._arch_counts(pending, runners)}
 

@@ -259,6 +259,9 @@ def test_a_changed_harness_library_refuses_the_job(tmp_path):
 def test_preflight_stages_hashes_and_imports_the_library_as_the_job_user(tmp_path):
     check = job.preflight(job.JobSettings(), tmp_path)
     assert check.problem is None and check.report.ok
+    # the memory mechanism in force is known before the first claim (the runner's start line says it)
+    assert check.memory == contain.memory_guard(contain.Containment())
+    assert check.memory.mechanism in ("cgroup", "rlimit") and check.memory.why
     job.harnesslib.stage(tmp_path / "lib")
     assert check.harness_sha256 == job.harness_hash(tmp_path / "lib", sys.executable)
     assert run(tmp_path, {}, harness_sha256=check.harness_sha256).failure is None

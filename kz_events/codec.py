@@ -22,7 +22,7 @@ from typing import Any
 from kz_events.events import EVENT_TYPES, Event
 
 __all__ = [
-    "GENESIS", "DecodeError", "Envelope", "canonical_bytes", "line_hash", "format_ts",
+    "GENESIS", "DecodeError", "Envelope", "canonical_bytes", "line_hash", "format_ts", "format_ts_seconds",
     "encode", "encode_fast", "TimestampFormatter", "decode_line", "decode_dict", "upcaster", "upcast_payload", "subject_of",
 ]
 
@@ -80,8 +80,13 @@ def line_hash(line: bytes) -> str:
 
 
 def format_ts(epoch: float) -> str:
-    """UTC RFC 3339 with microseconds, e.g. ``2026-11-30T06:30:45.123456Z``."""
+    """UTC RFC 3339 with microseconds, e.g. ``2026-11-30T06:30:45.123456Z``: the log's ``ts``."""
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def format_ts_seconds(epoch: float) -> str:
+    """UTC RFC 3339 with seconds, e.g. ``2026-11-30T06:30:45Z``: the timestamps of documents (not the log's)."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from kz_daemon.core.errors import ZooError
 from kz_daemon.guards.harness_lock import parse_maintainers
 from kz_daemon.guards.physics import Physics, parse_physics
 from kz_daemon.guards.static_rules import RuleSettings, parse_rules
-from kz_events import defaults
+from kz_events import defaults, durable
 from kz_runner.contract.tarball import Limits as TarballLimits
 
 MIB = 1024 * 1024
@@ -406,9 +406,7 @@ def write_default(path: str | Path) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(DEFAULT_YAML, encoding="utf-8")
-    tmp.replace(path)
+    durable.atomic_write(path, DEFAULT_YAML.encode("utf-8"))
     return True
 
 

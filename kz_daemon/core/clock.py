@@ -4,12 +4,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
+from kz_events.codec import format_ts_seconds
+
 __all__ = ["epoch_of", "iso_at", "iso_now"]
 
 
 def iso_at(ts: float) -> str:
-    """UTC RFC 3339 with seconds for the epoch time ``ts``."""
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """UTC RFC 3339 with seconds for the epoch time ``ts`` (``kz_events.codec.format_ts_seconds``)."""
+    return format_ts_seconds(ts)
 
 
 def iso_now(clock: Callable[[], float]) -> str:

@@ -405,9 +405,7 @@ class GitStore:
         return path.read_text().strip().encode() if path.exists() else None
 
     def _set_mark(self, name: str, tree_id: bytes) -> None:
-        tmp = self.git_dir / (name + ".tmp")
-        tmp.write_text(tree_id.decode() + "\n")
-        tmp.replace(self.git_dir / name)
+        durable.atomic_write(self.git_dir / name, tree_id + b"\n", fsync=False)  # a view's mark, like the view
 
     def sync_files(self) -> int:
         """Bring the checked-out files to HEAD for the paths changed since the last sync; returns how many.
@@ -433,10 +431,9 @@ class GitStore:
                 if full.is_dir() and not full.is_symlink():
                     _rmtree(full)
                 full.parent.mkdir(parents=True, exist_ok=True)
-                tmp = full.with_name(full.name + ".kz-tmp")
-                tmp.write_bytes(self.store[new.sha].as_raw_string())
-                os.chmod(tmp, 0o755 if new.mode == EXEC_MODE else 0o644)
-                tmp.replace(full)
+                # the worktree is a view (HEAD is the truth): atomic, not fsynced
+                durable.atomic_write(full, self.store[new.sha].as_raw_string(), fsync=False,
+                                     mode=0o755 if new.mode == EXEC_MODE else 0o644)
                 count += 1
         self._set_mark(WORKTREE_MARK, target)
         return count

@@ -23,9 +23,9 @@ Two sweeps at once (``kz gc`` beside the daemon) each count only what they remov
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ from kz_daemon.config.settings import Config
 from kz_daemon.core.clock import epoch_of
 from kz_daemon.storage.pending import ENV_FILE, LOGS_FILE, PACKAGE_FILE, RUNNER_TARBALL, RUNNER_TARBALL_KEY
 from kz_daemon.storage.run_logs import TAILS_FILE
+from kz_events.codec import format_ts
 from kz_events.status import TERMINAL, Status
 
 __all__ = ["TRASH_PREFIX", "Finished", "Removal", "Sweep", "finished", "finished_rows", "plan", "sweep",
@@ -124,7 +125,7 @@ def cutoff_ts(config: Config, now: float) -> str | None:
     days = [d for d in (keep.pending_days, keep.run_logs_days) if d]
     if not days:
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now - min(days) * DAY_S))
+    return format_ts(math.floor(now - min(days) * DAY_S))  # the log's ts form, whole seconds
 
 
 def sweep_pages(config: Config, pages: Iterable[Iterable[tuple[str, str, str]]], now: float,

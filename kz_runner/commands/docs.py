@@ -33,6 +33,7 @@ def _say(args: argparse.Namespace, status: str, line: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write (0) or check (0 current, 1 stale or missing); 2 when the file cannot be written."""
+    from kz_events.durable import atomic_write
     from kz_runner.tools.docgen import render
 
     text = render()
@@ -57,10 +58,7 @@ def run(args: argparse.Namespace) -> int:
         directory = os.path.dirname(args.out)
         if directory:
             os.makedirs(directory, exist_ok=True)
-        tmp = f"{args.out}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, args.out)
+        atomic_write(args.out, text.encode("utf-8"))
     except OSError as exc:
         print(f"kz docs: cannot write {args.out}: {exc.strerror}", file=sys.stderr)
         return 2

@@ -34,7 +34,8 @@ DAEMON_HINTS: dict[str, str] = {
                          "log tail (logs_url) and reproduce with `kz dry-run`.",
     "MEMORY_LIMIT": "A step (build_test_env.py or benchmark.py, with every process it started) used more host "
                     "memory than the runner allows and was stopped: generate smaller inputs, free what you no "
-                    "longer need, and measure the peak locally (`kz dry-run`, /usr/bin/time -v).",
+                    "longer need, and measure its peak locally (e.g. `/usr/bin/time -v python "
+                    ".kernel_package/build_test_env.py DIR`).",
     "INTEGRITY_ERROR": "Do not modify the files build_test_env.py produced or .kernel_package/ during the "
                        "benchmark, and print the same result on stdout as the harness reports.",
     "RUNNER_FAILURE": "The runner reported a failure without a code: read the log tails (logs_url) and "

@@ -190,6 +190,18 @@ def test_a_fork_bomb_is_contained_and_leaves_nothing_behind(tmp_path, mechanism)
     assert _left_behind(tmp_path) == []
 
 
+def test_the_runners_own_cgroup_is_read_from_the_unified_line_only(tmp_path):
+    mount = tmp_path / "cgroup"
+    (mount / "system.slice" / "kz-runner@0.service").mkdir(parents=True)
+    proc = tmp_path / "self-cgroup"
+    proc.write_text("4:memory:/legacy\n0::/system.slice/kz-runner@0.service\n")
+    assert contain.own_cgroup(str(proc), str(mount)) is None  # no cgroup v2 there: no cgroup.controllers
+    (mount / "cgroup.controllers").write_text("memory pids\n")
+    assert contain.own_cgroup(str(proc), str(mount)) == mount / "system.slice" / "kz-runner@0.service"
+    proc.write_text("4:memory:/legacy\n1:name=systemd:/x\n")  # cgroup v1 only
+    assert contain.own_cgroup(str(proc), str(mount)) is None
+
+
 def test_a_job_cgroup_the_operator_named_that_cannot_be_used_refuses_every_job(tmp_path):
     (tmp_path / "not-a-cgroup").mkdir()
     limits = {"cgroup": str(tmp_path / "not-a-cgroup")}

@@ -6,8 +6,8 @@ of line n is ``sha256(canonical bytes of line n-1)``; 64 zeros for seq 1.
 
 Decoding is strict: an unknown type, an unknown version, a missing or extra field
 or a field of the wrong type raises ``DecodeError``. An old version of a known type
-is upcast at read time by the functions registered with ``@upcaster`` (the log is
-never rewritten).
+is upcast at read time by the functions declared in ``UPCASTERS`` (the log is
+never rewritten): one table, read by every reader of the log, that no import fills in.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from kz_events.events import EVENT_TYPES, Event
 
 __all__ = [
     "GENESIS", "DecodeError", "Envelope", "canonical_bytes", "line_hash", "format_ts", "format_ts_seconds",
-    "encode", "encode_fast", "TimestampFormatter", "decode_line", "decode_dict", "upcaster", "upcast_payload", "subject_of",
+    "encode", "encode_fast", "TimestampFormatter", "decode_line", "decode_dict", "UPCASTERS", "upcast_payload",
+    "subject_of",
 ]
 
 #: ``prev`` of the first event.
@@ -186,17 +187,43 @@ class TimestampFormatter:
 
 # --- upcasting ----------------------------------------------------------------------
 
-#: (type, version) -> function turning that version's payload into version + 1.
-UPCASTERS: dict[tuple[str, int], Callable[[dict], dict]] = {}
+# Each lifts one version's payload (a fresh dict it may change) to the next version's shape.
+
+def _received_v1(payload: dict) -> dict:
+    """Version 1 predates idempotency keys: no upload carried one."""
+    payload["idempotency_key"] = None
+    return payload
 
 
-def upcaster(type_word: str, from_version: int) -> Callable[[Callable[[dict], dict]], Callable[[dict], dict]]:
-    """Decorator registering ``fn(payload) -> payload`` that lifts ``from_version`` to the next."""
-    def deco(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
-        """Register ``fn``."""
-        UPCASTERS[(type_word, from_version)] = fn
-        return fn
-    return deco
+def _validated_v1(payload: dict) -> dict:
+    """Version 1 predates the locked harness: no submission then changed it."""
+    payload["harness_change"] = False
+    return payload
+
+
+def _reported_v1(payload: dict) -> dict:
+    """Version 1 cases predate unit and direction: they read as unknown."""
+    payload["cases"] = [dict(c, unit=None, direction=None) if isinstance(c, dict) else c
+                        for c in payload["cases"]]
+    return payload
+
+
+def _completed_v1(payload: dict) -> dict:
+    """Version 1 predates the accept's outcome: those accepts recorded none."""
+    payload["outcome"] = None
+    return payload
+
+
+#: (type, version) -> the function lifting that version's payload to version + 1. Every old
+#: version a log may hold is declared here, next to the decoder that uses it; a type whose
+#: ``VERSION`` goes up gets its entry in the same change (tests/test_events_codec.py checks
+#: that every type has a path from version 1 to its current version).
+UPCASTERS: dict[tuple[str, int], Callable[[dict], dict]] = {
+    ("submission.received", 1): _received_v1,
+    ("submission.validated", 1): _validated_v1,
+    ("result.reported", 1): _reported_v1,
+    ("accept.completed", 1): _completed_v1,
+}
 
 
 def upcast_payload(type_word: str, version: int, payload: dict) -> dict:

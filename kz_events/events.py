@@ -13,7 +13,7 @@ store fills in the kernel from its state when the payload lacks it).
 Adding a type: write the class, decorate it with ``@register``, teach the reducer
 (``kz_events.reducer``) what it does, regenerate the schema (``python -m
 kz_events.events > schemas/event.json``). Changing a payload: bump ``VERSION``,
-keep the old shape readable with an upcaster (``kz_events.codec.upcaster``).
+keep the old shape readable with an upcaster declared in ``kz_events.codec.UPCASTERS``.
 """
 from __future__ import annotations
 

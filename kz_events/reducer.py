@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kz_events import events as E
-from kz_events.codec import Envelope, upcaster
+from kz_events.codec import Envelope
 from kz_events.state import Handoff, Kernel, Lease, State, Submission
 from kz_events.status import Status
 
@@ -245,13 +245,6 @@ def _received(state: State, seq: int, ts: str, p: dict) -> None:
         state.idempotency.setdefault(p["submitter_id"], {})[key] = [uuid, p["sha256"], ts]
 
 
-@upcaster("submission.received", 1)
-def _received_v1(payload: dict) -> dict:
-    """Version 1 predates idempotency keys: no upload carried one."""
-    payload["idempotency_key"] = None
-    return payload
-
-
 def _validated(state: State, seq: int, ts: str, p: dict) -> None:
     t = "submission.validated"
     sub = _sub(state, seq, t, p, (Status.RECEIVED,))
@@ -263,13 +256,6 @@ def _validated(state: State, seq: int, ts: str, p: dict) -> None:
     sub.new_kernel = p["new_kernel"]
     sub.warnings = list(p["warnings"])
     sub.harness_change = p["harness_change"]
-
-
-@upcaster("submission.validated", 1)
-def _validated_v1(payload: dict) -> dict:
-    """Version 1 predates the locked harness: no submission then changed it."""
-    payload["harness_change"] = False
-    return payload
 
 
 def _rejected(state: State, seq: int, ts: str, p: dict) -> None:
@@ -398,14 +384,6 @@ def _reported(state: State, seq: int, ts: str, p: dict) -> None:
     _end_lease(state, sub)
 
 
-@upcaster("result.reported", 1)
-def _reported_v1(payload: dict) -> dict:
-    """Version 1 cases predate unit and direction: they read as unknown."""
-    payload["cases"] = [dict(c, unit=None, direction=None) if isinstance(c, dict) else c
-                        for c in payload["cases"]]
-    return payload
-
-
 def _accept_started(state: State, seq: int, ts: str, p: dict) -> None:
     t = "accept.started"
     sub = _sub(state, seq, t, p, (Status.RUNNING,))
@@ -450,13 +428,6 @@ def _completed(state: State, seq: int, ts: str, p: dict) -> None:
     if p["outcome"] is not None:  # what the accept changed (v2): kept beside the result it concerns
         sub.result = dict(sub.result or {}, outcome=p["outcome"])
     _finish(state, sub, Status.ACCEPTED, seq, ts)
-
-
-@upcaster("accept.completed", 1)
-def _completed_v1(payload: dict) -> dict:
-    """Version 1 predates the accept's outcome: those accepts recorded none."""
-    payload["outcome"] = None
-    return payload
 
 
 def _rolled_back(state: State, seq: int, ts: str, p: dict) -> None:

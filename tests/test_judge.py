@@ -206,8 +206,11 @@ def test_patched_perf_counter_is_caught(tmp_path, softmax_x):
         return _softmax(x)
     """)
     _, r = time_softmax(src, softmax_x, "slowclock")
-    assert r.codes == [TIMER_TAMPERED], r.codes
-    assert "batches report under" in r.findings[0].message
+    # On a host loaded enough that the worker waited for a CPU most of the batch, the shortfall is
+    # excused as load: the timing is void (never a pass), and the harness runs it again.
+    assert r.codes in ([TIMER_TAMPERED], [MACHINE_BUSY]), r.codes
+    if r.codes == [TIMER_TAMPERED]:
+        assert "batches report under" in r.findings[0].message
 
 
 # -- (d) deferred work -----------------------------------------------------------------------------------------

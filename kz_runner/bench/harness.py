@@ -72,6 +72,7 @@ JUDGE_VOIDS = {"WRONG_OUTPUT": "WRONG_OUTPUT", "TIMER_TAMPERED": TIMER_TAMPERED,
 BUSY_RETRIES = 2
 # The judge's batches: at least this many (the spread of a figure is over the batches' means).
 JUDGE_MIN_BATCHES = 8
+JUDGE_DEVICE_ARENA_BYTES = 8 << 30  # a GPU case's judge arena: call slots for up to 8 GiB of inputs and outputs
 # A confirmation run times the candidate and the operator's reference alternately, A B A B A B: the
 # ratio is the median of the candidate's rounds over the median of the reference's.
 REFERENCE_ROUNDS = 3
@@ -309,15 +310,11 @@ class CaseRun:
         settings = dict(harness.timing_settings)
         settings.update(overrides)
         if isinstance(fn, KernelRef):
-            if harness.xp.__name__ == "numpy":
-                timing = self._time_judged(fn, inputs, reference, expected, out, vary, settings)
-                self.timings.append(timing)
-                harness.log(f"case {self.id}: {timing.describe()} (judged)")
-                harness.log("timing " + json.dumps({"test_case_id": self.id, **timing.to_json()}))
-                return timing
-            if channel.judged():  # the judge serves host arrays only: a device kernel runs unverified
-                raise Unjudged(f"{fn} runs on a GPU, which the judge does not serve yet")
-            fn = _import_kernel(fn, harness.package_root)
+            timing = self._time_judged(fn, inputs, reference, expected, out, vary, settings)
+            self.timings.append(timing)
+            harness.log(f"case {self.id}: {timing.describe()} (judged)")
+            harness.log("timing " + json.dumps({"test_case_id": self.id, **timing.to_json()}))
+            return timing
         elif channel.judged():
             raise TypeError("in the judge's step a kernel is timed only through bench.kernel(module, function): "
                             f"{getattr(fn, '__qualname__', fn)!r} would run in the judge's own process")
@@ -363,7 +360,7 @@ class CaseRun:
 
         harness = self.harness
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (() if inputs is None else (inputs,))
-        base = tuple(np.array(a) if hasattr(a, "__array__") and not np.isscalar(a) else a for a in args)
+        base = tuple(xp.array(a) if hasattr(a, "__array__") and not np.isscalar(a) else a for a in args)
         tol = self.meta["tolerance"]
         atol, rtol = float(tol["correctness_atol"]), float(tol["correctness_rtol"])
         if reference is None:
@@ -371,10 +368,10 @@ class CaseRun:
             self._void(Finding(WEAK_TRIALS, "c.time has expected= but no reference=, so no timed call on fresh "
                                "inputs can be checked: give reference= (a trusted function of the inputs)",
                                self.id, {"reference": False, "vary": vary is not None}))
-        expected0 = np.asarray(expected) if expected is not None else np.asarray(reference(*base))
+        expected0 = xp.asarray(expected) if expected is not None else xp.asarray(reference(*base))
         inputs_fn = judge_inputs(base, vary)
-        varied = np.asarray(reference(*inputs_fn(np.random.default_rng())))
-        if varied.shape == expected0.shape and mismatches(np, varied, expected0, atol, rtol) == 0:
+        varied = xp.asarray(reference(*inputs_fn(np.random.default_rng())))
+        if varied.shape == expected0.shape and mismatches(xp, varied, expected0, atol, rtol) == 0:
             self._void(Finding(WEAK_TRIALS, "a varied trial input's expected output is within the case's tolerance "
                                "of the base inputs' (an order-independent result, inputs the variation does not "
                                "change, or a tolerance wider than the outputs): give vary= that changes the "
@@ -389,6 +386,8 @@ class CaseRun:
                        calls=int(settings.get("min_reps", 10)), min_batches=JUDGE_MIN_BATCHES,
                        target_rse=float(settings.get("target_rse", 0.005)),
                        budget_s=float(settings.get("budget_s", 2.0)))
+        if xp is not np:  # device memory is plentiful: enough call slots for batches of cold inputs
+            options["arena_max_bytes"] = JUDGE_DEVICE_ARENA_BYTES
         later = dict(options, first_inputs=None, first_expected=None)
         out_mode = "out_pos" if out is not None else "return"
         target, why = harness.reference_kernel(ref) if harness.reference is not None else (None, "")
@@ -439,7 +438,7 @@ class CaseRun:
         elif target is not None or why:
             harness.reference_missing(self.id, why or "the reference was not timed")
         last = results[-1]
-        return Timing(stats=summarize(clean), device="cpu", stop_reason=last.stop_reason or "batches",
+        return Timing(stats=summarize(clean), device="gpu" if xp is not np else "cpu", stop_reason=last.stop_reason or "batches",
                       target_rse=options["target_rse"], warmup_calls=0, rotations=int(last.overhead.get("slots", 1)),
                       l2_flush_bytes=0, elapsed_s=sum(r.timed_wall_s for r in results),
                       checked_calls=sum(r.compared for r in results),

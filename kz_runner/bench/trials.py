@@ -564,8 +564,9 @@ def judge_inputs(base: Sequence[Any], vary: Callable[[random.Random, tuple], tup
         out = []
         for b in base:
             if _is_array(b):
-                d = np.empty_like(b)
-                permute_into(np, d, b, rng, factors)
+                xp = np if isinstance(b, np.ndarray) else pristine.cupy  # a device case's inputs are drawn on it
+                d = xp.empty_like(b)
+                permute_into(xp, d, b, rng, factors)
                 out.append(d)
             else:
                 out.append(b)

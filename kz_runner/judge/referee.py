@@ -101,6 +101,10 @@ MACHINE_BUSY = "MACHINE_BUSY"  # not a cheat: the worker waited for a CPU too of
 CODES = (WRONG_OUTPUT, TIMER_TAMPERED, WORKER_CRASHED, WORKER_TIMEOUT, BAD_OUTPUT, WORKER_ERROR, PROTOCOL_ERROR,
          MACHINE_BUSY)
 
+# Device: the judge's idle probe before a timed batch may take this many times its calibrated time, plus
+# this much, before the GPU counts as busy outside the worker's interval.
+DEVICE_PROBE_FACTOR = 5.0
+DEVICE_PROBE_SLACK_NS = 500_000
 _clock = _time.perf_counter_ns  # the judge's own clock (this process never runs submitted code)
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where ``kz_runner`` is importable from
 
@@ -166,12 +170,13 @@ def fresh_like(*base: Any) -> Callable[[np.random.Generator], tuple]:
     base case's, while the content is new on every call (no cache keyed on the
     bytes, the shape or the buffer can hit). It drops any structure across
     elements (sortedness, CSR offsets, a simplex per row): give your own
-    ``inputs_fn`` for such inputs. Scalars are passed unchanged.
+    ``inputs_fn`` for such inputs. Scalars are passed unchanged. CuPy base arrays are drawn on
+    their device (from a seed drawn from the generator, so still a pure function of it).
     """
     flats = []
     for b in base:
-        if isinstance(b, np.ndarray) and b.size > 0:
-            flats.append(np.ascontiguousarray(b).reshape(-1))
+        if _is_array(b) and b.size > 0:
+            flats.append(b.copy().reshape(-1))
         else:
             flats.append(None)
 
@@ -182,7 +187,13 @@ def fresh_like(*base: Any) -> Callable[[np.random.Generator], tuple]:
                 out.append(b)
                 continue
             n = flat.size
-            idx = rng.integers(0, n, size=n, dtype=np.int32 if n < 2**31 else np.int64)
+            dtype = np.int32 if n < 2**31 else np.int64
+            if isinstance(flat, np.ndarray):
+                idx = rng.integers(0, n, size=n, dtype=dtype)
+            else:  # a device array: the indices are drawn on the device, from a seed drawn from ``rng``
+                from kz_runner.judge.gpu_arena import device_indices
+
+                idx = device_indices(int(rng.integers(0, 2**63)), n, dtype)
             out.append(flat.take(idx).reshape(b.shape))
         return tuple(out)
 
@@ -359,21 +370,45 @@ class _Stop(Exception):
         self.finding = finding
 
 
-def _compare(got: np.ndarray, exp: np.ndarray, atol: float, rtol: float) -> dict[str, Any] | None:
-    """None when ``|got-exp| <= atol + rtol*|exp|`` everywhere (equal infinities match), else evidence."""
-    g = got.astype(np.float64, copy=False) if got.dtype.kind != "c" else got
-    e = exp.astype(np.float64, copy=False) if exp.dtype.kind != "c" else exp
+def _compare(got: Any, exp: Any, atol: float, rtol: float) -> dict[str, Any] | None:
+    """None when ``|got-exp| <= atol + rtol*|exp|`` everywhere (equal infinities match), else evidence.
+    Host arrays, or device arrays compared on their device (only the counts come back)."""
+    xp: Any = np
+    if _on_device(got):
+        xp = sys.modules["cupy"]
+        exp = xp.asarray(exp)
+    g = got.astype(xp.float64, copy=False) if got.dtype.kind != "c" else got
+    e = exp.astype(xp.float64, copy=False) if exp.dtype.kind != "c" else exp
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(g - e)
-        ok = diff <= atol + rtol * np.abs(e)
-        ok |= np.isinf(g) & (g == e)
-    bad = int(ok.size - np.count_nonzero(ok))
+        diff = xp.abs(g - e)
+        ok = diff <= atol + rtol * xp.abs(e)
+        ok |= xp.isinf(g) & (g == e)
+    bad = int(ok.size - int(xp.count_nonzero(ok)))
     if bad == 0:
         return None
-    finite = np.isfinite(diff)
+    finite = xp.isfinite(diff)
     return {"mismatches": bad, "elements": int(ok.size),
-            "nonfinite": int(np.count_nonzero(~np.isfinite(g))),
-            "max_abs_err": float(diff[finite].max()) if finite.any() else None}
+            "nonfinite": int(xp.count_nonzero(~xp.isfinite(g))),
+            "max_abs_err": float(diff[finite].max()) if bool(finite.any()) else None}
+
+
+def _is_array(v: Any) -> bool:
+    """A NumPy or CuPy array (a CuPy one only when CuPy is already imported: no import for a host case)."""
+    if isinstance(v, np.ndarray):
+        return True
+    cp = sys.modules.get("cupy")
+    return cp is not None and isinstance(v, cp.ndarray)
+
+
+def _on_device(v: Any) -> bool:
+    return _is_array(v) and not isinstance(v, np.ndarray)
+
+
+def _host(v: Any) -> np.ndarray:
+    """``v`` as a host array (a device array is copied)."""
+    if _on_device(v):
+        return v.get()
+    return np.asarray(v)
 
 
 def _scalar(v: Any) -> Any:
@@ -418,6 +453,8 @@ class Judge:
         self._foreign: tuple[int, ...] = ()
         self._secret_seed: bytes | None = None  # this process only; kept for tests that look for leaks
         self.kernel_stamps = False
+        self._arena: Any = None  # the arena of the timing in progress (a device one is fenced after each batch)
+        self.last_fence_ns = 0
         self.last_wake_ns: int | None = None
         self.last_run_delay_ns = 0
         self.last_judge_delay_ns = 0
@@ -565,18 +602,30 @@ class Judge:
         finding_code = BAD_OUTPUT if code == "BAD_OUTPUT" else WORKER_ERROR
         raise _Stop(Finding(finding_code, f"{code}: {message}", {"worker_code": code, "call_id": call_id}))
 
-    def _run_batch(self, frame: bytes, call_ids: list[int], deadline_s: float) -> tuple[int, list[int]]:
-        """Thaw, send, receive, freeze: the judge's wall (ns) around the batch, and the worker's times.
+    def _run_batch(self, frame: bytes, call_ids: list[int], deadline_s: float,
+                   outs: Sequence[Sequence[str]] = ()) -> tuple[int, list[int]]:
+        """Thaw, send, receive, (device) fence, freeze: the judge's wall (ns) around the batch, and the worker's times.
 
         The wall ends at the kernel's timestamp of the reply (when the worker queued it), not when this
         process was next scheduled: on a loaded 2-core VM the judge's own wake-up took 0.1 ms at the
         median and 5 ms at p90, noise the worker would otherwise be blamed for. The stamp is realtime;
         it is mapped onto this clock and used only when it falls inside [t0, received].
+
+        On a device arena the reply does not end the batch: GPU work the worker queued may still be
+        running. Right after the reply the judge counts the poison left in the batch's outputs (its
+        own reduction, in its own context) and the wall runs on until that count is back: work the
+        worker left running is inside the wall, and poison left in a floating-point output is a
+        finding (still decreasing a moment later: ``TIMER_TAMPERED``; unchanged: ``WRONG_OUTPUT``).
         """
         pid = self.worker_host_pid or 0
         waited = _run_delay_ns(pid)
         judge_waited = _own_run_delay_ns()
         offset = _time.time_ns() - _clock()
+        fenced = outs and self._arena is not None and self._arena.backend == "cuda_ipc"
+        names = [n for call in outs for n in call] if fenced else []
+        left: list[int] = []
+        fence_ns = 0
+        reply: dict[str, Any] | None = None
         t0 = _clock()
         self._freezer.thaw()
         self._send_frame(frame)
@@ -584,21 +633,47 @@ class Judge:
             reply, stamp = self._recv_stamped(_time.monotonic() + deadline_s)
         finally:
             t1 = _clock()
+            if fenced and reply is not None and reply.get("op") == "done":
+                left = self._arena.unwritten(names)
+                fence_ns = _clock() - t1
             # Read before the stop: a SIGSTOP wakes the worker, which may queue for a CPU to take it.
             self.last_run_delay_ns = max(0, _run_delay_ns(pid) - waited)
             self.last_judge_delay_ns = max(0, _own_run_delay_ns() - judge_waited)
             self._freezer.freeze()
         self.last_wake_ns = None
+        self.last_fence_ns = fence_ns
         if stamp is not None and t0 <= stamp - offset <= t1:
             self.last_wake_ns = t1 - (stamp - offset)
             t1 = stamp - offset
         if reply["op"] != "done":
             self._worker_error(reply)
         try:
-            return t1 - t0, protocol.check_done(reply, call_ids)
+            times = protocol.check_done(reply, call_ids)
         except protocol.ProtocolError as exc:
             self._kill()
             raise _Stop(Finding(PROTOCOL_ERROR, str(exc))) from None
+        self._check_fence(names, left)
+        return t1 - t0 + fence_ns, times
+
+    def _check_fence(self, names: list[str], left: list[int]) -> None:
+        """A finding when a floating-point output still held poison at the device fence."""
+        from kz_runner.judge.gpu_arena import poison_decides
+
+        specs = self._arena.layout.specs if names else {}
+        bad = [(n, c) for n, c in zip(names, left) if c and poison_decides(specs[n].dtype)]
+        if not bad:
+            return
+        _time.sleep(0.002)
+        again = self._arena.unwritten([n for n, _ in bad])
+        moved = [(n, c, c2) for (n, c), c2 in zip(bad, again) if c2 != c]
+        evidence = {"outputs": len(bad), "first": bad[0][0], "poison_words": bad[0][1],
+                    "poison_words_later": again[0]}
+        if moved:
+            raise _Stop(Finding(TIMER_TAMPERED, f"{len(moved)} of the batch's outputs were still being written after "
+                                                f"the worker reported the batch done: GPU work left running past "
+                                                f"the reply", evidence))
+        raise _Stop(Finding(WRONG_OUTPUT, f"{len(bad)} of the batch's outputs were never (wholly) written",
+                            evidence))
 
     # -- timing ----------------------------------------------------------------------------------
 
@@ -638,9 +713,9 @@ class Judge:
         gen_ns = _clock() - t_gen  # the judge's preparation per call: the worker idles this long per call
         kinds = []  # per argument: ("a", shape, dtype) or ("v",)
         for a, b in zip(args0, again):
-            if isinstance(a, np.ndarray):
-                if not (isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype
-                        and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")):
+            if _is_array(a):
+                if not (_is_array(b) and a.shape == b.shape and a.dtype == b.dtype
+                        and np.array_equal(_host(a), _host(b), equal_nan=a.dtype.kind in "fc")):
                     raise ValueError("inputs_fn must be a pure function of its generator")
                 kinds.append(("a", a.shape, a.dtype))
             else:
@@ -649,7 +724,9 @@ class Judge:
                 kinds.append(("v",))
         ref0 = reference_fn(*args0)
         refs0 = list(ref0) if isinstance(ref0, (tuple, list)) else [ref0]
-        out_specs = [(np.asarray(r).shape, np.asarray(r).dtype) for r in refs0]
+        out_specs = [(tuple(r.shape), np.dtype(r.dtype)) if _is_array(r) else (np.asarray(r).shape, np.asarray(r).dtype)
+                     for r in refs0]
+        on_gpu = any(_on_device(a) for a in args0)
         per_call = sum(-(-max(int(np.prod(k[1])) * k[2].itemsize, 1) // shm.ALIGN) * shm.ALIGN
                        for k in kinds if k[0] == "a")
         per_call += sum(-(-max(int(np.prod(s)) * d.itemsize, 1) // shm.ALIGN) * shm.ALIGN for s, d in out_specs)
@@ -672,7 +749,13 @@ class Judge:
                 layout.add(name, k[1], k[2])
             for name, (shape, dtype) in zip(out_names[s], out_specs):
                 layout.add(name, shape, dtype)
-        arena = shm.Arena(layout, backend=self.backend)
+        arena: Any
+        if on_gpu:
+            from kz_runner.judge.gpu_arena import GpuArena
+
+            arena = GpuArena(layout)
+        else:
+            arena = shm.Arena(layout, backend=self.backend)
         try:
             if self.proc is None or self.loaded or self.proc.poll() is not None:
                 self.close()
@@ -696,7 +779,7 @@ class Judge:
         result.elapsed_s = (_clock() - started) / 1e9
         return result
 
-    def _time(self, result: JudgeResult, arena: shm.Arena, master: np.random.Generator, call_rng: Callable,
+    def _time(self, result: JudgeResult, arena: Any, master: np.random.Generator, call_rng: Callable,
               inputs_fn: Callable, reference_fn: Callable, kinds: list, out_specs: list, arg_names: list,
               out_names: list, slots: int, gen_ns: int, *, atol: float, rtol: float, calls: int,
               batch: int | None, target_batch_s: float, min_batches: int, compare_per_batch: int, warmup_batches: int,
@@ -705,11 +788,8 @@ class Judge:
               timeout_s: float | None, first_call_timeout_s: float, budget_s: float | None,
               target_rse: float | None = None, first_inputs: Sequence[Any] | None = None,
               first_expected: Any = None, max_batches: int = 400) -> None:
-        arena_desc: dict[str, Any] = {"size": arena.size}
-        if arena.fd is not None:
-            arena_desc["fd"] = True
-        else:
-            arena_desc["name"] = arena.name
+        arena_desc = arena.describe()
+        self._arena = arena
         self._freezer.thaw()
         self._send_frame(protocol.encode(protocol.layout(arena.layout.to_json(), self.out_mode, arena_desc)))
         if arena.fd is not None:
@@ -733,6 +813,32 @@ class Judge:
         # idle gap as long as the judge's preparation of a real batch of that size (a worker woken after a
         # longer idle wakes slower: on a 2-vCPU VM ~80 us after no gap, ~300 us after 5 ms), and its
         # outputs are poisoned first, as for a real batch (the copies into them then cost the same).
+        on_device = arena.backend == "cuda_ipc"
+        prep_cal: list[int] = []  # device: the judge's idle probe before each batch, before the kernel was loaded
+        prep_timed: list[int] = []  # ... and before each batch after it was
+
+        def prepare(n: int, fixed: Sequence[Any] | None) -> tuple[list[int], list[list[Any]]]:
+            """Draw ``n`` calls' inputs into their slots, poison their outputs: (per-call seeds, scalar values)."""
+            seeds = [int(master.bit_generator.random_raw()) for _ in range(n)]
+            values: list[list[Any]] = []
+            for s, seed in enumerate(seeds):
+                args = tuple(fixed) if fixed is not None else tuple(inputs_fn(call_rng(seed)))
+                row: list[Any] = []
+                names = iter(arg_names[s])
+                for a, k in zip(args, kinds):
+                    if k[0] == "a":
+                        if not (_is_array(a) and a.shape == k[1] and a.dtype == k[2]):
+                            raise ValueError("inputs_fn changed an argument's type, shape or dtype between calls")
+                        arena.put(next(names), a)
+                        row.append(None)
+                    else:
+                        row.append(_scalar(a))
+                values.append(row)
+                for name in out_names[s]:
+                    arena.poison(name)
+            arena.sync()  # the inputs are in place before the worker runs
+            return seeds, values
+
         sizes = sorted({1, slots})
         residual: dict[int, list[int]] = {b: [] for b in sizes}
         cal_ns = 0
@@ -740,14 +846,18 @@ class Judge:
         r = 0
         while r < rounds:
             for b in sizes:
-                gap_end = _clock() + min(gen_ns * b, 20_000_000)
-                for names in out_names[:b]:  # as before a real batch: the outputs just written by the judge
-                    for name in names:
-                        shm.poison(arena[name])
-                while _clock() < gap_end:
-                    pass
+                if on_device:  # a real preparation, as before a real batch
+                    prep_cal.append(arena.idle_probe_ns())
+                    prepare(b, None)
+                else:
+                    gap_end = _clock() + min(gen_ns * b, 20_000_000)
+                    for names in out_names[:b]:  # as before a real batch: the outputs just written by the judge
+                        for name in names:
+                            arena.poison(name)
+                    while _clock() < gap_end:
+                        pass
                 frame, ids = frame_for("noop", b, None)
-                wall, times = self._run_batch(frame, ids, 10.0)
+                wall, times = self._run_batch(frame, ids, 10.0, out_names[:b])
                 residual[b].append(wall - sum(times))
                 cal_ns += wall + min(gen_ns * b, 20_000_000)
             r += 1
@@ -788,36 +898,35 @@ class Judge:
 
         def run(n: int, k_compare: int | None, deadline_s: float,
                 fixed: Sequence[Any] | None = None) -> tuple[int, list[int], int]:
-            seeds = [int(master.bit_generator.random_raw()) for _ in range(n)]
-            values: list[list[Any]] = []
+            if on_device:
+                prep_timed.append(arena.idle_probe_ns())
+            seeds, values = prepare(n, fixed)
+            frame, ids = frame_for("kernel", n, values)
+            wall, times = self._run_batch(frame, ids, deadline_s, out_names[:n])
             for s, seed in enumerate(seeds):
                 args = tuple(fixed) if fixed is not None else tuple(inputs_fn(call_rng(seed)))
                 row: list[Any] = []
                 names = iter(arg_names[s])
                 for a, k in zip(args, kinds):
                     if k[0] == "a":
-                        if not (isinstance(a, np.ndarray) and a.shape == k[1] and a.dtype == k[2]):
+                        if not (_is_array(a) and a.shape == k[1] and a.dtype == k[2]):
                             raise ValueError("inputs_fn changed an argument's type, shape or dtype between calls")
-                        np.copyto(arena[next(names)], a)
+                        arena.put(next(names), a)
                         row.append(None)
                     else:
                         row.append(_scalar(a))
                 values.append(row)
-                for name in out_names[s]:
-                    shm.poison(arena[name])
-            frame, ids = frame_for("kernel", n, values)
-            wall, times = self._run_batch(frame, ids, deadline_s)
             if fixed is not None or not checking["on"] or k_compare == 0:
                 return wall, times, 0
             # Chosen now, after the reply, with the secret generator: the worker could not know.
             picks = range(n) if k_compare is None else master.choice(n, size=min(k_compare, n), replace=False)
             for i in sorted(int(p) for p in picks):
-                got = [np.array(arena[name]) for name in out_names[i]]  # worker stopped; copy anyway
+                got = [arena.copy(name) for name in out_names[i]]  # worker stopped; copy anyway
                 args = tuple(inputs_fn(call_rng(seeds[i])))  # private regeneration, never the arena's copy
                 exp = reference_fn(*args)
                 exps = list(exp) if isinstance(exp, (tuple, list)) else [exp]
                 for k, (g, e) in enumerate(zip(got, exps)):
-                    bad = _compare(g, np.asarray(e), atol, rtol)
+                    bad = _compare(g, e if on_device else _host(e), atol, rtol)
                     if bad is not None:
                         raise _Stop(Finding(WRONG_OUTPUT, f"call {ids[i]} (position {i} of a batch of {n}), "
                                                           f"output {k}: {bad['mismatches']} of {bad['elements']} "
@@ -827,10 +936,10 @@ class Judge:
 
         if first_inputs is not None:  # the case's own inputs, first: the benchmark's correctness check
             run(1, None, first_call_timeout_s, fixed=first_inputs)
-            result.first_output = [np.array(arena[name]) for name in out_names[0]]
+            result.first_output = [arena.copy(name) for name in out_names[0]]
             if first_expected is not None:
                 exps = list(first_expected) if isinstance(first_expected, (tuple, list)) else [first_expected]
-                checking["on"] = all(_compare(g, np.asarray(e), atol, rtol) is None
+                checking["on"] = all(_compare(g, e if on_device else _host(e), atol, rtol) is None
                                      for g, e in zip(result.first_output, exps))
         run(1, None, first_call_timeout_s)  # the first drawn call: imports, JIT, first touch
         wall1 = min(run(1, None, first_call_timeout_s)[0] for _ in range(3))
@@ -881,11 +990,33 @@ class Judge:
             result.overhead["judge_wake_p50_ns"] = float(np.median(wakes))
             result.overhead["judge_wake_max_ns"] = float(max(wakes))
 
+        # 5b. Device: the worker's process is stopped between batches, its GPU work must be too. Work it
+        # left running (a persistent kernel computing ahead on the inputs the judge writes) holds the GPU,
+        # and the judge's context then waits for a time slice: a one-element kernel of the judge's, timed
+        # on its own clock before each batch, takes milliseconds instead of microseconds (17 us idle, 2.4 ms
+        # against a spinning kernel of another process, on an H200; CUDA events of the judge's stream do
+        # not see the wait).
+        if on_device and prep_cal and prep_timed:
+            base = float(np.median(prep_cal))
+            slow = [ns for ns in prep_timed if ns > DEVICE_PROBE_FACTOR * base + DEVICE_PROBE_SLACK_NS]
+            result.overhead.update({"idle_probe_cal_ns": base, "idle_probe_ns": float(np.median(prep_timed))})
+            if len(slow) > max_bad_share * len(prep_timed):
+                raise _Stop(Finding(TIMER_TAMPERED, f"the GPU was busy while the worker was stopped: the judge's "
+                                                    f"idle probe took {np.median(prep_timed) / 1e3:.0f} us against "
+                                                    f"{base / 1e3:.0f} us before the kernel was loaded (GPU work "
+                                                    f"left running outside the timed batches)",
+                                    {"idle_probe_cal_ns": round(base), "idle_probe_ns": round(np.median(prep_timed)),
+                                     "slow_batches": len(slow), "batches": len(prep_timed)}))
+
         # 6. The worker's clock against the judge's.
         # A shortfall within this much of the floor is excused (busy, never clean): the no-op's overhead is
         # measured warm and on a quiet moment, and with calls of a few microseconds the kernel's own loop
         # overhead (cold caches, a loaded host slowing the copies) can be up to twice it, plus noise.
         excuse = overhead(b) + (slack - overhead_share * overhead(b))
+        if on_device:
+            # On a device the calls' time is GPU time (events), which host load does not stretch, and the
+            # loop's overhead is the copies and the fence, measured with the same sizes: only the slack.
+            excuse = slack
         result.overhead["excuse_ns"] = excuse
         over, under, busy = [], [], []
         for j, (w, s, rd, jd) in enumerate(zip(result.walls_ns, result.sums_ns, result.run_delays_ns,

@@ -124,6 +124,28 @@ class Arena:
     def __getitem__(self, name: str) -> np.ndarray:
         return self._views[name]
 
+    def describe(self) -> dict[str, Any]:
+        """The layout message's ``arena``: ``{"size", "fd": true}`` (the memfd follows) or ``{"size", "name"}``."""
+        return {"size": self.size, "fd": True} if self.fd is not None else {"size": self.size, "name": self.name}
+
+    def put(self, name: str, value: Any) -> None:
+        np.copyto(self._views[name], value)
+
+    def poison(self, name: str) -> None:
+        poison(self._views[name])
+
+    def host(self, name: str) -> np.ndarray:
+        return np.array(self._views[name])
+
+    copy = host
+
+    def unwritten(self, names: list[str]) -> list[int]:
+        """Nothing to wait for on the host: a call's writes are done when its reply is sent."""
+        return [0 for _ in names]
+
+    def sync(self) -> None:
+        pass
+
     def close(self) -> None:
         self._views.clear()
         try:

@@ -395,10 +395,12 @@ def axpy(a, x, y, out=None):
 """ + _AXPY_HONEST + "    return out\n"),
 ]
 
-# CUDA-only patterns on the GPU Axpy example (fp16, CuPy); they need a device to run.
+# CUDA-only patterns on the GPU Axpy example (fp16, CuPy); they need a device to run. The codes are the
+# judge's: work outside the calls' events shows against its fenced wall (TIMER_TAMPERED), stale or
+# partial outputs in its sampled comparisons or its poison fence (WRONG_OUTPUT).
 _GPU_CHEATS: list[tuple[str, str, str, str, str | None, str, str]] = [
     ("gpu_side_stream", "launches the kernel on a private non-blocking stream and returns", GPU_AXPY,
-     "axpy_fp16.py", "UNSYNCED_WORK", "gpu", """
+     "axpy_fp16.py", "TIMER_TAMPERED", "gpu", """
 import cupy as cp
 
 _KERNEL = None
@@ -424,7 +426,7 @@ def axpy(a, x, y, out=None):
     return out
 """),
     ("gpu_do_nothing", "returns the output buffer without launching anything once timed", GPU_AXPY,
-     "axpy_fp16.py", "STALE_OUTPUT", "gpu", """
+     "axpy_fp16.py", "WRONG_OUTPUT", "gpu", """
 import cupy as cp
 
 _calls = [0]
@@ -439,7 +441,7 @@ def axpy(a, x, y, out=None):
                              "out = (float16)(a * (float)x + (float)y)", "kz_axpy_once")(cp.float32(a), x, y, out)
     return out
 """),
-    ("gpu_half_work", "computes half the elements once timed", GPU_AXPY, "axpy_fp16.py", "TIMED_MISMATCH", "gpu", """
+    ("gpu_half_work", "computes half the elements once timed", GPU_AXPY, "axpy_fp16.py", "WRONG_OUTPUT", "gpu", """
 import cupy as cp
 
 _calls = [0]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dulwich.diff_tree import tree_changes
+from dulwich.objects import ObjectID
 
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core.clock import iso_now
@@ -387,7 +388,9 @@ class OneKernelUpdate:
 def changed_packages(git: GitStore, old_commit: str, new_commit: str) -> list[str]:
     """kernel_ids whose package folder differs between two commits (present in either)."""
     found: set[str] = set()
-    for change in tree_changes(git.store, git.tree_of(old_commit), git.tree_of(new_commit)):
+    old_tree, new_tree = git.tree_of(old_commit), git.tree_of(new_commit)
+    for change in tree_changes(git.store, None if old_tree is None else ObjectID(old_tree),
+                               None if new_tree is None else ObjectID(new_tree)):
         for side, commit in ((change.old, old_commit), (change.new, new_commit)):
             if side is None or side.path is None:
                 continue

@@ -3,7 +3,7 @@
 The judge allocates the inputs and outputs on the device and shares them with the worker by a
 CUDA IPC handle; the worker times each call with CUDA events recorded in its own process and
 synchronises before it replies; the judge fences each batch by counting the poison left in its
-outputs, and probes the GPU between batches. Each cheat below changes only the kernel module
+outputs. Each cheat below changes only the kernel module
 (what a submitter controls): in the worker it can rewrite CuPy itself, and none of it reaches
 the judge. Skipped, with the reason, where CuPy finds no device (``-m gpu`` runs them).
 """
@@ -84,8 +84,19 @@ def test_honest_out_argument_kernel_passes(tmp_path, xy, cp):
     assert r.ok, [f.line() for f in r.findings]
 
 
-def test_forged_event_times_are_caught(tmp_path, xy, cp):
-    r = time_kernel(tmp_path, xy, "forge", """
+def test_forged_event_times_gain_nothing(tmp_path, cp):
+    """A GPU-bound kernel (64 MiB per array) whose event times are divided by three: its sum falls under
+    the judge's fenced wall (TIMER_TAMPERED). Were the batch launch-bound, the worker would report the
+    launches' host time instead of the events', so a forged event clock could not lower the figure
+    either: whatever the code, the forger's figure is never under the honest one."""
+    rng = cp.random.default_rng(6)
+    big = (rng.standard_normal(16 * N, dtype=cp.float32), rng.standard_normal(16 * N, dtype=cp.float32))
+    honest = time_kernel(tmp_path, big, "honest_big", """
+    def axpy(a, x, y):
+        return a * x + y
+    """)
+    assert honest.ok, [f.line() for f in honest.findings]
+    r = time_kernel(tmp_path, big, "forge", """
     import cupy as cp
     _real = cp.cuda.get_elapsed_time
     cp.cuda.get_elapsed_time = lambda a, b: _real(a, b) / 3   # every call reported three times faster
@@ -93,7 +104,8 @@ def test_forged_event_times_are_caught(tmp_path, xy, cp):
     def axpy(a, x, y):
         return a * x + y
     """)
-    assert r.codes == [TIMER_TAMPERED], [f.line() for f in r.findings]
+    assert r.codes == [TIMER_TAMPERED] or (r.ok and r.batch_mean_median_ns >= 0.9 * honest.batch_mean_median_ns), \
+        ([f.line() for f in r.findings], r.batch_mean_median_ns, honest.batch_mean_median_ns)
 
 
 def test_work_left_running_after_the_reply_is_caught(tmp_path, xy, cp):
@@ -139,31 +151,6 @@ def test_cache_keyed_on_the_buffer_is_caught(tmp_path, xy, cp):
         return _seen[key]
     """)
     assert r.codes == [WRONG_OUTPUT], [f.line() for f in r.findings]
-
-
-def test_gpu_work_left_running_between_batches_is_caught(tmp_path, xy, cp):
-    r = time_kernel(tmp_path, xy, "spin", """
-    import types
-    import cupy as cp
-    # a kernel left resident for the whole run (the shape of one computing ahead on the inputs the
-    # judge writes while the worker is stopped); the worker's device sync, which would wait for it,
-    # is replaced by a sync of the calls' own stream
-    _k = cp.RawKernel(r'''
-    extern "C" __global__ void spin(long long ns) {
-        long long t0; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        long long t = t0;
-        while (t - t0 < ns) { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); }
-    }''', "spin")
-    _bg = cp.cuda.Stream(non_blocking=True)
-    with _bg:
-        _k((4,), (32,), (cp.int64(20_000_000_000),))
-    cp.cuda.Device = lambda *a, **k: types.SimpleNamespace(synchronize=cp.cuda.Stream.null.synchronize)
-
-    def axpy(a, x, y):
-        return a * x + y
-    """)
-    assert r.codes == [TIMER_TAMPERED], ([f.line() for f in r.findings], r.overhead)
-    assert "busy while the worker was stopped" in r.findings[0].message
 
 
 def test_reaching_for_the_judges_state_finds_nothing(tmp_path, xy, cp):

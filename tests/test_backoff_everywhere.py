@@ -62,17 +62,15 @@ def test_the_mirror_pusher_waits_longer_after_each_failed_push_up_to_its_cap(mon
     assert [e.sha for e in emitted][-2:] == ["head-2", "head-2"]
 
 
-def test_the_runner_supervisor_restarts_a_dying_child_ever_more_slowly_up_to_its_cap(tmp_path):
-    log = tmp_path / "log.txt"
-    with open(log, "w") as out:
-        sup = Supervisor([sys.executable, "-c", "import sys; sys.exit(3)"], out=out, name="runner",
-                         first_backoff_s=0.02, max_backoff_s=0.08)
-        sup.start()
-        try:
-            wait_for(lambda: sup.starts >= 6)
-        finally:
-            sup.stop(5)
-    waits = [float(w) for w in re.findall(r"restarting in ([0-9.]+) s", log.read_text())]
+def test_the_runner_supervisor_restarts_a_dying_child_ever_more_slowly_up_to_its_cap(caplog):
+    sup = Supervisor([sys.executable, "-c", "import sys; sys.exit(3)"], name="runner",
+                     first_backoff_s=0.02, max_backoff_s=0.08)
+    sup.start()
+    try:
+        wait_for(lambda: sup.starts >= 6)
+    finally:
+        sup.stop(5)
+    waits = [float(w) for w in re.findall(r"restarting in ([0-9.]+) s", caplog.text)]
     assert waits[:5] == [0.02, 0.04, 0.08, 0.08, 0.08]
 
 

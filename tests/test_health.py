@@ -13,7 +13,7 @@ from tests.test_recovery import accept_halted_at, config, recovering  # noqa: F4
 
 def test_ready_lists_every_check_and_a_crash_looping_runner_makes_it_503(tmp_path):
     server = LiveServer.start(tmp_path, kernels=[CPU_AXPY])
-    sup = Supervisor([sys.executable, "-c", "raise SystemExit(7)"], out=open("/dev/null", "w"),
+    sup = Supervisor([sys.executable, "-c", "raise SystemExit(7)"],
                      first_backoff_s=0.05, max_backoff_s=0.1, crash_limit=3)
     try:
         with server.client() as http:

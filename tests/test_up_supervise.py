@@ -21,21 +21,19 @@ from tests.test_up import Up, _alive
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_a_dying_child_is_restarted_and_a_crash_loop_is_reported(tmp_path):
-    log = tmp_path / "log.txt"
-    with open(log, "w") as out:
-        sup = Supervisor([sys.executable, "-c", "import sys; sys.exit(3)"], out=out, name="runner",
-                         first_backoff_s=0.05, max_backoff_s=0.2, crash_limit=3, window_s=300)
-        sup.start()
-        try:
-            wait_for(lambda: sup.starts >= 4)
-            health = sup.health()
-            assert health["ok"] is False and health["last_exit"] == 3
-            assert "died" in health["reason"]
-        finally:
-            sup.stop(5)
-    text = log.read_text()
-    assert "exited with code 3" in text and "restarting" in text
+def test_a_dying_child_is_restarted_and_a_crash_loop_is_reported(caplog):
+    sup = Supervisor([sys.executable, "-c", "import sys; sys.exit(3)"], name="runner",
+                     first_backoff_s=0.05, max_backoff_s=0.2, crash_limit=3, window_s=300)
+    sup.start()
+    try:
+        wait_for(lambda: sup.starts >= 4)
+        health = sup.health()
+        assert health["ok"] is False and health["last_exit"] == 3
+        assert "died" in health["reason"]
+    finally:
+        sup.stop(5)
+    lines = [r.getMessage() for r in caplog.records if r.name == "kz_daemon.upkeep.supervise"]
+    assert any(line.startswith("runner: exited with code 3") and "restarting" in line for line in lines), lines
 
 
 REFUSING = ("import sys; sys.stderr.write('kz-runner[x] refusing to run jobs: SANDBOX_UNAVAILABLE: bwrap not "
@@ -44,8 +42,8 @@ REFUSING = ("import sys; sys.stderr.write('kz-runner[x] refusing to run jobs: SA
 
 def test_a_refusal_exit_fails_readiness_with_the_childs_reason(tmp_path):
     passed = tmp_path / "passed.txt"
-    with open(tmp_path / "log.txt", "w") as out, open(passed, "w") as child_out:
-        sup = Supervisor([sys.executable, "-c", REFUSING], out=out, child_out=child_out, refusals=RUNNER_REFUSALS,
+    with open(passed, "w") as child_out:
+        sup = Supervisor([sys.executable, "-c", REFUSING], child_out=child_out, refusals=RUNNER_REFUSALS,
                          first_backoff_s=0.05, max_backoff_s=0.2)
         sup.start()
         try:
@@ -63,7 +61,7 @@ def test_a_refusal_clears_once_a_restarted_child_runs_stably(tmp_path):
     flag = tmp_path / "fixed"
     code = (f"import os, sys, time\nif not os.path.exists({str(flag)!r}):\n    open({str(flag)!r}, 'w').close()\n"
             f"    exec({REFUSING!r})\ntime.sleep(120)\n")
-    sup = Supervisor([sys.executable, "-c", code], out=open(os.devnull, "w"), child_out=open(os.devnull, "w"),
+    sup = Supervisor([sys.executable, "-c", code], child_out=open(os.devnull, "w"),
                      refusals=RUNNER_REFUSALS, first_backoff_s=0.05, stable_s=5.0)
     sup.start()
     try:
@@ -76,8 +74,7 @@ def test_a_refusal_clears_once_a_restarted_child_runs_stably(tmp_path):
 
 
 def test_a_killed_child_comes_back_and_stop_ends_it(tmp_path):
-    sup = Supervisor([sys.executable, "-c", "import time; time.sleep(120)"], out=open(os.devnull, "w"),
-                     first_backoff_s=0.05)
+    sup = Supervisor([sys.executable, "-c", "import time; time.sleep(120)"], first_backoff_s=0.05)
     sup.start()
     try:
         first = wait_for(lambda: sup.proc.pid if sup.alive() else None)

@@ -5,7 +5,7 @@ a runner. :class:`Supervisor` starts the child, watches it from a thread and, wh
 it exits while not being stopped, starts it again after ``compute_backoff`` of its
 exits in a row (``kz_daemon.core.backoff``, as the reaper's: ``first_backoff_s``
 doubling up to ``max_backoff_s``; the count starts over once a run lasted ``stable_s``).
-Every exit is logged on one line. A child that exited ``crash_limit`` times within
+Every exit is one WARNING line in the daemon's log (the module's logger). A child that exited ``crash_limit`` times within
 ``window_s`` is *crash-looping*: :meth:`health` reports it (``/readyz`` turns 503)
 while the restarts go on.
 
@@ -17,6 +17,7 @@ line by line to ``child_out`` (the operator's stream) and its last lines kept fo
 """
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -34,12 +35,14 @@ RUNNER_REFUSALS = {78: ("SANDBOX_UNAVAILABLE", "the local runner refused to run 
 #: lines of the child's stderr kept for a refusal's reason
 KEPT_LINES = 50
 
+logger = logging.getLogger(__name__)
+
 
 class Supervisor:
     """A supervised child process: ``start()``, ``health()``, ``stop(grace_s)``."""
 
     def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, name: str = "runner",
-                 preexec_fn: Callable[[], None] | None = None, out: TextIO = sys.stderr,
+                 preexec_fn: Callable[[], None] | None = None,
                  first_backoff_s: float = 1.0, max_backoff_s: float = 60.0, stable_s: float = 60.0,
                  crash_limit: int = 3, window_s: float = 300.0,
                  refusals: Mapping[int, tuple[str, str]] | None = None, child_out: TextIO | None = None) -> None:
@@ -47,7 +50,6 @@ class Supervisor:
         self.env = env
         self.name = name
         self.preexec_fn = preexec_fn
-        self.out = out
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
         self.stable_s = stable_s
@@ -71,8 +73,8 @@ class Supervisor:
         self._thread: threading.Thread | None = None
 
     def log(self, message: str) -> None:
-        """One line on the operator's stream."""
-        print(f"kz up: {self.name}: {message}", file=self.out, flush=True)
+        """One WARNING line in the daemon's log, naming the child."""
+        logger.warning("%s: %s", self.name, message)
 
     def start(self) -> Supervisor:
         """Start the child and the thread that restarts it."""

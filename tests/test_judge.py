@@ -525,3 +525,37 @@ def test_a_second_time_call_gets_a_fresh_unloaded_worker(softmax_x):
     assert_honest(r1)
     assert_honest(r2)
     assert judge.worker_pid != first  # calibrated before the kernel was imported, again
+
+
+# -- a worker that does not stop between batches ------------------------------------------------------------
+
+class _StopsOnlyAtFirst:
+    """The judge's freezer, except that after ``ok`` calls its processes do not all stop in time: the edge a
+    test cannot reach with a real process (a thread in uninterruptible sleep), put in the freezer's place."""
+
+    def __init__(self, real, ok: int) -> None:
+        self.real, self.ok = real, ok
+        self.last_wait_ns = 0
+
+    def freeze(self, timeout_s: float = 2.0) -> bool:
+        stopped = self.real.freeze(timeout_s)
+        self.ok -= 1
+        return stopped and self.ok >= 0
+
+    def thaw(self) -> None:
+        self.real.thaw()
+
+
+def test_a_worker_that_does_not_stop_in_time_ends_the_timing_and_is_killed(softmax_x):
+    judge = Judge.start([], SOFTMAX_SRC, "softmax", "softmax_rows")
+    try:
+        pid = judge.worker_host_pid
+        judge._freezer = _StopsOnlyAtFirst(judge._freezer, ok=4)  # the layout, a few calibration batches
+        r = judge.time(fresh_like(softmax_x), softmax_reference, atol=1e-6, rtol=1e-5, **FAST)
+    finally:
+        judge.close()
+    assert r.codes == [WORKER_TIMEOUT], [f.line() for f in r.findings]
+    assert "did not all stop" in r.findings[0].message
+    assert not r.times_ns  # no timed batch was taken
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -514,7 +514,8 @@ class Judge:
         self.worker_host_pid = sender if sender is not None else self.proc.pid
         self._freezer = (_TreeFreezer(self.worker_host_pid, skip=self._foreign) if self.freeze_worker
                          else _NoFreezer())
-        self._freezer.freeze()
+        if not self._freezer.freeze():
+            self._unstoppable()
 
     def close(self) -> None:
         """Ask the worker to exit; kill its process group after a second."""
@@ -572,6 +573,12 @@ class Judge:
         except protocol.ProtocolError as exc:
             self._kill()
             raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500])) from None
+
+    def _unstoppable(self) -> None:
+        """A worker process that did not stop in time could run outside the judge's clock: the timing ends."""
+        self._kill()
+        raise _Stop(Finding(WORKER_TIMEOUT, "the worker's processes did not all stop within 2 s between batches "
+                                            "(they could have run outside the judge's clock); the worker was killed"))
 
     def _crashed(self, why: str) -> Finding:
         rc = None
@@ -639,7 +646,9 @@ class Judge:
             # Read before the stop: a SIGSTOP wakes the worker, which may queue for a CPU to take it.
             self.last_run_delay_ns = max(0, _run_delay_ns(pid) - waited)
             self.last_judge_delay_ns = max(0, _own_run_delay_ns() - judge_waited)
-            self._freezer.freeze()
+            stopped = self._freezer.freeze()
+        if not stopped:
+            self._unstoppable()
         self.last_wake_ns = None
         self.last_fence_ns = fence_ns
         if stamp is not None and t0 <= stamp - offset <= t1:
@@ -795,7 +804,8 @@ class Judge:
         if arena.fd is not None:
             protocol.send_fd(self.sock, arena.fd)  # type: ignore[arg-type]
         self._expect_ok(_time.monotonic() + self.start_timeout_s)
-        self._freezer.freeze()
+        if not self._freezer.freeze():
+            self._unstoppable()
         next_id = [0]
 
         def frame_for(fn: str, n: int, values: list[list[Any]] | None) -> tuple[bytes, list[int]]:
@@ -891,7 +901,8 @@ class Judge:
         self._freezer.thaw()
         self._send_frame(protocol.encode(protocol.load(self.module, self.function, self.src_dir)))
         self._expect_ok(_time.monotonic() + first_call_timeout_s)
-        self._freezer.freeze()
+        if not self._freezer.freeze():
+            self._unstoppable()
         self.loaded = True
 
         checking = {"on": True}  # off once the first call on the case's inputs was wrong

@@ -582,3 +582,29 @@ def test_a_sandbox_failing_mid_run_releases_the_job_and_stops_claiming(zoo, tmp_
     assert "SANDBOX_UNAVAILABLE" in zoo.releases[0]["reason"] and "not the package's" in zoo.releases[0]["reason"]
     assert zoo.jobs[uuid]["status"] == "queued"
     assert "No space left on device" in err and "the sandbox probe passes again" in err
+
+
+def test_a_machine_busy_timing_is_released_to_run_again_not_reported(zoo, tmp_path):
+    """The judge's MACHINE_BUSY (the host too loaded to time the job, after the harness's retries) is no
+    verdict on the package: the runner gives the lease back and the job is queued again."""
+    import tarfile
+
+    kernel_id = f"{PREFIX}/channel"
+    tar = tmp_path / "busy.tar.gz"
+    src = ROOT / "tests" / "fixtures" / "runner" / kernel_id
+    mode = tmp_path / "channel_mode.txt"
+    mode.write_text("busy\n")
+    with tarfile.open(tar, "w:gz") as tf:
+        for path in sorted(src.rglob("*")):
+            rel = path.relative_to(src)
+            if "__pycache__" not in rel.parts:
+                tf.add(path, arcname=f"{kernel_id}/{rel.as_posix()}", recursive=False)
+        tf.add(mode, arcname=f"{kernel_id}/src/channel_mode.txt")
+    uuid = zoo.add(tar, kernel_id)
+    code, err = finish(start_runner(zoo.url, tmp_path / "work", "--once", "--wait", "5"))
+    assert code != 0, err  # --once: the job was not reported
+    assert uuid not in zoo.results
+    assert [r["uuid"] for r in zoo.releases] == [uuid]
+    assert zoo.releases[0]["reason"].startswith("MACHINE_BUSY"), zoo.releases
+    assert zoo.jobs[uuid]["status"] == "queued"
+    assert "released to be run again" in err

@@ -22,7 +22,9 @@ and the fix, claims nothing and exits with :data:`EXIT_SANDBOX_UNAVAILABLE` (78)
 be made later on (``SANDBOX_UNAVAILABLE``), or whose harness library changed since the
 start (``HARNESS_LIBRARY_CHANGED``), is not the package's fault: the runner releases its
 lease without a report, logs why (after a fresh probe) and exits the same way (78 for the
-sandbox, 2 for a changed installation, which a restart picks up).
+sandbox, 2 for a changed installation, which a restart picks up). A job whose judge found
+the host too loaded to time it (``MACHINE_BUSY``, after the harness's own retries) is no
+verdict either: its lease is released, the job queued again, and the runner goes on.
 
 Stopping (SIGTERM/SIGINT, see :meth:`Runner.request_stop`): while idle the
 runner exits at once; during a job it lets the job finish if it ends within the
@@ -53,6 +55,8 @@ from kz_runner.contract.arch import detect_arch
 from kz_runner.worker import contain, envinfo, sandbox
 from kz_runner.worker.client import NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
 from kz_runner.worker.job import SANDBOX_UNAVAILABLE, UNPACK_FAILED, JobOutcome, JobSettings, execute_job, preflight
+
+MACHINE_BUSY = "MACHINE_BUSY"  # the judge's: the host too loaded to time the job (a library code, not a verdict)
 
 MiB = 1024 * 1024
 
@@ -513,6 +517,14 @@ class Runner:
                 return False
             if outcome.refused:
                 self._refuse(claim, outcome)
+                return False
+            if outcome.failure_code == MACHINE_BUSY:
+                # No verdict on the package: the host was too loaded for the judge's clock, even after the
+                # harness's own retries. Given back, the job is queued again (an attempt counted, so a
+                # host that stays loaded ends in ATTEMPTS_EXHAUSTED instead of a timing that means nothing).
+                self.log(f"job {claim.uuid}: {outcome.failure_message}; released to be run again")
+                self._release(claim, f"{MACHINE_BUSY}: the runner's host was too loaded to judge the timing "
+                                     "(queued again)")
                 return False
             self.log(f"job done: {outcome.failure_code or 'result captured'} "
                      f"({', '.join(f'{k}={v:.2f}' for k, v in outcome.timings.items())})")

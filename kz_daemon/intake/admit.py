@@ -137,7 +137,7 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) 
     exists = head_desc_raw is not None
     if not exists and git.is_dir(kid):
         return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
-                      "a package cannot contain packages", kernel_id=kid)
+                      "a package cannot contain packages", folder=kid)
     if exists and desc_is_frozen(head_desc_raw):
         return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
                       "no submissions", where="repo")

@@ -108,11 +108,11 @@ def test_reducer_allows_one_confirmation_run_and_refuses_a_report_without_a_leas
 
 # -- a real daemon and real CPU runs ---------------------------------------------------------
 def _zoo(tmp_path, margin=0.1, agreement=0.1, exclusive_s=60, text=None):
-    """A state dir whose kz.yaml sets the CPU lane's margin (off by default), or holds ``text``."""
+    """A state dir whose kz.yaml sets the CPU lane's margin and agreement, or holds ``text``."""
     state = tmp_path / "kz"
     init_state_dir(state, seed_from=EXAMPLES)
     (state / "kz.yaml").write_text(text if text is not None else
-        f"confirmation: {{cpu_margin: {margin}, agreement: {agreement}, exclusive_s: {exclusive_s}}}\n")
+        f"confirmation: {{cpu_margin: {margin}, cpu_agreement: {agreement}, exclusive_s: {exclusive_s}}}\n")
     return Config.load(state)
 
 
@@ -212,27 +212,53 @@ def _scaled(result: dict, factor: float) -> dict:
 def _run(zoo, tmp_path, runner: str, name: str):
     claim = zoo.claim(runner, "cpu", wait_s=10)
     assert claim is not None
-    result = real_run(zoo.runner_package(claim.uuid, runner), tmp_path / name, runner_id=runner)
-    assert result["overall"]["accept"] is True, result
+    # a confirmation run also times the reference kernel, alternately: several times the work of a run
+    for attempt in range(4):  # MACHINE_BUSY is no verdict: the shared host was too loaded to time; again
+        result = real_run(zoo.runner_package(claim.uuid, runner), tmp_path / f"{name}-{attempt}", runner_id=runner,
+                          timeout=900)
+        if not result["overall"].get("accept_reason", "").startswith("MACHINE_BUSY"):
+            break
+    assert result["overall"]["accept"] is True, result["overall"]
     return claim, result
 
 
-def _submit(zoo, name: str) -> str:
-    view = drop_and_decide(zoo, f"{name}.tar.gz", axpy_tarball(
-        mutate=lambda f: f.__setitem__("src/NOTES.md", name.encode())))
+def _submit(zoo, name: str, source: bytes | None = None) -> str:
+    def mutate(files: dict) -> None:
+        files["src/NOTES.md"] = name.encode()
+        if source is not None:
+            files["src/axpy.py"] = source
+    view = drop_and_decide(zoo, f"{name}.tar.gz", axpy_tarball(mutate=mutate))
     assert view.status == "queued", view.reasons
     return view.uuid
 
 
+# An earlier record really slower than the example (it sleeps): the reference's record that the
+# confirmation's ratio is compared with is then what that source measures.
+SLOW_AXPY = b'''"""AXPY that sleeps first: an earlier, slower record."""
+import time
+
+import numpy as np
+
+
+def axpy(a, x, y, out=None):
+    time.sleep(0.002)
+    if out is None:
+        out = np.empty_like(x)
+    np.multiply(x, np.float32(a), out=out)
+    np.add(out, y, out=out)
+    return out
+'''
+
+
 def test_fast_result_is_confirmed_by_a_second_run_and_committed(tmp_path):
-    # agreement is wide here: two honest runs on a shared CPU may differ a lot; the rule is tested above
+    # agreement is wide here: runs of different jobs on a shared CPU may differ a lot; the rule is tested above
     zoo = Zoo(_zoo(tmp_path, agreement=5.0))
     zoo.start()
     try:
-        first_uuid = _submit(zoo, "slow")
+        first_uuid = _submit(zoo, "slow", SLOW_AXPY)
         claim, result = _run(zoo, tmp_path, "r1", "slow")
-        # an earlier record far slower than this machine: the next honest run beats it by far
-        assert zoo.report_result(first_uuid, "r1", claim.lease_id, _scaled(result, 1000.0)).status == "accepted"
+        # an earlier record far slower than the example: the next honest run beats it by far
+        assert zoo.report_result(first_uuid, "r1", claim.lease_id, result).status == "accepted"
         head = zoo.git.head()
 
         uuid = _submit(zoo, "fast")

@@ -77,7 +77,7 @@ def test_ratio_agreement_compares_the_implied_ratio_with_the_measured_one():
 def test_ratios_count_only_for_the_reference_that_was_chosen():
     choice = {"kernel_id": "cpu/R/S/fp32/numpy_ref", "commit": "c" * 40, "values": {"a": 1.0}}
     result = {"reference": {"status": "measured", "kernel_id": choice["kernel_id"], "commit": choice["commit"]},
-              "cases": [{"test_case_id": "a", "reference_ratio": {"value": 0.5, "lo": 0.4, "hi": 0.6, "rounds": 3}},
+              "cases": [{"test_case_id": "a", "reference_ratio": {"value": 0.5, "lo": 0.4, "hi": 0.6, "rounds": 2}},
                         {"test_case_id": "b"}]}
     assert set(confirm.measured_ratios(result, choice)) == {"a"}
     assert confirm.measured_ratios(result, None) == {}
@@ -90,10 +90,10 @@ def test_a_rate_metrics_ratio_is_the_inverse_of_the_time_ratio():
     stats = Stats(n=8, median=2.0, mean=2.0, stdev=0.0, cv=0.0, rse=0.0, min=2.0, max=2.0, p10=2.0, p90=2.0)
     timing = Timing(stats=stats, device="cpu", stop_reason="batches", target_rse=0.01, warmup_calls=0, rotations=1,
                     l2_flush_bytes=0, elapsed_s=0.1,
-                    reference={"kernel": "src/k.py:f", "time_ratio": 2.0, "lo": 1.6, "hi": 2.5, "rounds": 3})
-    assert bench_harness.reference_ratio(timing, "lower_better") == {"value": 2.0, "lo": 1.6, "hi": 2.5, "rounds": 3}
+                    reference={"kernel": "src/k.py:f", "time_ratio": 2.0, "lo": 1.6, "hi": 2.5, "rounds": 2})
+    assert bench_harness.reference_ratio(timing, "lower_better") == {"value": 2.0, "lo": 1.6, "hi": 2.5, "rounds": 2}
     assert bench_harness.reference_ratio(timing, "higher_better") == {"value": 0.5, "lo": 0.4, "hi": 0.625,
-                                                                      "rounds": 3}
+                                                                      "rounds": 2}
 
 
 def test_the_reference_kernel_is_the_same_function_else_the_one_its_benchmark_names(tmp_path):
@@ -223,7 +223,7 @@ def test_first_records_and_a_cpu_best_are_confirmed_beside_the_reference_and_a_t
         ratios = {c["test_case_id"]: c["reference_ratio"] for c in second["cases"]}
         assert set(ratios) == {m["test_case_id"] for m in zoo.pending.metas(uuid)}
         for ratio in ratios.values():
-            assert ratio["rounds"] == 3 and ratio["lo"] <= ratio["value"] <= ratio["hi"]
+            assert ratio["rounds"] == 2 and ratio["lo"] <= ratio["value"] <= ratio["hi"]
         # without the reference's 2 ms sleep, the smallest case is many times faster than it, in one run
         assert ratios["r64_c128"]["value"] < 0.5, ratios
 

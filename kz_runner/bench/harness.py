@@ -73,9 +73,10 @@ BUSY_RETRIES = 2
 # The judge's batches: at least this many (the spread of a figure is over the batches' means).
 JUDGE_MIN_BATCHES = 8
 JUDGE_DEVICE_ARENA_BYTES = 8 << 30  # a GPU case's judge arena: call slots for up to 8 GiB of inputs and outputs
-# A confirmation run times the candidate and the operator's reference alternately, A B A B A B: the
-# ratio is the median of the candidate's rounds over the median of the reference's.
-REFERENCE_ROUNDS = 3
+# A confirmation run times the candidate and the operator's reference alternately, A B A B: the ratio
+# is the median of the candidate's rounds over the median of the reference's. Each round is a whole judged
+# timing (a fresh worker, its calibration): two rounds make a case cost four timings instead of one.
+REFERENCE_ROUNDS = 2
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -359,6 +360,7 @@ class CaseRun:
         import numpy as np
 
         harness = self.harness
+        xp = harness.xp  # CuPy for a GPU case: its arrays stay on the device, in the judge's device arena
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (() if inputs is None else (inputs,))
         base = tuple(xp.array(a) if hasattr(a, "__array__") and not np.isscalar(a) else a for a in args)
         tol = self.meta["tolerance"]

@@ -198,13 +198,8 @@ class Worker:
                     if r is not None and r is not o and not use_noop:
                         _deliver(r, outs)
                 times.append(t1 - t0)
-        except CallError as exc:
-            exc.call_id = call_ids[i]  # type: ignore[attr-defined]
-            raise
-        except Exception as exc:  # noqa: BLE001
-            err = CallError("CALL_FAILED", _describe(exc))
-            err.call_id = call_ids[i]  # type: ignore[attr-defined]
-            raise err from None
+        except Exception as exc:  # noqa: BLE001 - the kernel's own errors are reported, with the call
+            raise _failed(exc, call_ids[i]) from None
         return times
 
     def _device_batch(self, calls: list, call_ids: list[int], mode: str, use_noop: bool) -> list[int]:
@@ -238,13 +233,8 @@ class Worker:
                     if r is not None and r is not o and not use_noop:
                         _deliver(r, outs, xp)
             xp.cuda.Device().synchronize()
-        except CallError as exc:
-            exc.call_id = call_ids[i]  # type: ignore[attr-defined]
-            raise
-        except Exception as exc:  # noqa: BLE001
-            err = CallError("CALL_FAILED", _describe(exc))
-            err.call_id = call_ids[i]  # type: ignore[attr-defined]
-            raise err from None
+        except Exception as exc:  # noqa: BLE001 - the kernel's own errors are reported, with the call
+            raise _failed(exc, call_ids[i]) from None
         times = [max(0, round(xp.cuda.get_elapsed_time(s, e) * 1e6)) for s, e in self._events[:len(calls)]]
         gpu = sum(times)
         if host > gpu > 0:  # launch-bound: the GPU waited for the launches; the calls took the host's time
@@ -275,6 +265,13 @@ class Worker:
             except CallError as exc:
                 protocol.send(self.sock, {"op": "error", "code": exc.code, "message": str(exc)[:2000],
                                           "call_id": getattr(exc, "call_id", None)})
+
+
+def _failed(exc: Exception, call_id: int) -> CallError:
+    """``exc`` (a :class:`CallError`, or the kernel's own error as ``CALL_FAILED``) naming the failing call."""
+    err = exc if isinstance(exc, CallError) else CallError("CALL_FAILED", _describe(exc))
+    err.call_id = call_id  # type: ignore[attr-defined]
+    return err
 
 
 def _describe(exc: BaseException) -> str:

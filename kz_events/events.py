@@ -29,7 +29,7 @@ __all__ = [
     "SubmissionReceived", "SubmissionValidated", "SubmissionRejected",
     "JobQueued", "JobClaimed", "JobLeaseRenewed", "JobLeaseExpired", "JobReleased",
     "JobCancelled", "JobFailed", "ResultReported",
-    "SubmissionHeld", "SubmissionReviewed",
+    "SubmissionHeld", "SubmissionReviewed", "HarnessReviewed",
     "JobConfirmationRequested", "SubmissionRevoked", "RevokeCommitted",
     "AcceptStarted", "AcceptSourceCommitted", "AcceptScorecardCommitted",
     "AcceptCompleted", "AcceptRolledBack", "IndexUpdated", "MirrorPushed",
@@ -233,6 +233,36 @@ class SubmissionReviewed(Event):
     decision: str = doc("The admin's decision.", enum=["approve", "reject"])
     by: str = doc("Who decided (the admin token's id).")
     reason: str = doc("Why (may be empty for an approval).")
+
+
+# --- harness review (a harness a submission brought ranks once a maintainer approved it) ---------
+
+
+@register
+class HarnessReviewed(Event):
+    """A maintainer decided on a kernel's harness: ``approve`` lets the kernel rank under it,
+    ``revoke`` takes that approval back.
+
+    A harness is the kernel's ``.kernel_package/`` files but the scorecard, named by their
+    hash (``harness_hash``, ``kz_daemon.guards.harness_review.harness_digest``); an
+    approval names one hash, so a later change of the harness is unreviewed again. A
+    harness an accepted submission brought (a new kernel, a maintainer's harness change)
+    ranks only while its hash is approved; one no submission brought (the seed, a commit
+    outside the accept path) is the maintainers' own and counts as reviewed. When the
+    decision was made is the envelope's ``ts``.
+    """
+
+    TYPE = "harness.reviewed"
+    kernel_id: str = doc(_KID)
+    harness_hash: str = doc("The harness's hash: sha256 hex of one line '<git blob id> <name>' per file of "
+                            "the kernel's .kernel_package/ but bench_result.yaml, in name order.",
+                            pattern="^[0-9a-f]{64}$")
+    decision: str = doc("approve: the kernel ranks under this harness; revoke: it no longer does.",
+                        enum=["approve", "revoke"])
+    commit: str | None = doc("The kernel's record (commit) whose harness was reviewed: the source commit of the "
+                             "accept that brought it, or null.", pattern=_SHA_PATTERN)
+    by: str = doc("Who decided (the admin token's id).")
+    reason: str = doc("Why (may be empty).")
 
 
 # --- jobs ---------------------------------------------------------------------

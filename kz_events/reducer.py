@@ -29,6 +29,11 @@ report's figures discarded). ``next_rerun(state, arch, runner_id)`` picks one.
 
 ``next_claimable(state, arch)`` is the fair pick of the next job for a runner.
 
+A kernel's harness has a review of its own (``state.harnesses``): ``accept.completed`` of a
+new kernel or a maintainer's harness change records the harness as brought by that
+submission, ``submission.revoked`` takes it out again, and ``harness.reviewed`` approves a
+harness hash or revokes its approval. A brought harness ranks only while approved.
+
 A submission that reaches a terminal status leaves ``state.submissions`` in the same
 fold: the State keeps only live submissions, and of finished ones only what a later
 transition needs (``state.accepted``: uuid -> kernel_id of the records a revocation may
@@ -65,7 +70,8 @@ __all__ = [
 ]
 
 #: bump whenever the fold changes meaning or the State layout; older snapshots are ignored.
-REDUCER_VERSION = 4  # 2: State.idempotency; 3: State.reruns; 4: finished submissions leave the State
+REDUCER_VERSION = 5  # 2: State.idempotency; 3: State.reruns; 4: finished submissions leave the State;
+#                      5: State.harnesses (the review of the harnesses submissions brought)
 
 
 class ReducerError(ValueError):
@@ -425,6 +431,9 @@ def _completed(state: State, seq: int, ts: str, p: dict) -> None:
     kernel = _kernel(state, sub.kernel_id)
     kernel.head_src, kernel.head_br = sub.sha_src, sub.sha_br
     kernel.accepted += 1
+    if sub.new_kernel or sub.harness_change:  # the harness came with the submission: unreviewed until approved
+        _harness_review(state, sub.kernel_id)["brought"][sub.uuid] = sub.sha_src
+        state.harness_seq = seq
     if p["outcome"] is not None:  # what the accept changed (v2): kept beside the result it concerns
         sub.result = dict(sub.result or {}, outcome=p["outcome"])
     _finish(state, sub, Status.ACCEPTED, seq, ts)
@@ -496,6 +505,10 @@ def _revoked(state: State, seq: int, ts: str, p: dict) -> None:
         raise InvalidTransition(seq, "submission.revoked", "not an accepted submission", uuid)
     del state.accepted[uuid]
     state.revoking[uuid] = kernel_id
+    review = state.harnesses.get(kernel_id)
+    if review is not None and review["brought"].pop(uuid, None) is not None:  # its harness no longer stands
+        state.harness_seq = seq
+        _drop_empty_review(state, kernel_id)
     kernel = state.kernels.get(kernel_id)
     if kernel is not None and kernel.accepted > 0:
         kernel.accepted -= 1
@@ -542,6 +555,46 @@ def amend(record: Submission, seq: int, change: tuple) -> None:
             entry.update(sha=p["sha"], best_changed=p["best_changed"], committed_seq=seq)
     else:
         raise ValueError(f"{type_word} does not change a finished submission")
+
+
+# --- harness review ---------------------------------------------------------------------------------
+#
+# ``state.harnesses[kernel_id]`` is ``{"brought": {uuid: sha_src}, "approved": {hash: {by, reason,
+# commit, seq, at}}}``: the standing accepts whose submission brought the kernel's harness (its
+# first, a maintainer's harness change; a revocation takes one out) and the harness hashes an
+# admin approved. The reducer cannot hash a commit's files: which harness is unreviewed (brought,
+# not approved) is read from git by ``kz_daemon.guards.harness_review``.
+
+
+def _harness_review(state: State, kernel_id: str) -> dict:
+    review = state.harnesses.get(kernel_id)
+    if review is None:
+        review = state.harnesses[kernel_id] = {"brought": {}, "approved": {}}
+    return review
+
+
+def _drop_empty_review(state: State, kernel_id: str) -> None:
+    review = state.harnesses[kernel_id]
+    if not review["brought"] and not review["approved"]:
+        del state.harnesses[kernel_id]
+
+
+def _harness_reviewed(state: State, seq: int, ts: str, p: dict) -> None:
+    t = "harness.reviewed"
+    kernel_id, digest = p["kernel_id"], p["harness_hash"]
+    review = state.harnesses.get(kernel_id)
+    approved = review["approved"] if review is not None else {}
+    if p["decision"] == "approve":
+        if digest in approved:
+            raise InvalidTransition(seq, t, f"harness {digest[:12]} of {kernel_id} is approved already")
+        _harness_review(state, kernel_id)["approved"][digest] = {
+            "by": p["by"], "reason": p["reason"], "commit": p["commit"], "seq": seq, "at": ts}
+    else:
+        if digest not in approved:
+            raise InvalidTransition(seq, t, f"harness {digest[:12]} of {kernel_id} is not approved")
+        del approved[digest]
+        _drop_empty_review(state, kernel_id)
+    state.harness_seq = seq
 
 
 # --- reruns of accepted records -------------------------------------------------------------
@@ -709,6 +762,7 @@ _HANDLERS: dict[type[E.Event], Handler] = {
     E.ResultReported: _reported,
     E.SubmissionHeld: _held,
     E.SubmissionReviewed: _reviewed,
+    E.HarnessReviewed: _harness_reviewed,
     E.AcceptStarted: _accept_started,
     E.AcceptSourceCommitted: _source_committed,
     E.AcceptScorecardCommitted: _scorecard_committed,
@@ -781,6 +835,8 @@ def checkpoint(state: State, payloads: Iterable[dict]) -> dict[str, Any]:
                  for u in uuids if (s := state.submissions.get(u)) is not None},
         "accepted": {u: state.accepted.get(u) for u in uuids},
         "revoking": {u: state.revoking.get(u) for u in uuids},
+        "harnesses": {k: copy.deepcopy(state.harnesses.get(k)) for k in kernel_ids},
+        "harness_seq": state.harness_seq,
         "finished": None if state.finished is None else len(state.finished),
     }
 
@@ -820,6 +876,12 @@ def restore(state: State, memo: dict[str, Any]) -> None:
             keys.pop(key, None)
             if not keys:
                 del state.idempotency[submitter]
+    for kernel_id, review in memo["harnesses"].items():
+        if review is None:
+            state.harnesses.pop(kernel_id, None)
+        else:
+            state.harnesses[kernel_id] = review
+    state.harness_seq = memo["harness_seq"]
     for table, saved in ((state.accepted, memo["accepted"]), (state.revoking, memo["revoking"])):
         for uuid, kernel_id in saved.items():
             if kernel_id is None:

@@ -5,7 +5,9 @@
 with their ``Lease``); one ``Kernel`` record per kernel_id (heads of the last accept,
 the job in flight, the pending jobs); what the reducer must still know of finished
 submissions, compactly (``accepted``: the records that can be revoked; ``revoking``:
-revocations whose commit is not recorded yet); the index version; a few daemon facts.
+revocations whose commit is not recorded yet); the review of each kernel's harnesses
+(``harnesses``: the accepts that brought one, the hashes a maintainer approved); the index
+version; a few daemon facts.
 ``to_json``/``from_json`` turn it into a JSON-ready dict and back (snapshots), and
 ``==`` compares two states field by field (tests: replay equals the incremental state).
 
@@ -319,6 +321,12 @@ class State:
     idempotency: dict = field(default_factory=dict)
     accepted: Records = field(default_factory=Records)  # uuid -> kernel_id: accepted records (revocable)
     revoking: dict = field(default_factory=dict)       # uuid -> kernel_id: revoked, commit not recorded yet
+    #: kernel_id -> the review of its harnesses: ``brought`` {uuid: sha_src} of the standing accepts
+    #: that brought one (a new kernel, a maintainer's harness change) and ``approved`` {harness hash:
+    #: {by, reason, commit, seq, at}} (kz_events.reducer's harness handlers keep it; a kernel with
+    #: neither has no entry)
+    harnesses: dict = field(default_factory=dict)
+    harness_seq: int = 0                               # seq of the last change to ``harnesses`` (a version)
     #: the hand-off to the history projection (a list only where someone drains it)
     finished: list | None = field(default=None, compare=False)
 
@@ -353,6 +361,8 @@ class State:
             "idempotency": self.idempotency,
             "accepted": self.accepted.to_json(),
             "revoking": self.revoking,
+            "harnesses": self.harnesses,
+            "harness_seq": self.harness_seq,
         }
 
     @classmethod
@@ -378,6 +388,9 @@ class State:
             reruns={rid: dict(r) for rid, r in (doc.get("reruns") or {}).items()},
             idempotency={s: dict(keys) for s, keys in doc["idempotency"].items()},
             accepted=Records.from_json(doc["accepted"]), revoking=dict(doc["revoking"]),
+            harnesses={kid: {"brought": dict(h["brought"]), "approved": {k: dict(v) for k, v in h["approved"].items()}}
+                       for kid, h in doc["harnesses"].items()},
+            harness_seq=doc["harness_seq"],
         )
 
     def summary(self) -> dict[str, Any]:

@@ -353,3 +353,70 @@ def test_result_reported_v1_cases_read_unit_and_direction_as_unknown():
                                      "direction": None}]
     summary = E.CaseSummary.from_json(env.payload["cases"][0])
     assert summary == E.CaseSummary("c", "passed", False, None, None, None, None)
+
+
+# --- the review of a kernel's harnesses ----------------------------------------------------------
+
+H1, H2 = "a" * 64, "b" * 64
+
+
+def accepted_existing(uuid="u2", kid="sm_90/A/x/fp16/k", harness_change=False):
+    """An accept of a kernel that exists already: its harness locked, or a maintainer's change of it."""
+    return [E.SubmissionReceived(uuid, kid, "alice", "http", "p.tar.gz", 10, "a" * 64),
+            E.SubmissionValidated(uuid, kid, "sm_90", False, [], harness_change),
+            E.JobQueued(uuid, kid, "sm_90"), E.JobClaimed(uuid, "r1", "L1", 100.0, 1),
+            E.ResultReported(uuid, "r1", "L1", "c" * 64, True, True, [], {}),
+            E.AcceptStarted(uuid, kid, SRC), E.AcceptSourceCommitted(uuid, "3" * 40, BR),
+            E.AcceptScorecardCommitted(uuid, "3" * 40, "4" * 40), E.AcceptCompleted(uuid, "3" * 40, "4" * 40)]
+
+
+def test_an_accept_that_brought_its_harness_is_recorded_until_it_is_revoked():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(), *accepted("u1", kid))  # a new kernel: its first submission brought the harness
+    assert state.harnesses == {kid: {"brought": {"u1": SRC}, "approved": {}}} and state.harness_seq == state.seq
+    push(state, *accepted_existing("u2", kid))  # the locked harness: nothing new to review
+    assert state.harnesses[kid]["brought"] == {"u1": SRC}
+    push(state, *accepted_existing("u3", kid, harness_change=True))  # a maintainer's change is brought too
+    assert state.harnesses[kid]["brought"] == {"u1": SRC, "u3": "3" * 40}
+    push(state, E.SubmissionRevoked("u3", "admin", "bad harness"))
+    assert state.harnesses[kid]["brought"] == {"u1": SRC} and state.harness_seq == state.seq
+    push(state, E.SubmissionRevoked("u1", "admin", "gone"))
+    assert state.harnesses == {}  # nothing brought, nothing approved: no entry
+    assert State.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_an_approval_names_one_harness_hash_and_can_be_revoked():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(), *accepted("u1", kid), E.HarnessReviewed(kid, H1, "approve", SRC, "root", "read it"))
+    assert state.harnesses[kid]["approved"] == {
+        H1: {"by": "root", "reason": "read it", "commit": SRC, "seq": state.seq, "at": TS}}
+    push(state, E.HarnessReviewed(kid, H2, "approve", None, "root", ""))
+    assert set(state.harnesses[kid]["approved"]) == {H1, H2}
+    assert State.from_json(json.loads(json.dumps(state.to_json()))) == state
+    marshal.dumps(state.to_json())  # the snapshot body
+    for refused, why in ((E.HarnessReviewed(kid, H1, "approve", SRC, "root", ""), "approved already"),
+                         (E.HarnessReviewed(kid, "c" * 64, "revoke", None, "root", ""), "is not approved"),
+                         (E.HarnessReviewed("sm_90/A/x/fp16/other", H1, "revoke", None, "root", ""),
+                          "is not approved")):
+        before = state.copy()
+        with pytest.raises(InvalidTransition, match=why):
+            push(state, refused)
+        assert state == before
+    push(state, E.HarnessReviewed(kid, H1, "revoke", None, "root", "changed my mind"))
+    assert set(state.harnesses[kid]["approved"]) == {H2}
+    seq = state.seq
+    push(state, E.SubmissionRevoked("u1", "admin", "gone"))  # an approval outlives the accept it was made for
+    assert state.harnesses == {kid: {"brought": {}, "approved": {H2: state.harnesses[kid]["approved"][H2]}}}
+    assert state.harness_seq == seq + 1
+
+
+def test_checkpoint_and_restore_undo_a_harness_review():
+    kid = "sm_90/A/x/fp16/k"
+    state = push(State(), *accepted("u1", kid))
+    before = state.copy()
+    batch = [E.HarnessReviewed(kid, H1, "approve", SRC, "root", ""), *accepted("u2", "sm_90/B/x/fp16/k")]
+    memo = checkpoint(state, [e.payload() for e in batch])
+    push(state, *batch)
+    assert H1 in state.harnesses[kid]["approved"] and "sm_90/B/x/fp16/k" in state.harnesses
+    restore(state, memo)
+    assert state == before

@@ -252,3 +252,50 @@ def test_accept_outcome_ranks_the_kernel_before_and_after():
     assert out["operator"] == OP and [c["delta_pct"] for c in out["cases"]] == [-87.5, -87.5]
     new_kernel = accept_outcome(mine_after["kernel_id"], None, after, METAS, [ref, other, mine_after])
     assert (new_kernel["rank_before"], new_kernel["rank_after"]) == (None, 1)
+
+
+# -- a harness nobody reviewed ----------------------------------------------------------------------
+
+def unreviewed(e):
+    return dict(e, harness="unreviewed")
+
+
+def test_an_unreviewed_kernel_is_listed_with_its_figures_but_never_ranked_nor_the_reference():
+    ref = entry("numpy_ref", {"a": record(10.0), "b": record(100.0)})
+    fast = unreviewed(entry("fast", {"a": record(2.0), "b": record(20.0)}))  # 5x, but nobody reviewed its harness
+    other = entry("other", {"a": record(5.0), "b": record(50.0)})
+    board = rank_operator(OP, [ref, fast, other])
+    rows = {k.kernel_id.rsplit("/", 1)[1]: k for k in board.kernels}
+    assert (rows["fast"].rank, rows["fast"].score, rows["fast"].unreviewed) == (None, None, True)
+    assert rows["fast"].cases["a"].best.value == 2.0 and math.isclose(rows["fast"].cases["a"].speedup.value, 5.0)
+    assert (rows["other"].rank, rows["numpy_ref"].rank) == (1, 2)
+    assert [k.kernel_id.rsplit("/", 1)[1] for k in board.kernels] == ["other", "numpy_ref", "fast"]
+    # an unreviewed kernel is never the reference, tagged, named or first measured
+    tagged = unreviewed(entry("a_tagged", {"a": record(1.0)}, tags=("reference",)))
+    assert reference_of([tagged, ref]) == (ref["kernel_id"], False)
+    assert reference_of([unreviewed(ref)]) == (None, False)
+    # approving it (the mark gone) ranks it first, from the same figures
+    assert rank_operator(OP, [ref, dict(fast, harness="reviewed"), other]).kernels[0].kernel_id == fast["kernel_id"]
+
+
+def test_an_unreviewed_kernels_accept_is_no_new_best_and_has_no_rank():
+    from kz_daemon.board.outcome import accept_outcome, under_review
+
+    ref = entry("numpy_ref", {"a": record(10.0), "b": record(100.0)})
+    mine = unreviewed(entry("mine", {"a": record(2.5, sha="n" * 40), "b": record(25.0, sha="n" * 40)}))
+    after = card((2.5, 25.0), (2.5, 25.0), "n" * 40, "n" * 40)
+    out = accept_outcome(mine["kernel_id"], None, after, METAS, [ref, mine])
+    assert (out["harness"], out["new_best"], out["cases_improved"], out["rank_after"]) == ("unreviewed", False, 0, None)
+    assert [c["best"] for c in out["cases"]] == [2.5, 25.0] and not any(c["new_best"] for c in out["cases"])
+    # a reviewed kernel's accept does not rank behind an unreviewed one
+    other = entry("other", {"a": record(5.0, sha="n" * 40), "b": record(50.0, sha="n" * 40)})
+    out = accept_outcome(other["kernel_id"], None, after, METAS, [ref, mine, other])
+    assert out["rank_after"] == 1 and "harness" not in out
+    recorded = accept_outcome(mine["kernel_id"], None, after, METAS, [ref, dict(mine, harness="reviewed")])
+    assert recorded["new_best"] and recorded["rank_after"] == 1
+    assert under_review(recorded) == dict(out_of(recorded), harness="unreviewed")
+
+
+def out_of(recorded):
+    return dict(recorded, new_best=False, cases_improved=0, rank_after=None, rank_after_approx=False,
+                cases=[dict(c, new_best=False) for c in recorded["cases"]])

@@ -2,8 +2,8 @@
 
 One operator (cpu/Elementwise/Axpy/fp32) gets five implementations through the real
 accept path: the reference (``numpy_ref``) and three new kernels with measured values
-that rank differently per case, plus a seeded package whose scorecard holds only the
-seed placeholder. Screenshots of the kernel, commit, submission, submissions and queue
+that rank differently per case (an admin approved the harnesses they brought, so they
+rank), plus a seeded package whose scorecard holds only the seed placeholder. Screenshots of the kernel, commit, submission, submissions and queue
 pages go to ``docs/screenshots/`` when ``KZ_SCREENSHOTS`` is set (the home and operator
 pages' come from tests/test_operator_board.py).
 """
@@ -93,6 +93,10 @@ def board(tmp_path_factory):
                 live.runs.setdefault(kernel_id, []).append(_run(live, anon, r1, kernel_id, latencies,
                                                                 submitter="bob" if "fast" in kernel_id else "alice"))
         live.rejected = _run(live, anon, r1, f"{OP}/fast_a", (5.0, 5.0, 5.0), accept=False, submitter="carol")[0]
+    with live.client("admin") as admin:
+        for kernel_id in RUNS:
+            if kernel_id != CPU_AXPY:  # a new kernel ranks once an admin approved the harness it brought
+                assert admin.post(f"/api/reviews/harnesses/{kernel_id}/approve", json={}).status_code == 200
     yield live
     live.stop()
 

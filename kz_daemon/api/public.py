@@ -21,10 +21,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from kz_daemon.api import authz, listing, rate_limits as limits, views
 from kz_daemon.api.metrics import accept_latency, render_metrics
 from kz_daemon.api.spec import Op, Param
+from kz_daemon.board import ranking
 from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
 from kz_daemon.config.ports import service_of
 from kz_daemon.core.errors import ZooError
-from kz_daemon.intake import idempotency
+from kz_daemon.guards.harness_review import unreviewed_kernels
+from kz_daemon.intake import idempotency, review
 from kz_daemon.storage.run_logs import logs_doc
 from kz_daemon.upkeep import health
 from kz_events.status import Status
@@ -78,9 +80,20 @@ def _float_param(request: Request, name: str, default: float, high: float) -> fl
 
 
 def catalog(request: Request) -> views.Catalog:
-    """The app's kernel catalogue, refreshed from the current index document."""
-    cat: views.Catalog = request.app.state.catalog
-    cat.refresh(request.app.state.zoo.index())
+    """The app's kernel catalogue, refreshed from the current index document and the harness reviews."""
+    return catalog_of(request.app.state)
+
+
+def catalog_of(state: Any) -> views.Catalog:
+    """The catalogue of the app's ``state``: the index's kernels, those whose harness awaits review marked.
+
+    The marks are of the index's head (cached per head and review state), so an approval
+    changes the rankings without a new accept.
+    """
+    cat: views.Catalog = state.catalog
+    doc = state.zoo.index()
+    head = doc.get("head") if isinstance(doc, dict) else None
+    cat.refresh(doc, unreviewed_kernels(getattr(state.zoo, "store", None), cat.digests(state.history), head))
     return cat
 
 
@@ -104,6 +117,8 @@ async def get_kernel(request: Request) -> Response:
                        {"kernel_id": kernel_id})
     history = request.app.state.history
     doc = dict(entry)
+    doc[ranking.HARNESS] = ranking.UNREVIEWED if ranking.unreviewed(entry) else ranking.REVIEWED
+    doc["harness_hash"] = await run_in_threadpool(_harness_hash, request, kernel_id)
     facts = KernelFacts()
     if history is not None:
         desc, scorecard = await run_in_threadpool(history.package_docs, kernel_id)
@@ -115,8 +130,22 @@ async def get_kernel(request: Request) -> Response:
     return JSONResponse(views.plain(doc))
 
 
+def _harness_hash(request: Request, kernel_id: str) -> str | None:
+    """The hash of the kernel's harness at the index's head (None without a repo)."""
+    state = request.app.state
+    digests = state.catalog.digests(state.history)
+    head = (state.zoo.index() or {}).get("head")
+    return digests.at(head, [kernel_id])[kernel_id] if digests is not None and head else None
+
+
 def _status_url(request: Request, uuid: str) -> str:
     return f"/api/submissions/{uuid}/status"
+
+
+def _doc(request: Request, view: Any, uuid: str) -> dict[str, Any]:
+    """The status document of ``view`` (a file read, and git reads for a record whose harness a submission brought)."""
+    state = request.app.state
+    return views.submission_doc(view, _status_url(request, uuid), state.zoo, state.catalog.digests(state.history))
 
 
 async def create_submission(request: Request) -> Response:
@@ -220,7 +249,7 @@ async def create_submission(request: Request) -> Response:
     finally:
         await form.close()
     view = await run_in_threadpool(state.zoo.wait_intake, uuid, settings.intake_wait_s)
-    doc = views.submission_doc(view, _status_url(request, uuid), state.zoo)
+    doc = _doc(request, view, uuid)
     if doc.get("status") == Status.REJECTED:
         reasons = doc.get("reasons") or []
         first = reasons[0] if reasons else {}
@@ -295,15 +324,14 @@ async def submission_status(request: Request) -> Response:
     wait = _float_param(request, "wait", 0.0, request.app.state.settings.status_max_wait_s)
     view = zoo.submission(uuid)  # a read of the folded state: no I/O, no need for a thread
     if getattr(view, "result", None):
-        doc = await run_in_threadpool(views.submission_doc, view, _status_url(request, uuid), zoo)
+        doc = await run_in_threadpool(_doc, request, view, uuid)
     else:
-        doc = views.submission_doc(view, _status_url(request, uuid), zoo)
+        doc = _doc(request, view, uuid)
     if wait > 0 and not doc["terminal"]:
         last_seq = [doc.get("seq", 0)]
 
         def step(slice_s: float):
-            fresh = views.submission_doc(zoo.wait_submission(uuid, last_seq[0], slice_s),
-                                         _status_url(request, uuid), zoo)
+            fresh = _doc(request, zoo.wait_submission(uuid, last_seq[0], slice_s), uuid)
             last_seq[0] = fresh.get("seq", last_seq[0])
             return fresh if views.changed(doc, fresh, VOLATILE) else None
 
@@ -335,16 +363,16 @@ async def cancel_submission(request: Request) -> Response:
     who = authz.cancel_by(request, str(view.get("submitter_id")))
     await state.zoo.cancel_async(uuid, who)
     view = await run_in_threadpool(state.zoo.submission, uuid)
-    return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
+    return JSONResponse(_doc(request, view, uuid))
 
 
-def require_admin(request: Request) -> str:
+def require_admin(request: Request, what: str = "submissions") -> str:
     """The admin id of an admin-token request: 401 without a valid token, 403 for another kind."""
     principal = authz.token_principal(request)
     if principal is None:
         raise ZooError("UNAUTHORIZED", "reviews need 'Authorization: Bearer <admin token>'")
     if principal.kind != "admin":
-        raise ZooError("FORBIDDEN", f"a {principal.kind} token cannot review submissions; use an admin token")
+        raise ZooError("FORBIDDEN", f"a {principal.kind} token cannot review {what}; use an admin token")
     return principal.id
 
 
@@ -364,7 +392,7 @@ async def _review(request: Request, decision: str) -> Response:
     if not isinstance(reason, str):
         raise ZooError("BAD_REQUEST", "reason must be a string", {"field": "reason"})
     view = await run_in_threadpool(state.zoo.review, uuid, decision, by, reason)
-    return JSONResponse(views.submission_doc(view, _status_url(request, uuid), state.zoo))
+    return JSONResponse(_doc(request, view, uuid))
 
 
 async def approve_review(request: Request) -> Response:
@@ -375,6 +403,42 @@ async def approve_review(request: Request) -> Response:
 async def reject_review(request: Request) -> Response:
     """POST /api/reviews/{uuid}/reject: an admin refuses a held submission (rejected, with the reason)."""
     return await _review(request, "reject")
+
+
+async def list_harness_reviews(request: Request) -> Response:
+    """GET /api/reviews/harnesses: kernels whose harness at HEAD a submission brought and no admin approved."""
+    require_admin(request, "harnesses")
+    state = request.app.state
+    rows = await run_in_threadpool(review.unreviewed_harnesses, state.zoo, state.catalog.digests(state.history))
+    return JSONResponse({"harnesses": views.plain(rows)})
+
+
+async def _harness_review(request: Request, decision: str) -> Response:
+    state = request.app.state
+    by = require_admin(request, "harnesses")
+    kernel_id = request.path_params["kernel_id"]
+    body = await limits.read_json_object(request, state.settings.max_json_bytes)
+    reason, harness_hash = body.get("reason", ""), body.get("harness_hash")
+    if not isinstance(reason, str):
+        raise ZooError("BAD_REQUEST", "reason must be a string", {"field": "reason"})
+    if harness_hash is not None and not isinstance(harness_hash, str):
+        raise ZooError("BAD_REQUEST", "harness_hash must be a string of hex digits", {"field": "harness_hash"})
+    digests = state.catalog.digests(state.history)
+    if digests is None:
+        raise ZooError("UNAVAILABLE", "the kernel repo cannot be read")
+    doc = await run_in_threadpool(review.review_harness, state.zoo, digests, kernel_id, decision, by,
+                                  harness_hash, reason)
+    return JSONResponse(views.plain(doc))
+
+
+async def approve_harness(request: Request) -> Response:
+    """POST /api/reviews/harnesses/{kernel_id}/approve: an admin approves the kernel's harness at HEAD: it ranks."""
+    return await _harness_review(request, "approve")
+
+
+async def revoke_harness_approval(request: Request) -> Response:
+    """POST /api/reviews/harnesses/{kernel_id}/revoke: an admin takes an approval back: the kernel no longer ranks."""
+    return await _harness_review(request, "revoke")
 
 
 async def revoke_submission(request: Request) -> Response:
@@ -395,7 +459,7 @@ async def revoke_submission(request: Request) -> Response:
         raise ZooError("BAD_REQUEST", "send {\"reason\": \"...\"}: why the record is revoked",
                        {"field": "reason"})
     view = await run_in_threadpool(state.zoo.revoke, uuid, principal.id, reason)  # uuid may be a short id
-    return JSONResponse(views.submission_doc(view, _status_url(request, view.uuid), state.zoo))
+    return JSONResponse(await run_in_threadpool(_doc, request, view, view.uuid))
 
 
 async def queue(request: Request) -> Response:
@@ -496,6 +560,19 @@ OPS: list[Op] = [
        request="api_review_request",
        responses={200: "api_submission_status", 401: "api_error", 403: "api_error", 404: "api_error",
                   409: "api_error"}),
+    Op("GET", "/api/reviews/harnesses", list_harness_reviews, "listHarnessReviews",
+       "Kernels whose harness a submission brought and no admin approved yet (admin token)", "reviews",
+       auth="admin", responses={200: "api_harness_review_list", 401: "api_error", 403: "api_error"}),
+    Op("POST", "/api/reviews/harnesses/{kernel_id:path}/approve", approve_harness, "approveHarness",
+       "Approve a kernel's harness at HEAD: the kernel ranks (admin token)", "reviews", auth="admin",
+       request="api_harness_review_request",
+       responses={200: "api_harness_review", 400: "api_error", 401: "api_error", 403: "api_error",
+                  404: "api_error", 409: "api_error"}),
+    Op("POST", "/api/reviews/harnesses/{kernel_id:path}/revoke", revoke_harness_approval, "revokeHarnessApproval",
+       "Take back the approval of a kernel's harness: it no longer ranks (admin token)", "reviews", auth="admin",
+       request="api_harness_review_request",
+       responses={200: "api_harness_review", 400: "api_error", 401: "api_error", 403: "api_error",
+                  404: "api_error", 409: "api_error"}),
     Op("POST", "/api/submissions/{uuid}/revoke", revoke_submission, "revokeSubmission",
        "Revoke an accepted record (admin token)", "submissions", auth="admin",
        request="api_revoke_request",

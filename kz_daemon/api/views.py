@@ -2,8 +2,9 @@
 
 The index document (``zoo.index()``) is read through the few accessors here, so a
 change of its shape is fixed in one place. :class:`Catalog` keeps the sorted kernel
-list and the encoded first pages per index version, so the hot path of
-``GET /api/kernels`` is a dictionary lookup.
+list and the encoded first pages per index version and review marks (an entry whose
+harness awaits a maintainer's review carries ``"harness": "unreviewed"``, which the board
+reads), so the hot path of ``GET /api/kernels`` is a dictionary lookup.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kz_daemon.board import outcome, ranking
 from kz_daemon.config.ports import Service
 from kz_daemon.core import hints
+from kz_daemon.guards.harness_review import HarnessDigests, review_of
 from kz_daemon.intake import review
 from kz_daemon.queue import reruns
 from kz_daemon.storage import run_logs as logs
@@ -136,25 +139,42 @@ def matches(entry: Mapping[str, Any], filters: Mapping[str, str], text: str) -> 
 
 
 class Catalog:
-    """The kernels of the current index, sorted by kernel_id, with encoded pages cached per version."""
+    """The kernels of the current index, sorted by kernel_id, marked by their harness review, with encoded
+    pages cached per version."""
 
     def __init__(self, max_cached_pages: int = 256) -> None:
         self._lock = threading.Lock()
         self._doc_id: int | None = None
         self._doc: Any = None
+        self._unreviewed: frozenset[str] = frozenset()
         self._kernels: list[dict[str, Any]] = []
         self._by_id: dict[str, dict[str, Any]] = {}
         self._pages: OrderedDict[tuple, bytes] = OrderedDict()
         self._memo: OrderedDict[tuple, Any] = OrderedDict()
         self._max = max_cached_pages
+        self._digests: HarnessDigests | None = None
 
-    def refresh(self, doc: Mapping[str, Any] | None) -> None:
-        """Adopt ``doc`` if it is not the index document already held."""
-        if doc is self._doc and self._doc_id == id(doc):
+    def digests(self, history: Any) -> HarnessDigests | None:
+        """The harness hashes of the repo ``history`` reads (one reader per catalogue; None without a repo)."""
+        if history is None:
+            return None
+        found = self._digests
+        if found is None or found.repo_path != history.repo_path:
+            found = self._digests = HarnessDigests(history.repo_path)
+        return found
+
+    def refresh(self, doc: Mapping[str, Any] | None, unreviewed: frozenset[str] | None = None) -> None:
+        """Adopt ``doc`` (and the kernels whose harness is ``unreviewed``; None keeps the marks held) if either
+        differs from what is held."""
+        marks = self._unreviewed if unreviewed is None else unreviewed
+        if doc is self._doc and self._doc_id == id(doc) and marks == self._unreviewed:
             return
         kernels = sorted(index_kernels(doc), key=lambda e: str(e.get("kernel_id", "")))
+        for entry in kernels:  # copies of the index's entries: the mark never reaches index.json
+            if entry.get("kernel_id") in marks:
+                entry[ranking.HARNESS] = ranking.UNREVIEWED
         with self._lock:
-            self._doc, self._doc_id = doc, id(doc)
+            self._doc, self._doc_id, self._unreviewed = doc, id(doc), marks
             self._kernels = kernels
             self._by_id = {str(k.get("kernel_id")): k for k in kernels}
             self._pages.clear()
@@ -221,8 +241,13 @@ class Catalog:
         return encoded
 
 
-def submission_doc(view: Any, status_url: str | None = None, zoo: Service | None = None) -> dict[str, Any]:
-    """The status document of a submission view (uuid, status, reasons, cases, commit_sha...)."""
+def submission_doc(view: Any, status_url: str | None = None, zoo: Service | None = None,
+                   digests: HarnessDigests | None = None) -> dict[str, Any]:
+    """The status document of a submission view (uuid, status, reasons, cases, commit_sha...).
+
+    ``digests`` reads harness hashes for an accepted record's review (the catalogue's, cached);
+    without it one is made for the call.
+    """
     doc = plain(view)
     if not isinstance(doc, dict):
         doc = {"value": doc}
@@ -243,7 +268,20 @@ def submission_doc(view: Any, status_url: str | None = None, zoo: Service | None
         add_queue_warning(doc, zoo)
         add_hold(doc, zoo, sub_uuid)
         add_reruns(doc, zoo, sub_uuid)
+        add_harness_review(doc, zoo, digests)
     return doc
+
+
+def add_harness_review(doc: dict[str, Any], zoo: Service, digests: HarnessDigests | None = None) -> None:
+    """``harness`` of an accepted record: ``reviewed``, or ``unreviewed`` while no maintainer approved the harness
+    it was measured under (a submission brought it); then its ``outcome`` names no best and no rank after."""
+    commit, kernel_id = doc.get("commit_sha"), doc.get("kernel_id")
+    if doc.get("status") != Status.ACCEPTED or not commit or not kernel_id:
+        return
+    mark = review_of(zoo.store, digests or HarnessDigests(zoo.config.paths.repo), str(kernel_id), str(commit))
+    doc[ranking.HARNESS] = mark
+    if mark == ranking.UNREVIEWED and isinstance(doc.get("outcome"), dict):
+        doc["outcome"] = outcome.under_review(doc["outcome"])
 
 
 def add_run_logs(doc: dict[str, Any], zoo: Service, sub_uuid: str) -> None:

@@ -2,7 +2,8 @@
 
 Built from the pure maths (:mod:`kz_daemon.board.ranking`, :mod:`kz_daemon.board.roofline`)
 and the facts a caller read at HEAD about each kernel (:class:`KernelFacts`: its cases'
-params, desc.yaml's ``io_signature``, revoked records, submissions held for review), so
+params, desc.yaml's ``io_signature``, revoked records, submissions held for review) and the
+mark an unreviewed harness puts on its index entry (``harness``: ranked only once reviewed), so
 ``GET /api/operators/{operator}``, ``GET /api/kernels/{kernel_id}`` and the operator page
 never disagree. No I/O here: the HTTP layer reads the facts.
 """
@@ -81,6 +82,7 @@ def operator_document(board: ranking.OperatorRanking, facts: Mapping[str, Kernel
         kernels.append({"kernel_id": kernel.kernel_id, "name": kernel.name, "rank": kernel.rank,
                         "approx": kernel.approx, "score": interval_doc(kernel.score), "missing": list(kernel.missing),
                         "is_reference": kernel.is_reference, "revoked": fact.revoked, "held": fact.held,
+                        ranking.HARNESS: ranking.UNREVIEWED if kernel.unreviewed else ranking.REVIEWED,
                         "cases": per_case})
     return {"operator": board.operator, "arch": arch, "reference": board.reference,
             "reference_default": board.reference_default, "scored_cases": board.scored_cases,

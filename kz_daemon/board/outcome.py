@@ -15,7 +15,11 @@ with the card it committed says, for each case's primary metric:
 
 The overall speed-up is the geometric mean of the per-case ones (cases without a
 previous best left out), as the operator score is. :func:`accept_outcome` adds the
-kernel's rank in its operator before and after. Pure functions over plain values: the
+kernel's rank in its operator before and after. A kernel whose harness no maintainer
+reviewed yet (its index entry marked, ``kz_daemon.board.ranking.unreviewed``) is no
+operator's best: :func:`under_review` says so of its outcome (no new best, no rank after,
+``harness: unreviewed``), and the status document applies it to an outcome recorded
+before the mark was known. Pure functions over plain values: the
 accept saga records the outcome in ``accept.completed`` and the home page computes the
 same deltas from git for the latest records. :func:`rerun_deltas` and :func:`env_changes`
 put a rerun of a record beside the record.
@@ -30,8 +34,8 @@ from kz_daemon.board import ranking
 from kz_daemon.core.noise import interval_of
 from kz_runner.contract.layout import is_seed_sha
 
-__all__ = ["case_deltas", "overall", "accept_outcome", "entry_with_card", "rerun_deltas", "env_changes",
-           "VOLATILE_ENV"]
+__all__ = ["case_deltas", "overall", "accept_outcome", "under_review", "entry_with_card", "rerun_deltas",
+           "env_changes", "VOLATILE_ENV"]
 
 LOWER, HIGHER = "lower_better", "higher_better"
 
@@ -134,9 +138,21 @@ def accept_outcome(kernel_id: str, before: Any, after: Any, metas: Sequence[Mapp
 
     rank_before, approx_before = rank_in(before_entries)
     rank_after, approx_after = rank_in(after_entries)
-    return {"kernel_id": kernel_id, "operator": operator, **overall(deltas), "cases": deltas,
-            "rank_before": rank_before, "rank_before_approx": approx_before,
-            "rank_after": rank_after, "rank_after_approx": approx_after}
+    out = {"kernel_id": kernel_id, "operator": operator, **overall(deltas), "cases": deltas,
+           "rank_before": rank_before, "rank_before_approx": approx_before,
+           "rank_after": rank_after, "rank_after_approx": approx_after}
+    return under_review(out) if own is not None and ranking.unreviewed(own) else out
+
+
+def under_review(out: Mapping[str, Any]) -> dict[str, Any]:
+    """An accept outcome of a kernel whose harness awaits review: the same figures, no new best, no rank after.
+
+    The kernel's own scorecard still moves (its ``best`` values stay), but nothing it
+    records counts as a best of its operator until a maintainer approves the harness.
+    """
+    cases = [dict(c, new_best=False) if isinstance(c, Mapping) else c for c in out.get("cases") or []]
+    return {**out, "harness": ranking.UNREVIEWED, "new_best": False, "cases_improved": 0, "cases": cases,
+            "rank_after": None, "rank_after_approx": False}
 
 
 #: environment facts of a run that say nothing about the machine's speed (or always differ)

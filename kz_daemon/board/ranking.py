@@ -25,6 +25,12 @@ current group shares that kernel's rank, else it opens a new group at its positi
 (competition ranking: 1, 1, 3). Members of a group of two or more are ``approx``
 (shown as ≈): these runs cannot tell them apart.
 
+**Unreviewed harness.** An index entry marked ``"harness": "unreviewed"`` (:data:`UNREVIEWED`:
+a submission brought its harness and no maintainer approved it yet,
+``kz_daemon.guards.harness_review``) is listed with its figures and speed-ups but never
+ranked: no score, no rank, never the reference, so it is nobody's best. Approving the
+harness takes the mark away and the ranking follows, since it is computed from the marks.
+
 Pure functions over plain values: the pages, the API and the accept path share them.
 """
 from __future__ import annotations
@@ -38,13 +44,16 @@ from kz_daemon.core.noise import Interval, interval_of, overlaps
 from kz_runner.contract.kernel_id import CATEGORY_FIELDS
 from kz_runner.contract.layout import is_seed_sha
 
-__all__ = ["REFERENCE_TAG", "REFERENCE_NAMES", "CaseStanding", "KernelScore", "OperatorRanking",
-           "operator_of", "reference_of", "measured", "speedup_interval", "geomean", "shared_ranks",
-           "rank_operator", "rank_all", "cases_of"]
+__all__ = ["REFERENCE_TAG", "REFERENCE_NAMES", "HARNESS", "REVIEWED", "UNREVIEWED", "CaseStanding", "KernelScore",
+           "OperatorRanking", "operator_of", "reference_of", "measured", "speedup_interval", "geomean",
+           "shared_ranks", "rank_operator", "rank_all", "cases_of", "unreviewed"]
 
 REFERENCE_TAG = "reference"
 REFERENCE_NAMES = ("reference_impl", "numpy_ref")
 LOWER, HIGHER = "lower_better", "higher_better"
+#: the key of an index entry (and of the API's documents) that says whether its harness was reviewed
+HARNESS = "harness"
+REVIEWED, UNREVIEWED = "reviewed", "unreviewed"
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class KernelScore:
     is_reference: bool = False
     rank: int | None = None
     approx: bool = False             # shares its rank with another kernel (≈)
+    unreviewed: bool = False         # its harness awaits a maintainer's review: listed, never ranked
 
     @property
     def ranked(self) -> bool:
@@ -104,6 +114,11 @@ def cases_of(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [c for c in raw if isinstance(c, Mapping)]
 
 
+def unreviewed(entry: Mapping[str, Any]) -> bool:
+    """Whether an index entry is marked as measured under a harness no maintainer reviewed yet."""
+    return entry.get(HARNESS) == UNREVIEWED
+
+
 def operator_of(entry: Mapping[str, Any]) -> str:
     """``arch/op_class/sub_class/quant`` of an index entry (its category, else its kernel_id)."""
     cat = entry.get("category")
@@ -123,7 +138,7 @@ def measured(record: Any) -> Interval | None:
 
 def reference_of(entries: Iterable[Mapping[str, Any]]) -> tuple[str | None, bool]:
     """``(kernel_id, by default)`` of the operator's reference kernel (see the module docstring)."""
-    ordered = sorted(entries, key=lambda e: str(e.get("kernel_id", "")))
+    ordered = sorted((e for e in entries if not unreviewed(e)), key=lambda e: str(e.get("kernel_id", "")))
     for entry in ordered:
         if REFERENCE_TAG in (entry.get("tags") or []):
             return str(entry.get("kernel_id")), False
@@ -214,9 +229,10 @@ def rank_operator(operator: str, entries: Sequence[Mapping[str, Any]]) -> Operat
                                           record)
         ups = [standings[cid].speedup if cid in standings else None for cid in scored]
         missing = tuple(cid for cid, up in zip(scored, ups) if up is None)
-        score = geomean([up for up in ups if up is not None]) if scored and not missing else None
+        held_back = unreviewed(entry)
+        score = geomean([up for up in ups if up is not None]) if scored and not missing and not held_back else None
         kernels.append(KernelScore(kid, str(entry.get("name") or ""), standings, score, missing,
-                                   is_reference=kid == reference))
+                                   is_reference=kid == reference, unreviewed=held_back))
     by_id = {k.kernel_id: k for k in kernels}
     for key, rank, approx in shared_ranks([(k.kernel_id, k.score) for k in kernels if k.score is not None]):
         by_id[key].rank, by_id[key].approx = rank, approx

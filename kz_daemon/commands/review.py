@@ -1,10 +1,13 @@
-"""``kz review``: list the submissions a static rule holds, approve or reject them (admin token).
+"""``kz review``: list the submissions a static rule holds, approve or reject them; review harnesses (admin token).
 
 Talks to a running zoo over its API (``GET /api/reviews``, ``POST
 /api/reviews/{uuid}/approve|reject``) with an admin token: ``--token``, the
 ``KZ_TOKEN`` environment variable, or ``--state-dir``'s ``tokens/admin.token`` (the
-one ``kz up`` writes). Exit codes: 0 done, 1 the server refused (not held, not
-found, not an admin), 2 usage or connection error.
+one ``kz up`` writes). ``kz review harness list|approve|revoke`` does the same for
+the harnesses submissions brought (``GET /api/reviews/harnesses``, ``POST
+/api/reviews/harnesses/{kernel_id}/approve|revoke``): a kernel ranks only once its
+harness is approved. Exit codes: 0 done, 1 the server refused (not held, nothing to
+approve or revoke, not found, not an admin), 2 usage or connection error.
 """
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from kz_events import defaults
 
 NAME = "review"
-HELP = "list held submissions with their evidence; approve or reject one (admin token)"
+HELP = "list held submissions with their evidence, approve or reject one; review harnesses (admin token)"
 TIMEOUT_S = 30
 
 
@@ -37,6 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(action, parents=[common], help=f"{action} a held submission")
         p.add_argument("uuid")
         p.add_argument("--reason", default="", help="why (the submitter sees a rejection's reason)")
+    harness = sub.add_parser("harness", help="harnesses a submission brought: a kernel ranks once its harness is "
+                             "approved").add_subparsers(dest="harness_action", metavar="ACTION")
+    harness.add_parser("list", parents=[common], help="kernels whose harness at HEAD awaits review, with its hash "
+                       "and where to read it")
+    for action, text in (("approve", "approve the kernel's harness at HEAD: the kernel ranks"),
+                         ("revoke", "take an approval back: the kernel no longer ranks")):
+        p = harness.add_parser(action, parents=[common], help=text)
+        p.add_argument("kernel_id")
+        p.add_argument("--hash", dest="harness_hash", default=None,
+                       help="the harness's hash or a prefix of 8+ hex digits (approve: must be HEAD's, as "
+                            "`list` showed it; revoke: an approved one, default HEAD's)")
+        p.add_argument("--reason", default="", help="why")
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -71,9 +87,35 @@ def _print_row(row: dict) -> None:
         print(f"    {f.get('rule')} {f.get('file')}:{f.get('line')}: {f.get('text')}")
 
 
+def _print_harness(row: dict, server: str) -> None:
+    print(f"{row['kernel_id']}  harness {row['harness_hash']}")
+    print(f"    brought by {row.get('submitter_id') or '?'} (submission {str(row.get('submission', ''))[:8]}, "
+          f"commit {str(row.get('commit', ''))[:10]}); read it: {server.rstrip('/')}{row.get('source_url', '')}")
+    print(f"    or: git show {row.get('commit', '')}:{row.get('path', '')}")
+
+
+def _request(args: argparse.Namespace) -> tuple[str, str, dict | None] | None:
+    """``(method, path, body)`` of the API call the arguments ask for; None for a missing action."""
+    if args.action in ("list", "approve", "reject"):
+        if args.action == "list":
+            return "GET", "/api/reviews", None
+        return "POST", f"/api/reviews/{args.uuid}/{args.action}", {"reason": args.reason}
+    if args.action == "harness":
+        action = getattr(args, "harness_action", None)
+        if action == "list":
+            return "GET", "/api/reviews/harnesses", None
+        if action in ("approve", "revoke"):
+            body = {"reason": args.reason}
+            if args.harness_hash:
+                body["harness_hash"] = args.harness_hash
+            return "POST", f"/api/reviews/harnesses/{urllib.parse.quote(args.kernel_id, safe='/')}/{action}", body
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.action not in ("list", "approve", "reject"):
-        print("kz review: name an action: list, approve or reject", file=sys.stderr)
+    request = _request(args)
+    if request is None:
+        print("kz review: name an action: list, approve, reject, or harness list|approve|revoke", file=sys.stderr)
         return 2
     server = getattr(args, "server", None) or os.environ.get("KZ_SERVER") or defaults.SERVER_URL
     token = _token(args)
@@ -81,12 +123,9 @@ def run(args: argparse.Namespace) -> int:
         print("kz review: no admin token: pass --token, set KZ_TOKEN or point --state-dir at the "
               "daemon's state directory", file=sys.stderr)
         return 2
+    method, path, body = request
     try:
-        if args.action == "list":
-            status, doc = _call(server, "GET", "/api/reviews", token)
-        else:
-            status, doc = _call(server, "POST", f"/api/reviews/{args.uuid}/{args.action}", token,
-                                {"reason": args.reason})
+        status, doc = _call(server, method, path, token, body)
     except (urllib.error.URLError, OSError) as exc:
         print(f"kz review: cannot reach {server}: {exc}", file=sys.stderr)
         return 2
@@ -98,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if getattr(args, "json", False):
         print(json.dumps(doc))
+    elif args.action == "harness":
+        _print_harness_answer(args, doc, server)
     elif args.action == "list":
         rows = doc.get("reviews") or []
         if not rows:
@@ -107,3 +148,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{args.uuid}: {doc.get('status')}")
     return 0
+
+
+def _print_harness_answer(args: argparse.Namespace, doc: dict, server: str) -> None:
+    if args.harness_action == "list":
+        rows = doc.get("harnesses") or []
+        if not rows:
+            print("no kernel's harness awaits review")
+        for row in rows:
+            _print_harness(row, server)
+        return
+    verb = "approved: the kernel ranks" if doc.get("decision") == "approve" else "approval revoked"
+    print(f"{doc.get('kernel_id')}: harness {str(doc.get('harness_hash'))[:12]} {verb} "
+          f"(its harness at HEAD is {doc.get('harness')})")

@@ -1,1 +1,1 @@
-"""What a package must pass besides the contract: the static rules, the physics floor, the locked harness."""
+"""What a package must pass besides the contract: the static rules, the physics floor, the locked harness, the harness review."""

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from kz_daemon.api import public, views
+from kz_daemon.board import ranking
 from kz_daemon.browse.source_api import files_doc, revisions
 from kz_daemon.core.errors import ZooError
 from kz_daemon.mcp.toolset import build_server
@@ -68,18 +69,15 @@ class ServiceBackend:
 
     def kernels(self) -> list[dict[str, Any]]:
         """Every index entry, from the catalogue the API lists."""
-        cat = self.state.catalog
-        cat.refresh(self.state.zoo.index())
-        return cat.kernels()
+        return public.catalog_of(self.state).kernels()
 
     def kernel(self, kernel_id: str) -> dict[str, Any]:
         """The index entry with desc.yaml and bench_result.yaml at HEAD (as ``GET /api/kernels/{id}``)."""
-        cat = self.state.catalog
-        cat.refresh(self.state.zoo.index())
-        entry = cat.get(kernel_id)
+        entry = public.catalog_of(self.state).get(kernel_id)
         if entry is None:
             raise ZooError("NOT_FOUND", f"no kernel {kernel_id!r}; list_kernels lists them", {"kernel_id": kernel_id})
         doc = dict(entry)
+        doc[ranking.HARNESS] = ranking.UNREVIEWED if ranking.unreviewed(entry) else ranking.REVIEWED
         if self.state.history is not None:
             doc["desc"], doc["bench_result"] = self.state.history.package_docs(kernel_id)
         return views.plain(doc)

@@ -1,9 +1,10 @@
 """Operator rankings over HTTP: every operator's leader, one operator's ranking with its cases and speed of light.
 
 The maths and the documents are ``kz_daemon.board`` (pure); this module reads what they
-need from the index (the catalogue), the kernel repo at HEAD (each kernel's METAS params,
-desc.yaml's ``io_signature``, its revoked records) and the live state (submissions held
-for review), and answers ``GET /api/operators`` and
+need from the index (the catalogue, whose entries carry the mark of a harness that awaits
+a maintainer's review: such a kernel is listed, never ranked), the kernel repo at HEAD
+(each kernel's METAS params, desc.yaml's ``io_signature``, its revoked records) and the
+live state (submissions held for review), and answers ``GET /api/operators`` and
 ``GET /api/operators/{arch}/{op_class}/{sub_class}/{quant}``. The operator page
 (``kz_daemon.web.pages``) renders the same document, so the page and the API never
 disagree.
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from kz_daemon.api import views
+from kz_daemon.api.public import catalog
 from kz_daemon.api.spec import Op
 from kz_daemon.board import ranking
 from kz_daemon.board.documents import KernelFacts, ceilings_of, interval_doc, operator_document
@@ -58,9 +60,8 @@ def gather(history: Any, zoo: Any, kernel_ids: Sequence[str]) -> dict[str, Kerne
 
 
 def boards(request: Request) -> dict[str, ranking.OperatorRanking]:
-    """Every operator's ranking of the current index (memoised per index version)."""
-    cat: views.Catalog = request.app.state.catalog
-    cat.refresh(request.app.state.zoo.index())
+    """Every operator's ranking of the current index and harness reviews (memoised per index version and marks)."""
+    cat: views.Catalog = catalog(request)
     return cat.memo(("rankings",), lambda: ranking.rank_all(cat.kernels()))
 
 

@@ -12,7 +12,10 @@ The reference implementation of an operator, which speed-ups are measured agains
 desc.yaml ``tags`` include ``reference``; failing that, the first whose last kernel_id
 segment is one of ``REFERENCE_NAMES``; failing that, the first with a measurement. A
 speed-up is ``reference / value`` for a lower-is-better metric and ``value / reference``
-for a higher-is-better one, so above 1 is always faster than the reference.
+for a higher-is-better one, so above 1 is always faster than the reference. An
+implementation whose harness awaits a maintainer's review (its entry marked,
+``kz_daemon.board.ranking.unreviewed``) is shown with its figures but ranked in no case,
+and its accepts are no "new best" on the home page.
 
 The home page's *latest new bests* and *records this week* (:func:`latest_bests`) and the
 operator page's *best over time* charts (:func:`best_over_time`) read the kernel repo's
@@ -20,7 +23,7 @@ history (``kz_daemon.storage.history``).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +76,7 @@ class Standing:
     speedup: float | None = None
     secondary: dict[str, float] = field(default_factory=dict)
     older_harness: bool = False  # the best was measured under a harness other than HEAD's
+    unreviewed: bool = False     # its harness awaits a maintainer's review: shown, never ranked
 
     @property
     def measured(self) -> bool:
@@ -141,7 +145,7 @@ def speedup(value: float | None, reference: float | None, direction: str) -> flo
 
 
 def _rank(standings: list[Standing], direction: str) -> None:
-    measured = sorted((s for s in standings if s.measured),
+    measured = sorted((s for s in standings if s.measured and not s.unreviewed),
                       key=lambda s: (-s.value if direction == HIGHER else s.value, s.kernel_id))
     previous, rank = None, 0
     for position, standing in enumerate(measured, start=1):
@@ -171,7 +175,7 @@ def boards(entries: list[Mapping[str, Any]], reference: str | None = None) -> li
                 record=dict(best) if isinstance(best, Mapping) else {}, current=measured_value(current),
                 placeholder=value is None and isinstance(best, Mapping),
                 correctness=str(case.get("correctness_current") or ""),
-                is_reference=entry.get("kernel_id") == reference))
+                is_reference=entry.get("kernel_id") == reference, unreviewed=ranking.unreviewed(entry)))
         ref_value = measured_value(ref_case.get("best")) if ref_case is not None else None
         _rank(standings, direction)
         for standing in standings:
@@ -209,12 +213,15 @@ def metas_of(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
             for c in views.cases(entry)]
 
 
-def latest_bests(history: Any, lookup: Any, now: float) -> tuple[int, list[dict[str, Any]]]:
+def latest_bests(history: Any, lookup: Any, now: float,
+                 unreviewed: Callable[[str, str], bool] | None = None) -> tuple[int, list[dict[str, Any]]]:
     """``(records this week, the latest accepts that set a new best)``, newest first, with their deltas.
 
     ``lookup(kernel_id)`` gives a kernel's index entry (its cases' primary metrics); each
     row: kernel_id, operator, time, submitter, submission, sha_src, revoked, the cases whose
-    best moved (:func:`kz_daemon.board.outcome.case_deltas`) and the overall figures.
+    best moved (:func:`kz_daemon.board.outcome.case_deltas`) and the overall figures. An
+    accept measured under a harness that awaits review (``unreviewed(kernel_id, sha_src)``)
+    sets no best, so it is left out.
     """
     if history is None:
         return 0, []
@@ -222,7 +229,7 @@ def latest_bests(history: Any, lookup: Any, now: float) -> tuple[int, list[dict[
     rows = []
     for record in accepts:
         entry = lookup(record.kernel_id)
-        if entry is None:
+        if entry is None or (unreviewed is not None and unreviewed(record.kernel_id, record.sha_src)):
             continue
         deltas = outcome.case_deltas(record.before, record.after, metas_of(entry))
         improved = [d for d in deltas if d["new_best"]]

@@ -21,9 +21,11 @@ from starlette.routing import Route
 
 from kz_daemon.api import views
 from kz_daemon.api.public import catalog
+from kz_daemon.board import ranking
 from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
+from kz_daemon.guards.harness_review import review_of
 from kz_daemon.intake import review
 from kz_daemon.standings import rankings
 from kz_daemon.storage import run_logs as logs
@@ -84,8 +86,14 @@ async def home(request: Request) -> Response:
     order = "desc" if q.get("order") == "desc" else "asc"
     page_no = _page_number(request)
     cat = catalog(request)
-    now = getattr(request.app.state.zoo, "clock", time.time)()  # the daemon's clock: the one its commits carry
-    week, new_bests = await run_in_threadpool(operators.latest_bests, request.app.state.history, cat.get, now)
+    state = request.app.state
+    now = getattr(state.zoo, "clock", time.time)()  # the daemon's clock: the one its commits carry
+    digests = cat.digests(state.history)
+
+    def unreviewed(kernel_id: str, sha_src: str) -> bool:
+        return review_of(getattr(state.zoo, "store", None), digests, kernel_id, sha_src) == ranking.UNREVIEWED
+
+    week, new_bests = await run_in_threadpool(operators.latest_bests, state.history, cat.get, now, unreviewed)
     facets = cat.memo(("facets",), cat.facets)
     summaries = cat.memo(("operators",), lambda: [operators.summarise(k, v)
                                                   for k, v in operators.group(cat.kernels()).items()])
@@ -255,6 +263,10 @@ async def kernel_page(request: Request) -> Response:
     if entry is None:
         return _error(request, ZooError("NOT_FOUND", f"no kernel {kernel_id!r}"))
     desc, card, points, harness = await run_in_threadpool(_kernel_data, request.app.state.history, kernel_id)
+    state = request.app.state
+    digests = catalog(request).digests(state.history)
+    head = (state.zoo.index() or {}).get("head")
+    harness_hash = (await run_in_threadpool(digests.at, head, [kernel_id]))[kernel_id] if digests and head else None
     desc = desc if isinstance(desc, dict) else {}
     kernel_cases = views.cases(entry)
     primaries = {str(c.get("test_case_id")): str(c.get("primary_metric") or "") for c in kernel_cases}
@@ -271,6 +283,7 @@ async def kernel_page(request: Request) -> Response:
         "scorecard": _scorecard_rows(card, primaries, harness.blob if harness else None), "primaries": primaries, "points": list(reversed(points)),
         "charts": [c for c in _case_charts(points, primaries, units) if c is not None],
         "harness": harness, "attempts": attempts, "more_attempts": more, "records": records,
+        "harness_unreviewed": ranking.unreviewed(entry), "harness_hash": harness_hash,
         "speed_of_light": _speed_of_light_rows(entry, desc, harness, ceilings_of(request.app.state.zoo)),
         "io": [i for i in desc.get("io_signature") or [] if isinstance(i, dict)]})
 
@@ -328,9 +341,9 @@ def log_blocks(doc: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     return blocks
 
 
-def _submission_data(zoo: Any, view: Any, uuid: str) -> tuple[dict[str, Any], bool]:
+def _submission_data(zoo: Any, view: Any, uuid: str, digests: Any = None) -> tuple[dict[str, Any], bool]:
     """The status document and whether retention removed the run's logs (file reads)."""
-    doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", zoo)
+    doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", zoo, digests)
     pending = getattr(zoo, "pending", None)
     pruned = bool(doc.get("logs_url")) and pending is not None and \
         logs.logs_doc(uuid, pending.run_folder(uuid))["pruned"]
@@ -354,7 +367,9 @@ async def submission_page(request: Request) -> Response:
     except ZooError as exc:
         return _error(request, exc)
     # submission_doc reads the run's log tails (a file): off the event loop
-    doc, logs_pruned = await run_in_threadpool(_submission_data, request.app.state.zoo, view, uuid)
+    state = request.app.state
+    doc, logs_pruned = await run_in_threadpool(_submission_data, state.zoo, view, uuid,
+                                               state.catalog.digests(state.history))
     reasons = [r for r in doc.get("reasons") or [] if isinstance(r, dict)]  # each carries its hint
     doc = dict(doc, held_evidence=await run_in_threadpool(_held_evidence, request.app.state.zoo, doc))
     timeline = [{"seq": item[0], "status": item[1], "ts": item[2]} for item in doc.get("history") or []

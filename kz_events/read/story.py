@@ -59,6 +59,9 @@ _DESCRIBE: dict[type[E.Event], Callable[[dict], str]] = {
     E.LogRepaired: lambda p: (f"log repaired: {p['dropped_bytes']} torn bytes moved to "
                               f"{p['quarantine_file']}"),
     E.SpoolSkipped: lambda p: f"spool: left {p['name']!r} in the inbox alone ({p['reason']})",
+    E.HarnessReviewed: lambda p: (f"harness {_short(p['harness_hash'])} of {p['kernel_id']} "
+                                  f"{'approved' if p['decision'] == 'approve' else 'approval revoked'} by {p['by']}"
+                                  + (f": {p['reason']}" if p["reason"] else "")),
     E.JobConfirmationRequested: lambda p: (f"confirmation run requested ({p['reason']}); "
                                            f"back in the queue, not for {p['runner_id']} at first"),
     E.SubmissionRevoked: lambda p: f"revoked by {p['by']}: {p['reason']}",

@@ -82,6 +82,25 @@ class LiveServer:
               submitters: tuple[str, ...] = ("alice",), clock: Any = None) -> LiveServer:
         """Initialise ``tmp/state`` and serve it (``submitters``: the ids given a submitter token;
         ``clock``: the Zoo's clock, epoch seconds, for commit times and leases)."""
+        from kz_daemon.config.tokens import TokenStore
+        from kz_daemon.ops.runtime import init_state_dir
+
+        state = tmp / "state"
+        state.mkdir(parents=True, exist_ok=True)
+        if config_yaml is not None:
+            (state / "kz.yaml").write_text(config_yaml)
+        seed = seed_dir(tmp, kernels if kernels is not None else [CPU_AXPY, CPU_SOFTMAX])
+        init_state_dir(state, seed_from=seed)
+        store = TokenStore(state / "auth.yaml")
+        tokens = {f"runner:{rid}": store.issue("runner", rid) for rid in runners}
+        tokens["admin"] = store.issue("admin", "root")
+        tokens.update({f"submitter:{sid}": store.issue("submitter", sid) for sid in submitters})
+        return cls.serve(state, tokens, settings=settings, clock=clock)
+
+    @classmethod
+    def serve(cls, state: Path, tokens: dict[str, str], *, settings: dict[str, Any] | None = None,
+              clock: Any = None) -> LiveServer:
+        """Start the real ``Zoo`` on an initialised state directory and serve it (``start``, or a restart)."""
         from kz_daemon.api.shim_settings import from_config
         from kz_daemon.config.tokens import TokenStore
         from kz_daemon.http.app import create_app, make_server
@@ -90,16 +109,8 @@ class LiveServer:
         from kz_daemon.ops.service import Zoo
         from kz_daemon.storage.history import KernelHistory
 
-        state = tmp / "state"
-        state.mkdir(parents=True, exist_ok=True)
-        if config_yaml is not None:
-            (state / "kz.yaml").write_text(config_yaml)
-        seed = seed_dir(tmp, kernels if kernels is not None else [CPU_AXPY, CPU_SOFTMAX])
-        config = init_state_dir(state, seed_from=seed)
+        config = init_state_dir(state)
         store = TokenStore(state / "auth.yaml")
-        tokens = {f"runner:{rid}": store.issue("runner", rid) for rid in runners}
-        tokens["admin"] = store.issue("admin", "root")
-        tokens.update({f"submitter:{sid}": store.issue("submitter", sid) for sid in submitters})
         zoo = Zoo(config, clock) if clock is not None else Zoo(config)
         zoo.start()
         app = create_app(zoo, store, from_config(config, **(settings or {})),
@@ -119,6 +130,11 @@ class LiveServer:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.01)
         return cls(f"http://127.0.0.1:{port}", state, zoo, app, server, thread, tokens)
+
+    def restart(self, **kwargs: Any) -> LiveServer:
+        """Stop this server and serve its state directory again, as a restarted daemon does (the log replayed)."""
+        self.stop()
+        return LiveServer.serve(self.state_dir, self.tokens, **kwargs)
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         """An httpx client for this server (``token`` is a key of ``tokens`` or a raw token)."""

@@ -255,3 +255,21 @@ def test_a_harness_change_is_unreviewed_again_until_approved_and_an_approval_can
     usage = subprocess.run([sys.executable, "-m", "kz_daemon.cli", "review", "harness"], capture_output=True,
                            text=True, timeout=60)
     assert usage.returncode == 2
+
+
+def test_an_accept_half_way_counts_as_brought_before_it_completes():
+    """The index lists a new kernel once the saga committed it, before ``accept.completed``: it must not rank then."""
+    from threading import Lock
+    from types import SimpleNamespace
+
+    from kz_daemon.guards.harness_review import reviews_of
+    from kz_events.state import State
+    from tests.test_events_reducer import SRC, accepted, push
+
+    events = accepted("u1", FAST)
+    state = push(State(), *events[:-1])  # both commits are in git; accept.completed is not recorded yet
+    store = SimpleNamespace(lock=Lock(), state=state)
+    assert state.harnesses == {} and reviews_of(store) == {FAST: ({"u1": SRC}, frozenset())}
+    push(state, events[-1])
+    assert reviews_of(store) == {FAST: ({"u1": SRC}, frozenset())}
+    assert reviews_of(store, ["cpu/Elementwise/Axpy/fp32/other"]) == {}

@@ -37,6 +37,7 @@ from dulwich.objects import Commit, ObjectID, Tree
 from dulwich.repo import Repo
 
 from kz_daemon.board.ranking import REVIEWED, UNREVIEWED
+from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP
 
 __all__ = ["harness_digest", "HarnessDigests", "Reviews", "reviews_of", "is_unreviewed", "unreviewed_at",
@@ -148,12 +149,24 @@ Reviews = dict[str, tuple[dict[str, str], frozenset[str]]]
 
 
 def reviews_of(store: Any, kernel_ids: Iterable[str] | None = None) -> Reviews:
-    """The reviews of the kernels a standing accept brought a harness to (or of ``kernel_ids``), copied."""
+    """The reviews of the kernels a standing accept brought a harness to (or of ``kernel_ids``), copied.
+
+    An accept whose saga has committed but not completed (``accepting`` with its source
+    commit) counts as brought already: the index shows its kernel before ``accept.completed``
+    records the harness, and it must not rank in between.
+    """
+    wanted = None if kernel_ids is None else set(kernel_ids)
     with store.lock:
-        table = store.state.harnesses
-        chosen = table if kernel_ids is None else {k: table[k] for k in kernel_ids if k in table}
-        return {kid: (dict(r["brought"]), frozenset(r["approved"])) for kid, r in chosen.items()
-                if r["brought"] or kernel_ids is not None}
+        state = store.state
+        table = state.harnesses
+        out = {kid: (dict(r["brought"]), frozenset(r["approved"])) for kid, r in table.items()
+               if (r["brought"] if wanted is None else kid in wanted)}
+        for sub in state.submissions.values():
+            if sub.status == Status.ACCEPTING and sub.sha_src and (sub.new_kernel or sub.harness_change) \
+                    and (wanted is None or sub.kernel_id in wanted):
+                brought, approved = out.get(sub.kernel_id, ({}, frozenset()))
+                out[sub.kernel_id] = ({**brought, sub.uuid: sub.sha_src}, approved)
+        return out
 
 
 def is_unreviewed(current: str | None, brought: Iterable[str | None], approved: frozenset[str]) -> bool:

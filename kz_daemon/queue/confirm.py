@@ -31,7 +31,10 @@ each case: with a measured ratio, the first run's *implied* ratio (its value ove
 reference's recorded value at HEAD, the one kept with the choice) and the confirmation's
 measured ratio differ by at most ``confirmation.agreement`` (``cpu_agreement`` on the CPU
 lane) relative to the implied one; without one, the two runs' primary metrics differ by at
-most that much relative to the first run's value. Otherwise the submission is rejected with
+most that much relative to the first run's value. Within each other's noise counts as agreeing
+too: the two 95 % intervals of the median (a case summary's ``lo``/``hi``; the ratio's over its
+rounds) overlap. An honest CPU case on a loaded 2-core host moved 29 % between two jobs, its
+intervals overlapping, and was rejected before this. Otherwise the submission is rejected with
 ``CONFIRMATION_MISMATCH`` and both results are kept. When they agree the accept saga commits
 the slower of the two (see :func:`committed_choice`): the conservative record.
 
@@ -190,16 +193,37 @@ def disagreement(first: list[dict], second: list[dict], metas: list[dict], agree
         if cid in ratios and recorded.get(cid):
             implied, measured = a / recorded[cid], float(ratios[cid]["value"])
             apart = abs(measured - implied) / implied if implied else math.inf
-            if apart > agreement:
+            first_range = _range(case, 1.0 / recorded[cid])
+            if apart > agreement and not _overlap(first_range, _ratio_range(ratios[cid])):
                 problems.append(f"{cid}: {primary} {a} is {implied:.4g}x the reference's record {recorded[cid]}, "
                                 f"but the confirmation measured {measured:.4g}x the reference in one run "
                                 f"({apart:.3g} apart, agreement {agreement:g})")
-        elif a == b:
-            continue
+        elif a == b or _overlap(_range(case), _range(other)):
+            continue  # within each other's noise: the runs' 95 % intervals of the median overlap
         elif a == 0 or abs(b - a) / abs(a) > agreement:
             spread = abs(b - a) / abs(a) if a else math.inf
             problems.append(f"{cid}: {primary} {a} then {b} ({spread:.3g} apart, agreement {agreement:g})")
     return problems
+
+
+def _range(case: dict, scale: float = 1.0) -> tuple[float, float] | None:
+    """A case summary's 95 % interval of its primary value (``lo``, ``hi``), scaled; None without one."""
+    lo, hi = case.get("lo"), case.get("hi")
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or not lo <= hi:
+        return None
+    return float(lo) * scale, float(hi) * scale
+
+
+def _ratio_range(ratio: dict) -> tuple[float, float] | None:
+    lo, hi = ratio.get("lo"), ratio.get("hi")
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or not lo <= hi:
+        return None
+    return float(lo), float(hi)
+
+
+def _overlap(x: tuple[float, float] | None, y: tuple[float, float] | None) -> bool:
+    """Whether two intervals share a point (False when either is unknown)."""
+    return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
 
 
 def committed_choice(first: list[dict], second: list[dict], metas: list[dict]) -> str:

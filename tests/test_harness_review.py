@@ -273,3 +273,18 @@ def test_an_accept_half_way_counts_as_brought_before_it_completes():
     push(state, events[-1])
     assert reviews_of(store) == {FAST: ({"u1": SRC}, frozenset())}
     assert reviews_of(store, ["cpu/Elementwise/Axpy/fp32/other"]) == {}
+
+
+def test_a_reviewed_kernels_recorded_rank_leaves_out_an_unreviewed_competitor(zoo):
+    """The accept outcome written to the log ranks like the board: a faster kernel whose harness nobody
+    reviewed (FAST, its approvals revoked above) is not counted above a reviewed kernel's new record."""
+    live = zoo["live"]
+    assert not (live.zoo.store.state.harnesses.get(FAST) or {}).get("approved")
+
+    def retuned(files):
+        files["src/NOTES.md"] = b"tuned again\n"
+
+    better = run_to_accept(live, CPU_AXPY, 20.0, mutate=retuned)  # FAST's record stays 7 us
+    with live.client() as anon:
+        outcome = anon.get(f"/api/submissions/{better}/status").json()["outcome"]
+    assert outcome["new_best"] and outcome["rank_after"] == 1, outcome

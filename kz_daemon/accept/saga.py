@@ -44,7 +44,7 @@ from kz_daemon.core.errors import ZooError
 from kz_daemon.core.readmodel import SubmissionView, view_of
 from kz_daemon.guards import physics, unconfined
 from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha
-from kz_daemon.guards.harness_review import HarnessDigests, unreviewed_kernels
+from kz_daemon.guards.harness_review import UNREVIEWED, HarnessDigests, review_of
 from kz_daemon.queue import confirm, reruns
 from kz_daemon.queue.leases import check_lease
 from kz_daemon.storage import anchor
@@ -332,16 +332,18 @@ def accept_outcome(zoo: Daemon, kernel_id: str, sha_src: str, sha_br: str, metas
     except yaml.YAMLError:
         return None
     kernels = (index_doc or {}).get("kernels") or []
-    # Other kernels whose harness no maintainer reviewed do not rank (as on the board), so this accept's
-    # recorded rank does not count them. This kernel's own outcome is recorded unmarked: the status
-    # document applies its review when read, so an approval later lets it count as the best it was.
-    marks = unreviewed_kernels(zoo.store, HarnessDigests(zoo.config.paths.repo), (index_doc or {}).get("head"))
-    entries = [dict(e, harness="unreviewed") if e.get("kernel_id") in marks and e.get("kernel_id") != kernel_id
-               else e for e in kernels if isinstance(e, dict)]
+    entries = [e for e in kernels if isinstance(e, dict)]
     own = next((e for e in entries if e.get("kernel_id") == kernel_id), None)
     operator = ranking.operator_of(own) if own is not None else "/".join(kernel_id.split("/")[:4])
-    return outcome.accept_outcome(kernel_id, before, after, metas,
-                                  [e for e in entries if ranking.operator_of(e) == operator])
+    # The operator's other kernels whose harness no maintainer reviewed do not rank (as on the board), so
+    # this accept's recorded rank does not count them. This kernel's own outcome is recorded unmarked: the
+    # status document applies its review when read, so an approval later lets it count as the best it was.
+    head = (index_doc or {}).get("head")
+    digests = HarnessDigests(zoo.config.paths.repo)
+    peers = [dict(e, harness=UNREVIEWED) if e.get("kernel_id") != kernel_id
+             and review_of(zoo.store, digests, str(e.get("kernel_id")), head) == UNREVIEWED else e
+             for e in entries if ranking.operator_of(e) == operator]
+    return outcome.accept_outcome(kernel_id, before, after, metas, peers)
 
 
 def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,

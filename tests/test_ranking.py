@@ -299,3 +299,14 @@ def test_an_unreviewed_kernels_accept_is_no_new_best_and_has_no_rank():
 def out_of(recorded):
     return dict(recorded, new_best=False, cases_improved=0, rank_after=None, rank_after_approx=False,
                 cases=[dict(c, new_best=False) for c in recorded["cases"]])
+
+
+def test_a_named_reference_holding_only_its_seed_placeholder_is_passed_over_until_measured():
+    """A fresh zoo's example (numpy_ref, seed placeholder) scores nobody: the first measured kernel is the
+    reference, and it ranks; once the named reference is measured it is the reference again."""
+    seed = entry("numpy_ref", {"n4k": record(1.0, sha="0000000")}, tags=["reference"])
+    mine = entry("my_impl", {"n4k": record(7.4, 7.2, 8.3)})
+    assert reference_of([seed, mine]) == (mine["kernel_id"], True)
+    assert rank_operator(OP, [seed, mine]).get(mine["kernel_id"]).rank == 1
+    measured = entry("numpy_ref", {"n4k": record(15.0, 14.0, 16.0)}, tags=["reference"])
+    assert reference_of([measured, mine]) == (measured["kernel_id"], False)

@@ -6,9 +6,11 @@ primary metric (index entries, ``zoo.index()``), with the record's ``spread``: a
 confidence interval (``kz_daemon.core.noise``). A seed placeholder is no measurement.
 
 **Reference.** Speed-ups are taken against the operator's *reference kernel*: the first
-kernel (kernel_id order) whose desc.yaml ``tags`` include ``reference``; failing that,
-the first whose name (last kernel_id segment) is one of ``REFERENCE_NAMES``; failing
-that, the first kernel with any measurement (``reference_default``).
+kernel (kernel_id order) with a measurement whose desc.yaml ``tags`` include ``reference``;
+failing that, the first measured one whose name (last kernel_id segment) is one of
+``REFERENCE_NAMES``; failing that, the first kernel with any measurement
+(``reference_default``). A tagged or named reference that holds only its seed
+placeholder (a fresh zoo's examples) scores nobody, so it is passed over until measured.
 
 **Score.** A kernel's score is the geometric mean, over the *scored cases* (those in
 which the reference has a measurement), of its speed-up against the reference:
@@ -96,7 +98,7 @@ class OperatorRanking:
 
     operator: str
     reference: str | None
-    reference_default: bool          # no kernel is tagged or named as the reference: the first measured one
+    reference_default: bool          # no measured kernel is tagged or named as the reference: the first measured one
     case_ids: list[str]
     scored_cases: list[str]
     kernels: list[KernelScore]
@@ -139,14 +141,17 @@ def measured(record: Any) -> Interval | None:
 def reference_of(entries: Iterable[Mapping[str, Any]]) -> tuple[str | None, bool]:
     """``(kernel_id, by default)`` of the operator's reference kernel (see the module docstring)."""
     ordered = sorted((e for e in entries if not unreviewed(e)), key=lambda e: str(e.get("kernel_id", "")))
+    has_record = {str(e.get("kernel_id")): any(measured(c.get("best")) is not None for c in cases_of(e))
+                  for e in ordered}
     for entry in ordered:
-        if REFERENCE_TAG in (entry.get("tags") or []):
+        if REFERENCE_TAG in (entry.get("tags") or []) and has_record[str(entry.get("kernel_id"))]:
             return str(entry.get("kernel_id")), False
     for entry in ordered:
-        if str(entry.get("kernel_id", "")).rsplit("/", 1)[-1] in REFERENCE_NAMES:
+        if str(entry.get("kernel_id", "")).rsplit("/", 1)[-1] in REFERENCE_NAMES \
+                and has_record[str(entry.get("kernel_id"))]:
             return str(entry.get("kernel_id")), False
     for entry in ordered:
-        if any(measured(c.get("best")) is not None for c in cases_of(entry)):
+        if has_record[str(entry.get("kernel_id"))]:
             return str(entry.get("kernel_id")), True
     return None, False
 

@@ -332,9 +332,12 @@ def accept_outcome(zoo: Daemon, kernel_id: str, sha_src: str, sha_br: str, metas
     except yaml.YAMLError:
         return None
     kernels = (index_doc or {}).get("kernels") or []
-    entries = [e for e in kernels if isinstance(e, dict)]
+    # The operator's kernels share the first four segments of their kernel_id (intake refuses a
+    # category that differs from them): a prefix test picks them out of a large index cheaply.
+    prefix = "/".join(kernel_id.split("/")[:4]) + "/"
+    entries = [e for e in kernels if isinstance(e, dict) and str(e.get("kernel_id", "")).startswith(prefix)]
     own = next((e for e in entries if e.get("kernel_id") == kernel_id), None)
-    operator = ranking.operator_of(own) if own is not None else "/".join(kernel_id.split("/")[:4])
+    operator = ranking.operator_of(own) if own is not None else prefix[:-1]
     # The operator's other kernels whose harness no maintainer reviewed do not rank (as on the board), so
     # this accept's recorded rank does not count them. This kernel's own outcome is recorded unmarked: the
     # status document applies its review when read, so an approval later lets it count as the best it was.

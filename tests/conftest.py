@@ -18,23 +18,46 @@ pytest_plugins = ["tests.helpers.live_api"]
 # init_state_dir writes; a kz.yaml's own confirmation: section still wins. Tests of the
 # confirmation itself are marked ``confirmation_defaults`` and see the shipped defaults.
 PINNED_CONFIRMATION = {"cpu_margin": 0.0, "first_records": False}
+_SHIPPED_YAML: list[str] = []  # the default kz.yaml text as shipped, kept when the session pins it
 
 
-@pytest.fixture(autouse=True)
-def _pinned_confirmation(request, monkeypatch):
-    if request.node.get_closest_marker("confirmation_defaults"):
-        return
+def _confirmation_defaults(pinned: dict) -> tuple[tuple, str]:
+    """ConfirmationSettings.__init__'s defaults and the default kz.yaml text with ``pinned`` in them."""
     from kz_daemon.config import settings
 
     names = [f.name for f in dataclasses.fields(settings.ConfirmationSettings)]
-    defaults = dict(zip(names, settings.ConfirmationSettings.__init__.__defaults__, strict=True))
-    defaults.update(PINNED_CONFIRMATION)
-    monkeypatch.setattr(settings.ConfirmationSettings.__init__, "__defaults__", tuple(defaults[n] for n in names))
+    defaults = {f.name: f.default for f in dataclasses.fields(settings.ConfirmationSettings)}
+    defaults.update(pinned)
     text = settings.DEFAULT_YAML
-    for key, value in PINNED_CONFIRMATION.items():
+    for key, value in pinned.items():
         shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
         text = re.sub(rf"^(  {key}: )\S+", rf"\g<1>{shown}", text, count=1, flags=re.M)
-    monkeypatch.setattr(settings, "DEFAULT_YAML", text)
+    return tuple(defaults[n] for n in names), text
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pinned_confirmation():
+    # session-wide, so a daemon a module-scoped fixture starts is pinned too
+    from kz_daemon.config import settings
+
+    _SHIPPED_YAML.append(settings.DEFAULT_YAML)
+    with pytest.MonkeyPatch.context() as mp:
+        init_defaults, text = _confirmation_defaults(PINNED_CONFIRMATION)
+        mp.setattr(settings.ConfirmationSettings.__init__, "__defaults__", init_defaults)
+        mp.setattr(settings, "DEFAULT_YAML", text)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _shipped_confirmation(request, monkeypatch):
+    """A test marked ``confirmation_defaults`` sees the shipped defaults again."""
+    if not request.node.get_closest_marker("confirmation_defaults"):
+        return
+    from kz_daemon.config import settings
+
+    shipped = tuple(f.default for f in dataclasses.fields(settings.ConfirmationSettings))
+    monkeypatch.setattr(settings.ConfirmationSettings.__init__, "__defaults__", shipped)
+    monkeypatch.setattr(settings, "DEFAULT_YAML", _SHIPPED_YAML[0])
 
 
 def _gpu_reason() -> str | None:

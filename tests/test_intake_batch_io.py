@@ -1,14 +1,20 @@
 """Intake's I/O per file: the outcome folders' parents are fsynced once per batch, before the
-batch's events (never after), and the harness files are read in one pass over the tarball."""
+batch's events (never after), and a spooled file is read in one pass over the tarball, its
+desc.yaml and benchmark.py parsed once."""
 from __future__ import annotations
 
+import ast
+import io
 from pathlib import Path
+
+import pytest
+import yaml
 
 from kz_daemon.intake import admit
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from kz_runner.contract import tarball as tarball_module
-from tests.helpers.daemon import EXAMPLES, axpy_tarball, drop_into_inbox
+from tests.helpers.daemon import AXPY_ID, EXAMPLES, axpy_tarball, drop_into_inbox
 
 
 def test_the_parents_are_fsynced_once_per_batch_before_its_events(tmp_path, monkeypatch):
@@ -44,22 +50,45 @@ def test_the_parents_are_fsynced_once_per_batch_before_its_events(tmp_path, monk
         zoo.store.close()
 
 
-def test_the_harness_files_are_read_in_one_pass(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernel_id", [AXPY_ID, "cpu/Elementwise/Axpy/fp32/another_impl"],
+                         ids=["existing-kernel", "new-kernel"])
+def test_a_spooled_package_is_read_once_and_its_desc_and_benchmark_parsed_once(tmp_path, monkeypatch, kernel_id):
+    """One pass over the tarball, one YAML parse of desc.yaml, one ast parse of benchmark.py per intake.
+
+    The validation, the locked harness, the frozen check at HEAD and the static rules all
+    read the one package record; an existing kernel's HEAD desc.yaml has the submitted
+    bytes, so its parse is shared too.
+    """
     config = init_state_dir(tmp_path / "kz", seed_from=EXAMPLES)
     zoo = Zoo(config)
     try:
-        drop_into_inbox(config.paths.spool, "ok.tar.gz", axpy_tarball())
-        captures: list[set] = []
-        scan = tarball_module.scan_tarball
+        data = axpy_tarball(kernel_id)
+        members = tarball_module.scan_tarball(io.BytesIO(data), capture=lambda _n: True).captured
+        desc = members[f"{kernel_id}/.kernel_package/desc.yaml"].decode()
+        benchmark = members[f"{kernel_id}/.kernel_package/benchmark.py"].decode()
+        drop_into_inbox(config.paths.spool, "ok.tar.gz", data)
+        passes, yaml_texts, python_texts = [], [], []
+        iterate, yaml_load, ast_parse = tarball_module._iterate, yaml.load, ast.parse
 
-        def counted(source, limits=tarball_module.Limits(), capture=(), capture_bytes=tarball_module.MiB):
-            captures.append(set(capture) if not callable(capture) else {"<predicate>"})
-            return scan(source, limits, capture, capture_bytes)
+        def counted_iterate(source, *args, **kwargs):
+            passes.append(source)
+            return iterate(source, *args, **kwargs)
 
-        monkeypatch.setattr(admit, "scan_tarball", counted)
+        def counted_yaml(stream, *args, **kwargs):
+            yaml_texts.append(stream.decode() if isinstance(stream, bytes) else stream)
+            return yaml_load(stream, *args, **kwargs)
+
+        def counted_parse(source, *args, **kwargs):
+            python_texts.append(source.decode() if isinstance(source, bytes) else source)
+            return ast_parse(source, *args, **kwargs)
+
+        monkeypatch.setattr(tarball_module, "_iterate", counted_iterate)
+        monkeypatch.setattr(yaml, "load", counted_yaml)
+        monkeypatch.setattr(ast, "parse", counted_parse)
         assert zoo.intake.scan_once() == 1
         assert zoo.store.state.status_counts["queued"] == 1
-        harness = [c for c in captures if any(name.endswith("/benchmark.py") for name in c)]
-        assert len(harness) == 1 and len(harness[0]) == 3  # desc.yaml, build_test_env.py, benchmark.py at once
+        assert len(passes) == 1
+        assert yaml_texts.count(desc) == 1
+        assert python_texts.count(benchmark) == 1
     finally:
         zoo.store.close()

@@ -24,6 +24,7 @@ from kz_runner.contract.rules.engine import (
     check_sources,
 )
 from kz_runner.contract.tarball import Limits, scan_tarball
+from kz_runner.contract.validate import PackageRecord
 
 __all__ = ["RuleSettings", "parse_rules", "screen"]
 
@@ -61,12 +62,18 @@ def parse_rules(raw: Any, source: str) -> RuleSettings:
 
 
 def screen(tarball: Path, kernel_id: str, desc: dict, settings: RuleSettings,
-           limits: Limits) -> tuple[list[Finding], list[Finding]]:
-    """(findings that reject, findings that hold) for the source area of a validated tarball."""
-    root = f"{kernel_id}/"
-    scan = scan_tarball(tarball, limits, capture=lambda name: name.startswith(root)
-                        and not name.startswith(f"{root}{KP}/"), capture_bytes=limits.member_bytes)
-    files = {name[len(root):]: data for name, data in scan.captured.items()}
+           limits: Limits, record: PackageRecord | None = None) -> tuple[list[Finding], list[Finding]]:
+    """(findings that reject, findings that hold) for the source area of a validated tarball.
+
+    ``record``: the tarball as intake read it (with its source area), so it is not read again.
+    """
+    if record is not None:
+        files = record.source_area_of(kernel_id)
+    else:
+        root = f"{kernel_id}/"
+        scan = scan_tarball(tarball, limits, capture=lambda name: name.startswith(root)
+                            and not name.startswith(f"{root}{KP}/"), capture_bytes=limits.member_bytes)
+        files = {name[len(root):]: data for name, data in scan.captured.items()}
     category = desc.get("category")
     if not isinstance(category, dict):
         category = {}

@@ -4,7 +4,10 @@ For each file that got its uuid (``spool.claim``), :class:`Intake` decides once:
 
 1. the safe tarball checks and the package validation (the one validator library,
    ``kz_runner.contract``), then the daemon's policies against the repo at HEAD
-   (new packages allowed?, ``frozen`` here or at HEAD, nesting with other packages);
+   (new packages allowed?, ``frozen`` here or at HEAD, nesting with other packages),
+   the locked harness and the static rules; the file is read once, into a package
+   record (``read_package``), and every check reads that record, so each member is
+   decompressed once and desc.yaml and benchmark.py are parsed once;
 2. writes the outcome durably: ``pending/<uuid>/submission.json`` + ``package.tar.gz``
    or ``spool/rejected/<uuid>/reason.json`` + ``package.tar.gz`` (the JSON first, the
    tarball renamed in last);
@@ -46,10 +49,8 @@ from kz_events.log.store import StorageError, Store, StoreBroken, StoreClosed
 from kz_events.reducer import ReducerError
 from kz_runner.contract.layout import BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.rules.engine import RULES_BY_ID
-from kz_runner.contract.rules.pysource import read_metas
-from kz_runner.contract.tarball import read_member, scan_tarball
-from kz_runner.contract.validate import validate_tarball
-from kz_runner.contract.yamlio import load_yaml
+from kz_runner.contract.rules.pysource import BENCHMARK_FILE, read_metas
+from kz_runner.contract.validate import PackageRecord, contract_path, read_package, validate_record
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +85,25 @@ def reject(kernel_id: str, code: str, message: str, **details: Any) -> Outcome:
     return Outcome(False, kernel_id, code=code, message=message, details=details)
 
 
+def read_spooled(path: Path, limits: Limits) -> PackageRecord | None:
+    """The package record of a spooled file, read once for every check; None when it is not a regular file.
+
+    (:func:`validate_file` says why such a file is refused.)
+    """
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+    except FileNotFoundError:
+        return None
+    return read_package(path, limits.contract_limits)
+
+
 def validate_file(path: Path, filename: str, limits: Limits,
-                  expected_kernel_id: str | None) -> tuple[Outcome, dict]:
+                  expected_kernel_id: str | None, record: PackageRecord | None = None) -> tuple[Outcome, dict]:
     """Check one spooled file with the contract library; returns (outcome, facts).
 
     ``facts`` are the validator's (kernel_id, arch, status, test_case_ids ...) plus ``metas``.
+    ``record``: the file as :func:`read_spooled` read it (read here when not given).
     """
     try:
         st = os.lstat(path)
@@ -97,7 +112,9 @@ def validate_file(path: Path, filename: str, limits: Limits,
     if not stat.S_ISREG(st.st_mode):
         return reject(expected_kernel_id or "", "TARBALL_CORRUPT",
                       f"{filename} is not a regular file (links and special files are refused)"), {}
-    report = validate_tarball(path, filename, limits=limits.contract_limits, kernel_id=expected_kernel_id)
+    if record is None:
+        record = read_package(path, limits.contract_limits)
+    report = validate_record(record, filename, kernel_id=expected_kernel_id)
     facts = dict(report.facts)
     kernel_id = facts.get("kernel_id") or expected_kernel_id or ""
     if not report.valid:
@@ -107,7 +124,7 @@ def validate_file(path: Path, filename: str, limits: Limits,
                       codes=[p.code for p in report.errors]), facts
     warnings = [p.code for p in report.warnings]
     if "metas" not in facts:  # the validator gives them when they are plain JSON, as valid ones are
-        facts["metas"] = read_package_metas(path, kernel_id, limits)
+        facts["metas"] = read_package_metas(path, kernel_id, limits, record)
     # the lane is the path's arch: the kernel_id is what git, the index and the runners see (desc.yaml's
     # category must equal it, CATEGORY_MISMATCH otherwise, so a valid package has one arch either way)
     lane = kernel_id.split("/", 1)[0] if kernel_id else str(facts.get("arch") or "")
@@ -115,17 +132,38 @@ def validate_file(path: Path, filename: str, limits: Limits,
                    details={"problems": _problems_json(report.problems)}), facts
 
 
-def read_package_metas(path: Path, kernel_id: str, limits: Limits) -> list[dict] | None:
-    """KERNEL_ZOO_TEST_CASE_METAS of a submitted tarball, read with ast (never imported)."""
-    source = read_member(path, f"{kernel_id}/{KP}/{BENCHMARK}", limits.contract_limits)
+def read_package_metas(path: Path, kernel_id: str, limits: Limits,
+                       record: PackageRecord | None = None) -> list[dict] | None:
+    """KERNEL_ZOO_TEST_CASE_METAS of a submitted tarball, read with ast (never imported).
+
+    ``record``: the tarball as read already, whose parse of benchmark.py is reused.
+    """
+    if record is None:
+        record = read_package(path, limits.contract_limits, source_area=False)
+    member = f"{kernel_id}/{KP}/{BENCHMARK}"
+    source = record.data(member)
     if source is None:
         return None
-    metas, _problems = read_metas(source)
+    metas, _problems = read_metas(source, BENCHMARK_FILE, record.python(member, BENCHMARK_FILE))
     return metas
 
 
-def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) -> Outcome:
-    """Apply the repo-dependent policies to a valid outcome (git reads at HEAD only)."""
+def _frozen_at_head(head_desc_raw: bytes, record: PackageRecord | None, kernel_id: str) -> bool:
+    """Whether HEAD's desc.yaml says ``status: frozen``; read from the record's parse when the bytes are the same."""
+    member = f"{kernel_id}/{KP}/{DESC}"
+    if record is None or record.data(member) != head_desc_raw:
+        return desc_is_frozen(head_desc_raw)
+    ok, desc, _found = record.yaml(member, contract_path(DESC))  # what desc_is_frozen would read from them
+    return ok and isinstance(desc, dict) and desc.get("status") == "frozen"
+
+
+def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool,
+                 record: PackageRecord | None = None) -> Outcome:
+    """Apply the repo-dependent policies to a valid outcome (git reads at HEAD only).
+
+    ``record``: the submitted tarball as read; when HEAD's desc.yaml has the submitted
+    bytes (an existing kernel's harness is locked, so it usually does), its parse is reused.
+    """
     kid = outcome.kernel_id
     parts = kid.split("/")
     for i in range(1, len(parts)):
@@ -138,7 +176,7 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) 
     if not exists and git.is_dir(kid):
         return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
                       "a package cannot contain packages", folder=kid)
-    if exists and desc_is_frozen(head_desc_raw):
+    if exists and _frozen_at_head(head_desc_raw, record, kid):
         return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
                       "no submissions", where="repo")
     if facts.get("status") == "frozen":
@@ -154,22 +192,22 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool) 
 
 
 def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore, config: Config,
-                    verified: dict | None) -> Outcome:
+                    verified: dict | None, record: PackageRecord | None = None) -> Outcome:
     """The zoo's own rules on a valid outcome: the locked harness, then the static source rules.
 
     Call with the git lock held (HEAD's harness files are read). Sets
     ``harness_change`` for a maintainer's change, ``held`` for findings an admin must
     review; rejects HARNESS_LOCKED, RULE_VIOLATION, or NO_FLOOR for a case the physics
     floor cannot bound on this server (nothing it reported could be accepted). Records the desc's
-    ``io_signature`` in ``facts`` for the physics floor.
+    ``io_signature`` in ``facts`` for the physics floor. ``record``: the tarball as
+    :func:`read_spooled` read it, with its source area (read here when not given).
     """
     kid = outcome.kernel_id
     limits = config.limits.contract_limits
-    members = {name: f"{kid}/{KP}/{name}" for name in HARNESS_FILES}
-    captured = scan_tarball(tarball, limits, capture=set(members.values())).captured  # one pass for all three
-    submitted = {name: captured.get(member) for name, member in members.items()}
-    desc = load_yaml(submitted[DESC] or b"") if submitted[DESC] else None
-    desc = desc if isinstance(desc, dict) else {}
+    if record is None:
+        record = read_package(tarball, limits)
+    submitted = {name: record.data(f"{kid}/{KP}/{name}") for name in HARNESS_FILES}
+    desc = record.mapping(f"{kid}/{KP}/{DESC}", contract_path(DESC)) or {}
     facts["io_signature"] = desc.get("io_signature")
     no_floor = physics.floorless(facts.get("metas") or [], facts["io_signature"], outcome.arch, config.physics)
     if no_floor is not None:
@@ -180,7 +218,7 @@ def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore,
             return reject(kid, "HARNESS_LOCKED", harness_lock.locked_message(kid, changed), files=changed,
                           urls=[f"/api/kernels/{kid}/files/{KP}/{name}" for name in changed])
         outcome.harness_change = bool(changed)
-    rejecting, holding = screen(tarball, kid, desc, config.rules, limits)
+    rejecting, holding = screen(tarball, kid, desc, config.rules, limits, record)
     if rejecting:
         first = rejecting[0]
         return reject(kid, "RULE_VIOLATION", f"rule {first.rule}: {first.file}:{first.line}: {first.text} "
@@ -338,16 +376,18 @@ class Intake:
         meta = dict(claimed.meta)
         meta["sha256"] = _file_sha256(claimed.tarball) if claimed.tarball.is_file() else "0" * 64
         meta["size"] = claimed.tarball.lstat().st_size if claimed.tarball.exists() else 0
+        record = read_spooled(claimed.tarball, self.config.limits)  # the one read of the file
         outcome, facts = validate_file(claimed.tarball, meta.get("filename", ""),
-                                       self.config.limits, meta.get("kernel_id"))
+                                       self.config.limits, meta.get("kernel_id"), record)
         if meta.get("sidecar_error") and outcome.ok:
             outcome = reject(outcome.kernel_id, "SIDECAR_INVALID", meta["sidecar_error"])
         if outcome.ok:
             verified = harness_lock.read_verified(self.config.state_dir, sub_uuid)
             with self.git_lock:
-                outcome = policy_check(outcome, facts, self.git, self.config.policy.allow_new_packages)
+                outcome = policy_check(outcome, facts, self.git, self.config.policy.allow_new_packages, record)
                 if outcome.ok:
-                    outcome = integrity_check(outcome, claimed.tarball, facts, self.git, self.config, verified)
+                    outcome = integrity_check(outcome, claimed.tarball, facts, self.git, self.config, verified,
+                                              record)
         self._record(sub_uuid, meta, outcome, claimed.tarball, facts)
         self._queue_events(claimed, meta, outcome)
 

@@ -313,12 +313,13 @@ def _collisions(seen: dict[str, str]) -> list[Problem]:
 
 def scan_tarball(source, limits: Limits = Limits(),
                  capture: Iterable[str] | Callable[[str], bool] = (),
-                 capture_bytes: int = MiB) -> TarballScan:
+                 capture_bytes: int | Callable[[str], int] = MiB) -> TarballScan:
     """Read the whole archive once without writing; capture the bytes of chosen members.
 
     ``source`` is a path or a binary file object positioned at the start. ``capture``
     is a set of normalised member names or a predicate; a captured member larger than
-    ``capture_bytes`` gives a ``FILE_TOO_LARGE`` problem instead.
+    ``capture_bytes`` (a number, or a function of the member's name) gives a
+    ``FILE_TOO_LARGE`` problem instead.
     """
     wanted = capture if callable(capture) else set(capture).__contains__
     scan = TarballScan()
@@ -326,9 +327,10 @@ def scan_tarball(source, limits: Limits = Limits(),
     def on_member(archive: tarfile.TarFile, info: tarfile.TarInfo, member: Member) -> None:
         if member.kind != "file" or not wanted(member.name):
             return
-        if member.size > capture_bytes:
+        limit = capture_bytes(member.name) if callable(capture_bytes) else capture_bytes
+        if member.size > limit:
             scan.problems.append(problem("FILE_TOO_LARGE", f"{member.size} bytes (the limit is "
-                                         f"{capture_bytes})", file=member.name))
+                                         f"{limit})", file=member.name))
             return
         handle = archive.extractfile(info)
         scan.captured[member.name] = handle.read() if handle is not None else b""

@@ -7,13 +7,17 @@ daemon's intake, so all of them give the same verdict:
   current ``bench_result.yaml``);
 - :func:`validate_tarball` checks a submission ``.tar.gz`` without unpacking it
   (member safety and limits, the top-level directory, no ``bench_result.yaml``,
-  then the package contents);
+  then the package contents); :func:`read_package` reads a tarball once into a
+  :class:`PackageRecord` (its members' bytes, each parse cached) and
+  :func:`validate_record` checks that, so the daemon's intake reads and parses each
+  file once for the validation, its static rules and its policies;
 - :func:`analyze_contents` is the shared core over the contract files' bytes.
 
 Package code is never imported: Python files are read with ``ast``.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import posixpath
@@ -41,6 +45,7 @@ from kz_runner.contract.rules.pysource import (  # noqa: F401
     check_benchmark_source,
     check_build_env_source,
     decode_utf8_sig,
+    parse_python,
     read_metas,
 )
 from kz_runner.contract.schema_check import may_hold_huge_number, nonfinite_paths, schema_problems
@@ -48,6 +53,7 @@ from kz_runner.contract.tarball import (
     KERNEL_PACKAGE_DIR,
     Limits,
     MiB,
+    TarballScan,
     control_character_problem,
     find_package_root,
     scan_tarball,
@@ -123,10 +129,18 @@ def _load_yaml_file(data: bytes, file: str, out: list[Problem]) -> tuple[bool, A
         return False, None
 
 
-def _check_desc(an: Analysis, data: bytes, id_valid: bool | None = None) -> None:
-    """desc.yaml's checks; ``id_valid``: whether ``an.kernel_id`` is valid, when the caller knows."""
+def _check_desc(an: Analysis, data: bytes, id_valid: bool | None = None,
+                parsed: tuple[bool, Any, tuple[Problem, ...]] | None = None) -> None:
+    """desc.yaml's checks; ``id_valid``: whether ``an.kernel_id`` is valid, when the caller knows.
+
+    ``parsed``: a package record's cached :meth:`PackageRecord.yaml` of ``data``.
+    """
     file = contract_path(DESC)
-    ok, desc = _load_yaml_file(data, file, an.problems)
+    if parsed is None:
+        ok, desc = _load_yaml_file(data, file, an.problems)
+    else:
+        ok, desc, found = parsed
+        an.problems.extend(found)
     if not ok:
         return
     if not isinstance(desc, dict):
@@ -241,13 +255,16 @@ def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
 
 
 def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
-                     exists: Callable[[str], bool | None] | None, expect_bench_result: bool = True) -> Analysis:
+                     exists: Callable[[str], bool | None] | None, expect_bench_result: bool = True,
+                     record: PackageRecord | None = None) -> Analysis:
     """Check the contract files' bytes (``files`` maps a basename to bytes; None = absent).
 
     ``exists(relpath)`` answers whether a normalised path exists in the source area
     (True), is absent (False) or resolves outside it (None); it serves the
     ``reference_sources`` check, skipped when ``exists`` is None. Missing files are reported
-    as ``FILE_MISSING``; ``bench_result.yaml`` is checked only when expected.
+    as ``FILE_MISSING``; ``bench_result.yaml`` is checked only when expected. ``record``:
+    the package record the bytes come from (members under ``<kernel_id>/``), whose
+    cached parses of desc.yaml and benchmark.py are used and kept for later readers.
     """
     an = Analysis(kernel_id)
     id_valid = None
@@ -263,7 +280,9 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
             an.problems.append(problem("FILE_MISSING", f"{contract_path(name)} is missing",
                                        file=contract_path(name), hint=hint))
     if files.get(DESC) is not None:
-        _check_desc(an, files[DESC], id_valid)  # type: ignore[arg-type]
+        parsed = record.yaml(f"{kernel_id}/{contract_path(DESC)}", contract_path(DESC)) \
+            if record is not None else None
+        _check_desc(an, files[DESC], id_valid, parsed)  # type: ignore[arg-type]
     raw_bench_cases = None
     if expect_bench_result and files.get(BENCH_RESULT) is not None:
         _check_bench(an, files[BENCH_RESULT], id_valid)  # type: ignore[arg-type]
@@ -272,7 +291,9 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
     if files.get(BUILD_ENV) is not None:
         an.problems.extend(check_build_env_source(files[BUILD_ENV], contract_path(BUILD_ENV)))  # type: ignore
     if files.get(BENCHMARK) is not None:
-        metas, problems = check_benchmark_source(files[BENCHMARK], contract_path(BENCHMARK))  # type: ignore
+        tree = record.python(f"{kernel_id}/{contract_path(BENCHMARK)}", contract_path(BENCHMARK)) \
+            if record is not None else None
+        metas, problems = check_benchmark_source(files[BENCHMARK], contract_path(BENCHMARK), tree)  # type: ignore
         an.metas = metas
         an.problems.extend(problems)
     _check_cases_match(an, raw_bench_cases)
@@ -599,6 +620,92 @@ def _is_contract_member(name: str) -> bool:
     return len(parts) >= 2 and parts[-2] == KERNEL_PACKAGE_DIR and parts[-1] in CONTRACT_FILES
 
 
+@dataclass(frozen=True)
+class PackageRecord:
+    """A submitted package as read once from its tarball: the scan, its members' bytes, each parse cached.
+
+    Built by :func:`read_package`, one pass over the archive. The validation
+    (:func:`validate_record`), the daemon's static rules and its policies read this record
+    instead of the archive, and a member is decoded and parsed at most once: :meth:`yaml`
+    (desc.yaml) and :meth:`python` (benchmark.py) keep what they computed. The documents
+    and trees they give are shared between those readers: never modify them.
+    """
+
+    scan: TarballScan
+    #: every regular member was captured (the static rules need the source area), not just the contract files
+    source_area: bool
+    _parsed: dict[tuple[str, str, str], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        """{member name: bytes} of the captured members (contract files over 1 MiB are not captured)."""
+        return self.scan.captured
+
+    def data(self, name: str) -> bytes | None:
+        """The bytes of member ``name`` (normalised, e.g. ``<kernel_id>/.kernel_package/desc.yaml``), or None."""
+        return self.scan.captured.get(name)
+
+    def yaml(self, name: str, file: str) -> tuple[bool, Any, tuple[Problem, ...]]:
+        """Member ``name`` read as a YAML contract file, once: (parsed, document, problems).
+
+        ``parsed`` is False with a ``FILE_ENCODING`` or ``YAML_INVALID`` problem (naming
+        ``file``) when the bytes are not UTF-8 YAML, or when the member is absent.
+        """
+        key = ("yaml", name, file)
+        if key not in self._parsed:
+            data = self.data(name)
+            found: list[Problem] = []
+            ok, doc = _load_yaml_file(data, file, found) if data is not None else (False, None)
+            self._parsed[key] = (ok, doc, tuple(found))
+        result: tuple[bool, Any, tuple[Problem, ...]] = self._parsed[key]
+        return result
+
+    def mapping(self, name: str, file: str) -> dict | None:
+        """The mapping :meth:`yaml` parsed member ``name`` to, or None (absent, unreadable, not a mapping)."""
+        ok, doc, _found = self.yaml(name, file)
+        return doc if ok and isinstance(doc, dict) else None
+
+    def python(self, name: str, file: str) -> tuple[ast.Module | None, list[Problem]]:
+        """Member ``name``'s syntax tree, parsed once (``parse_python``; problems name ``file``)."""
+        key = ("python", name, file)
+        if key not in self._parsed:
+            data = self.data(name)
+            self._parsed[key] = parse_python(data, file) if data is not None else \
+                (None, [problem("FILE_MISSING", f"{file} is missing", file=file)])
+        tree, found = self._parsed[key]
+        return tree, list(found)
+
+    def source_area_of(self, kernel_id: str) -> dict[str, bytes]:
+        """{path relative to the package: bytes} of the files under ``<kernel_id>/`` outside ``.kernel_package/``."""
+        if not self.source_area:
+            raise ValueError("this record holds the contract files only (read_package(..., source_area=True))")
+        prefix = f"{kernel_id}/"
+        contract = f"{prefix}{KERNEL_PACKAGE_DIR}/"
+        return {name[len(prefix):]: data for name, data in self.scan.captured.items()
+                if name.startswith(prefix) and not name.startswith(contract)}
+
+
+def _capture_bytes(limits: Limits) -> Callable[[str], int]:
+    """The most bytes captured of a member: a contract file's limit, else the archive's member limit."""
+    def most(name: str) -> int:
+        return MAX_CONTRACT_FILE_BYTES if _is_contract_member(name) else limits.member_bytes
+    return most
+
+
+def read_package(source, limits: Limits = Limits(), source_area: bool = True) -> PackageRecord:
+    """Read a submission tarball (a path or a binary file object) once into a :class:`PackageRecord`.
+
+    The pass enforces ``limits`` as :func:`scan_tarball` does and captures the contract
+    files (one over 1 MiB is a ``FILE_TOO_LARGE`` problem instead) and, with
+    ``source_area``, every other regular member too.
+    """
+    if source_area:
+        scan = scan_tarball(source, limits, capture=lambda _name: True, capture_bytes=_capture_bytes(limits))
+    else:
+        scan = scan_tarball(source, limits, capture=_is_contract_member, capture_bytes=MAX_CONTRACT_FILE_BYTES)
+    return PackageRecord(scan, source_area)
+
+
 def _implied_paths(names: Iterable[str]) -> set[str]:
     out: set[str] = set()
     for name in names:
@@ -616,12 +723,21 @@ def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: st
     when given (the daemon knows it from the upload), must equal the archive's
     top-level package directory. A ``.kernel_package/bench_result.yaml`` inside is a
     ``BENCH_RESULT_IN_TARBALL`` error (the daemon answers VALIDATION_ERROR). ``rules``:
-    also run the static rules over the source area (:func:`rule_problems`).
+    also run the static rules over the source area (:func:`rule_problems`). One pass
+    over the archive (:func:`read_package`), then :func:`validate_record`.
+    """
+    return validate_record(read_package(source, limits, source_area=rules), name, kernel_id, rules)
+
+
+def validate_record(record: PackageRecord, name: str, kernel_id: str | None = None, rules: bool = False) -> Report:
+    """:func:`validate_tarball` over a tarball already read into ``record``: the same problems, in the same order.
+
+    ``rules`` needs a record read with its source area.
     """
     problems: list[Problem] = []
     if not name.endswith(".tar.gz"):
         problems.append(problem("TARBALL_NAME", f"{name!r} does not end in .tar.gz", file=name))
-    scan = scan_tarball(source, limits, capture=_is_contract_member, capture_bytes=MAX_CONTRACT_FILE_BYTES)
+    scan = record.scan
     problems.extend(scan.problems)
     extra: dict[str, Any] = {"compressed_bytes": scan.compressed_bytes, "unpacked_bytes": scan.unpacked_bytes,
              "members": len(scan.members)}
@@ -649,16 +765,12 @@ def validate_tarball(source, name: str, limits: Limits = Limits(), kernel_id: st
                 and not is_ignored(parts[1]):
             problems.append(problem("KERNEL_PACKAGE_EXTRA_FILE", f"unexpected {parts[1]!r}", file=rel))
     present = _implied_paths(rel_names)
-    an = analyze_contents(root, files, present.__contains__, expect_bench_result=False)
+    an = analyze_contents(root, files, present.__contains__, expect_bench_result=False, record=record)
     reported = {p.file for p in problems} | {f"{prefix}{p.file}" for p in problems}
     an.problems = [p for p in an.problems
                    if not (p.code == "FILE_MISSING" and (f"{prefix}{p.file}" in reported or p.file in reported))]
     an.problems[:0] = problems
-    if rules:  # a second read: the source area is captured whole, with the member limit
-        if hasattr(source, "seek"):
-            source.seek(0)
-        area = scan_tarball(source, limits, capture=lambda n: n.startswith(prefix) and not
-                            n.startswith(f"{prefix}{KERNEL_PACKAGE_DIR}/"), capture_bytes=limits.member_bytes)
-        an.problems.extend(rule_problems({n[len(prefix):]: data for n, data in area.captured.items()}, an.desc))
+    if rules:  # the source area was captured whole, with the member limit, in the same pass
+        an.problems.extend(rule_problems(record.source_area_of(root), an.desc))
     extra["kernel_id"] = root
     return an.report(name, extra)

@@ -175,28 +175,37 @@ def check_metas(metas: list, file: str = BENCHMARK_FILE, finite: bool | None = N
     return out
 
 
-def read_metas(source: str | bytes, file: str = BENCHMARK_FILE) -> tuple[list[dict] | None, list[Problem]]:
+def read_metas(source: str | bytes, file: str = BENCHMARK_FILE,
+               parsed: tuple[ast.Module | None, list[Problem]] | None = None
+               ) -> tuple[list[dict] | None, list[Problem]]:
     """Read and check ``KERNEL_ZOO_TEST_CASE_METAS`` from benchmark.py source, never importing it.
 
     Returns ``(metas, problems)``: ``metas`` is the literal list (None when it could not
     be read: syntax error, missing, not a literal); ``problems`` holds every finding,
     including per-item schema errors, a primary_metric missing from the metrics and
     duplicate ids. The METAS are usable when no problem has severity ``error``.
+    ``parsed``: :func:`parse_python`'s result for ``source`` and ``file``, when at hand.
     """
-    tree, problems = parse_python(source, file)
+    tree, problems = parsed if parsed is not None else parse_python(source, file)
     if tree is None:
-        return None, problems
+        return None, list(problems)
     metas, problems = extract_metas(tree, file)
     if metas is None:
         return None, problems
     return metas, check_metas(metas, file)
 
 
-def check_benchmark_source(source: str | bytes, file: str = BENCHMARK_FILE) -> tuple[list | None, list[Problem]]:
-    """``read_metas`` plus the script entry-point check of benchmark.py."""
-    tree, problems = parse_python(source, file)
+def check_benchmark_source(source: str | bytes, file: str = BENCHMARK_FILE,
+                           parsed: tuple[ast.Module | None, list[Problem]] | None = None
+                           ) -> tuple[list | None, list[Problem]]:
+    """``read_metas`` plus the script entry-point check of benchmark.py.
+
+    ``parsed``: what :func:`parse_python` gave for ``source`` and ``file`` already (a
+    package record's cached parse), so the file is not parsed again.
+    """
+    tree, problems = parsed if parsed is not None else parse_python(source, file)
     if tree is None:
-        return None, problems
+        return None, list(problems)
     metas, problems = extract_metas(tree, file)
     if metas is not None:
         problems = check_metas(metas, file)

@@ -196,3 +196,17 @@ def test_sources_of_the_same_names_are_not_binaries():
     files = {"src/zipper.py": b"import zipfile\n", "src/so.py": b"x = 1\n", "src/k.cu": b"// .so .zip\n",
              "docs/a.tar.md": b"notes\n"}
     assert check_sources(files) == []
+
+
+def test_walk_nodes_gives_ast_walks_nodes_in_its_order():
+    """The rules' one walk per file visits what ``ast.walk`` visits, breadth first, in the same order."""
+    import ast
+
+    from kz_runner.contract.rules.pysource import walk_nodes
+    sources = [path.read_text() for path in sorted((ROOT / "examples").rglob("*.py"))]
+    sources.append("def f(a, *b, c=1, **d):\n    '''doc'''\n    return [x async for x in y] if a else {**d}\n")
+    for source in sources:
+        tree = ast.parse(source)
+        walked = list(ast.walk(tree))
+        listed = walk_nodes(tree)
+        assert len(listed) == len(walked) and all(a is b for a, b in zip(listed, walked))

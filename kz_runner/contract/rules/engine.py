@@ -28,6 +28,8 @@ import tokenize
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kz_runner.contract.rules.pysource import walk_nodes
+
 __all__ = ["Rule", "Finding", "RULES", "RULES_BY_ID", "REJECT", "HOLD", "DEFAULT_VENDOR_CALLS",
            "DEFAULT_GEMM_OP_CLASSES", "SHADOWED_MODULES", "SOURCE_SUFFIXES", "check_sources", "decode_python",
            "prebuilt_kind", "rule_table_markdown"]
@@ -279,9 +281,9 @@ def _call_target(node: ast.Call, aliases: Mapping[str, str]) -> str | None:
     return None
 
 
-def _aliases(tree: ast.AST) -> dict[str, str]:
+def _aliases(nodes: Iterable[ast.AST]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
@@ -306,11 +308,12 @@ class _PyChecker:
         self.found.append(Finding(rule, RULES_BY_ID[rule].action, self.path, line, text[:MAX_TEXT]))
 
     def run(self, tree: ast.AST) -> list[Finding]:
-        aliases = _aliases(tree)
+        nodes = walk_nodes(tree)  # one walk, read three times
+        aliases = _aliases(nodes)
         # docstrings describe, they do not read files
-        docstrings = {id(n.value) for n in ast.walk(tree)
+        docstrings = {id(n.value) for n in nodes
                       if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-        for node in ast.walk(tree):
+        for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self._import(node)
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):

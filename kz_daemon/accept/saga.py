@@ -42,6 +42,7 @@ from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.core.readmodel import SubmissionView, view_of
+from kz_daemon.core.verdicts import CaseSummary, Verdict
 from kz_daemon.guards import physics, unconfined
 from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha
 from kz_daemon.guards.harness_review import UNREVIEWED, HarnessDigests, review_of
@@ -53,6 +54,7 @@ from kz_daemon.storage.pending import StoredRun, result_bytes
 from kz_events import events as ev
 from kz_events.durable import FULL_ERRNOS
 from kz_events.log.store import StorageError
+from kz_events.state import Submission
 from kz_events.status import Status
 from kz_runner.contract.checks import check_result, unencodable_paths
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
@@ -74,7 +76,7 @@ def crash_point(name: str) -> None:
 
 
 # -- results -------------------------------------------------------------------------
-def case_summary(result: dict, metas: list[dict]) -> list[dict]:
+def case_summary(result: Any, metas: list[dict]) -> list[CaseSummary]:
     """Per case a ``CaseSummary`` for result.reported: {test_case_id, correctness, accept,
     primary_metric, value, unit, direction, n, lo, hi} (unit and direction of the primary
     metric from METAS; n, lo, hi its spread when the run reported one).
@@ -86,8 +88,8 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
         return []
     primary = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
     declared = {(m.get("test_case_id"), d.get("name")): d for m in metas or []
-                for d in (m.get("metrics") if isinstance(m.get("metrics"), list) else []) if isinstance(d, dict)}
-    out = []
+                for d in _list(m.get("metrics")) if isinstance(d, dict)}
+    out: list[CaseSummary] = []
     for case in (result or {}).get("cases", []) if isinstance(result, dict) else []:
         if not isinstance(case, dict):
             continue
@@ -100,45 +102,49 @@ def case_summary(result: dict, metas: list[dict]) -> list[dict]:
         if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
             value = None
         meta = declared.get((cid, metric), {})
-        out.append({"test_case_id": str(cid), "correctness": str(case.get("correctness")),
-                    "accept": bool(case.get("accept")), "primary_metric": metric,
-                    "value": value if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
-                    "unit": meta.get("unit"), "direction": meta.get("direction"),
-                    **_spread_of(spread)})
+        n, lo, hi = _spread_of(spread)
+        out.append(CaseSummary(test_case_id=str(cid), correctness=str(case.get("correctness")),
+                               accept=bool(case.get("accept")), primary_metric=metric,
+                               value=value if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
+                               unit=meta.get("unit"), direction=meta.get("direction"), n=n, lo=lo, hi=hi))
     return out
 
 
-def _spread_of(spread: Any) -> dict[str, Any]:
-    """A metric's spread as a case summary's n, lo, hi (null where the run reported none)."""
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _spread_of(spread: Any) -> tuple[int | None, float | None, float | None]:
+    """A metric's spread as a case summary's n, lo, hi (None where the run reported none)."""
     spread = spread if isinstance(spread, dict) else {}
     n, lo, hi = spread.get("n"), spread.get("lo"), spread.get("hi")
     finite = [v for v in (lo, hi) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
               and abs(v) != float("inf")]
     if type(n) is not int or len(finite) != 2:
-        return {"n": None, "lo": None, "hi": None}
-    return {"n": n, "lo": lo, "hi": hi}
+        return None, None, None
+    return n, finite[0], finite[1]  # as reported (an int stays an int in the log)
 
 
-def judge(sub: Any, result: Any, failure: dict | None, metas: list[dict]):
-    """(accepted, code, message, details, invalid) for a reported result: pure (``metas`` from intake)."""
+def judge(sub: Submission, result: Any, failure: dict | None, metas: list[dict]) -> Verdict:
+    """The :class:`Verdict` of a reported result: pure (``metas`` from intake)."""
     if failure:
         code = str(failure.get("code") or "RUNNER_FAILURE")
-        return False, code, str(failure.get("message") or code), {"failure": failure}, False
+        return Verdict.reject(code, str(failure.get("message") or code), {"failure": failure})
     if result is None:
-        return False, "BAD_OUTPUT", "the runner reported no result document", {}, False
-    case_ids = [m.get("test_case_id") for m in metas]
-    verdict = check_result(result, kernel_id=sub.kernel_id, case_ids=case_ids)
-    if verdict.accepted:
-        return True, "", verdict.reason, {}, False
-    details = {"problems": [p.to_json() for p in verdict.problems]}
-    code = verdict.problems[0].code if verdict.problems else "PACKAGE_REJECTED"
-    # the reason's message says what is wrong; its code is beside it (verdict.reason starts with the code)
-    message = verdict.problems[0].message if verdict.problems else verdict.reason
-    return False, code, message, details, verdict.invalid
+        return Verdict.reject("BAD_OUTPUT", "the runner reported no result document")
+    case_ids = [str(m.get("test_case_id")) for m in metas]
+    checked = check_result(result, kernel_id=sub.kernel_id, case_ids=case_ids)
+    if checked.accepted:
+        return Verdict.accept(checked.reason)
+    details = {"problems": [p.to_json() for p in checked.problems]}
+    code = checked.problems[0].code if checked.problems else "PACKAGE_REJECTED"
+    # the reason's message says what is wrong; its code is beside it (checked.reason starts with the code)
+    message = checked.problems[0].message if checked.problems else checked.reason
+    return Verdict.reject(code, message, details, checked.invalid)
 
 
-def verdict_of(zoo: Daemon, sub: Any, result: Any, failure: dict | None, metas: list[dict],
-               facts: dict | None = None):
+def verdict_of(zoo: Daemon, sub: Submission, result: Any, failure: dict | None, metas: list[dict],
+               facts: dict | None = None) -> Verdict:
     """``judge`` and then the physics floor: the one verdict of a live report and of a start-up re-judge.
 
     A result that accepts but has a figure no device of the arch can reach becomes
@@ -147,14 +153,14 @@ def verdict_of(zoo: Daemon, sub: Any, result: Any, failure: dict | None, metas: 
     already read it (read from the pending store otherwise).
     """
     verdict = judge(sub, result, failure, metas)
-    if not verdict[0]:
+    if not verdict.accepted:
         return verdict
     if facts is None:
         facts = zoo.pending.read_submission(sub.uuid)
     refused = physics.check_result(result, metas, facts.get("io_signature"), sub.arch or "", zoo.config.physics)
     if refused is None:
         return verdict
-    return False, refused.code, refused.message, refused.details, False
+    return Verdict.reject(refused.code, refused.message, refused.details)
 
 
 def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,
@@ -189,7 +195,7 @@ def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, res
             cases=case_summary(result, metas), env=env or {})
         # accept.started, a confirmation run (far ahead of the best) or a rejection
         follow = confirm.verdict_events(zoo, sub, run, reported.cases, metas,
-                                        (accepted, code, message, details, invalid), runner_id, lease_id,
+                                        Verdict(accepted, code, message, details, invalid), runner_id, lease_id,
                                         confirming, case_summary)
         zoo.store.emit(reported, *follow)
         accepted = isinstance(follow[0], ev.AcceptStarted)
@@ -262,11 +268,12 @@ def locked_harness(zoo: Daemon, kernel_id: str, head: str | None) -> dict[str, t
     if head is None:
         return {}
     folder = f"{kernel_id}/{KP}"
-    out = {}
+    out: dict[str, tuple[bytes, int]] = {}
     for path, mode, _blob in zoo.git.walk_files(folder, head):
         name = path[len(folder) + 1:]
-        if name in HARNESS_FILES:
-            out[name] = (zoo.git.read_file(path, head), mode)
+        data = zoo.git.read_file(path, head) if name in HARNESS_FILES else None
+        if data is not None:
+            out[name] = (data, mode)
     return out
 
 
@@ -373,7 +380,7 @@ def finish_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None,
         except Exception as exc:
             transient = storage_trouble(exc) or isinstance(exc, EarlierSagaPending)
             current = zoo.store.submission(sub_uuid)
-            if current.status != Status.ACCEPTING:
+            if current is None or current.status != Status.ACCEPTING:
                 if stalls is not None:
                     stalls.finished(sub_uuid)
                 return "finished"

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kz_daemon.core.verdicts import Verdict
+
 CODE = "UNCONFINED_RUN"
 
 
@@ -21,12 +23,12 @@ def is_unconfined(env: Any) -> bool:
     return isinstance(containment, Mapping) and containment.get("unconfined") is True
 
 
-def refuse(verdict: tuple, env: Any) -> tuple:
-    """``verdict`` (accepted, code, message, details, invalid) unchanged, unless it accepts a run
-    ``env`` marks unconfined: then the rejection ``UNCONFINED_RUN``."""
-    if not verdict[0] or not is_unconfined(env):
+def refuse(verdict: Verdict, env: Any) -> Verdict:
+    """``verdict`` unchanged, unless it accepts a run ``env`` marks unconfined: then the rejection
+    ``UNCONFINED_RUN``."""
+    if not verdict.accepted or not is_unconfined(env):
         return verdict
     reason = env["containment"].get("reason") or "the runner ran without a sandbox"
     message = (f"this run was made without the runner's sandbox ({reason}); the zoo never accepts such a run: "
                "submit again to be measured by a sandboxed runner")
-    return False, CODE, message, {"containment": dict(env["containment"])}, False
+    return Verdict.reject(CODE, message, {"containment": dict(env["containment"])})

@@ -50,14 +50,17 @@ Everything here decides from the log and the stored files, so start-up recovery
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
+from kz_daemon.core.verdicts import CaseSummary, Summarize, Verdict
 from kz_daemon.guards import unconfined
 from kz_daemon.queue import reference
 from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
 from kz_events import events as ev
+from kz_events.state import Submission
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP, is_seed_sha
 
@@ -71,7 +74,7 @@ CONFIRM_RESULT_FILE = CONFIRM_PREFIX + RESULT_FILE
 MISMATCH = "CONFIRMATION_MISMATCH"
 
 
-def is_confirmation_run(sub: Any) -> bool:
+def is_confirmation_run(sub: Submission) -> bool:
     """Whether the next report of ``sub`` is its confirmation run (requested, not yet reported)."""
     result = sub.result or {}
     return "confirmation" in result and "first" not in result
@@ -79,12 +82,12 @@ def is_confirmation_run(sub: Any) -> bool:
 
 def _directions(metas: list[dict]) -> dict[str, tuple[str | None, str]]:
     """test_case_id -> (primary metric, its direction)."""
-    out = {}
+    out: dict[str, tuple[str | None, str]] = {}
     for meta in metas or []:
         primary = meta.get("primary_metric")
         direction = next((m.get("direction", "lower_better") for m in meta.get("metrics", [])
                           if m.get("name") == primary), "lower_better")
-        out[meta.get("test_case_id")] = (primary, direction)
+        out[str(meta.get("test_case_id"))] = (primary, str(direction))
     return out
 
 
@@ -96,7 +99,8 @@ def _ahead(value: float, best: float, direction: str) -> float:
     return num / den
 
 
-def beyond_margin(card: dict | None, metas: list[dict], cases: list[dict], margin: float) -> str | None:
+def beyond_margin(card: dict | None, metas: list[dict], cases: Sequence[Mapping[str, Any]],
+                  margin: float) -> str | None:
     """Why the run needs a confirmation (the first case beyond the margin), or None.
 
     ``cases`` are the run's per-case summaries (``accept.case_summary``); ``card`` is the
@@ -134,7 +138,7 @@ def first_record(card: dict | None) -> bool:
     return True
 
 
-def needs_confirmation(card: dict | None, metas: list[dict], cases: list[dict], margin: float,
+def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[Mapping[str, Any]], margin: float,
                        first_records: bool, kernel_id: str = "") -> str | None:
     """Why the run needs a confirmation run (a first record, or a case beyond the margin), or None."""
     if first_records and first_record(card) and any(c.get("value") is not None for c in cases):
@@ -163,7 +167,8 @@ def measured_ratios(result: Any, choice: dict | None) -> dict[str, dict]:
     return out
 
 
-def disagreement(first: list[dict], second: list[dict], metas: list[dict], agreement: float,
+def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], metas: list[dict],
+                 agreement: float,
                  ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None) -> list[str]:
     """What keeps two runs' case summaries from agreeing (empty: they agree).
 
@@ -206,7 +211,7 @@ def disagreement(first: list[dict], second: list[dict], metas: list[dict], agree
     return problems
 
 
-def _range(case: dict, scale: float = 1.0) -> tuple[float, float] | None:
+def _range(case: Mapping[str, Any], scale: float = 1.0) -> tuple[float, float] | None:
     """A case summary's 95 % interval of its primary value (``lo``, ``hi``), scaled; None without one."""
     lo, hi = case.get("lo"), case.get("hi")
     if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or not lo <= hi:
@@ -226,7 +231,8 @@ def _overlap(x: tuple[float, float] | None, y: tuple[float, float] | None) -> bo
     return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
 
 
-def committed_choice(first: list[dict], second: list[dict], metas: list[dict]) -> str:
+def committed_choice(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]],
+                     metas: list[dict]) -> str:
     """'first' or 'confirm': the slower run, whose record is the conservative one.
 
     Slower means: the geometric mean over cases of its primary metric against the
@@ -260,7 +266,7 @@ def load_confirm_result(pending: PendingStore, sub_uuid: str) -> Any:
 
 
 def committed_result(pending: PendingStore, sub_uuid: str, metas: list[dict],
-                     summarize: Any = None) -> Any:
+                     summarize: Summarize | None = None) -> Any:
     """The result the accept saga commits: the first, or the slower of the two when confirmed.
 
     A pure function of the two stored files, so a restarted saga commits the same bytes.
@@ -278,12 +284,12 @@ def committed_result(pending: PendingStore, sub_uuid: str, metas: list[dict],
 
 
 # -- the decision after a report -----------------------------------------------------------
-def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], metas: list[dict],
-                   verdict: tuple, runner_id: str, lease_id: str, confirming: bool,
-                   summarize: Any) -> list:
+def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[CaseSummary], metas: list[dict],
+                   verdict: Verdict, runner_id: str, lease_id: str, confirming: bool,
+                   summarize: Summarize) -> list:
     """The events that follow ``result.reported``: accept.started, a confirmation request or a rejection.
 
-    ``verdict`` is ``accept.verdict_of``'s (accepted, code, message, details, invalid) for this
+    ``verdict`` is ``accept.verdict_of``'s for this
     run; ``cases`` its case summaries; ``confirming`` whether it is the confirmation run.
     Call with ``zoo.lock`` held.
     """
@@ -299,7 +305,8 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
         problems += disagreement(first, cases, metas, settings.agreement_for(arch), ratios, recorded) \
             if first is not None else ["the first result is no longer stored"]
         if problems:
-            ref = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} if choice else {}
+            ref: dict[str, Any] = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} \
+                if choice else {}
             ref["ratios"] = "measured" if ratios else "unavailable"
             return [ev.SubmissionRejected(
                 uuid=sub.uuid, stage="result", code=MISMATCH,
@@ -325,7 +332,7 @@ def verdict_events(zoo: Daemon, sub: Any, run: StoredRun, cases: list[dict], met
     return [ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base)]
 
 
-def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Any) -> list[dict] | None:
+def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Summarize) -> list[CaseSummary] | None:
     """The case summaries of the first run (None when its file is gone)."""
     try:
         return summarize(zoo.pending.load_result(sub_uuid), metas)
@@ -354,7 +361,11 @@ def excluded(state: Any, runner_id: str, now: float) -> list[str]:
 
 
 # -- start-up recovery --------------------------------------------------------------------------
-def recover(zoo: Daemon, judge: Any, summarize: Any) -> list[str]:
+#: ``accept.verdict_of``: (zoo, submission, result, failure, metas, facts) -> its verdict
+JudgeRun = Callable[[Daemon, Submission, Any, dict | None, list[dict], dict | None], Verdict]
+
+
+def recover(zoo: Daemon, judge: JudgeRun, summarize: Summarize) -> list[str]:
     """Give every result logged without its verdict (a torn append) the verdict a live report gives.
 
     ``judge(zoo, sub, result, failure, metas, facts)`` is ``accept.verdict_of`` (the hard checks

@@ -1,0 +1,51 @@
+"""The accept path's values: a run's :class:`Verdict` and its per-case :class:`CaseSummary`.
+
+A verdict is what the hard checks, the physics floor and the containment rule say about one
+reported run; a case summary is what ``result.reported`` and the status documents carry per
+case. Both are plain values (a named tuple, a typed dict: the summaries travel as JSON in the
+event log unchanged), so the saga, the confirmation and start-up recovery pass the same types.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypedDict
+
+__all__ = ["CaseSummary", "Summarize", "Verdict"]
+
+
+class Verdict(NamedTuple):
+    """One run's verdict: accepted, or the rejection's code and message with its details."""
+
+    accepted: bool
+    code: str
+    message: str
+    details: dict[str, Any]
+    invalid: bool  # the document itself broke the contract (not a package that said reject)
+
+    @classmethod
+    def accept(cls, message: str) -> Verdict:
+        return cls(True, "", message, {}, False)
+
+    @classmethod
+    def reject(cls, code: str, message: str, details: Mapping[str, Any] | None = None,
+               invalid: bool = False) -> Verdict:
+        return cls(False, code, message, dict(details or {}), invalid)
+
+
+class CaseSummary(TypedDict):
+    """A case of a reported run: its correctness and accept, its primary figure with its 95 % interval."""
+
+    test_case_id: str
+    correctness: str
+    accept: bool
+    primary_metric: str | None
+    value: float | None
+    unit: str | None
+    direction: str | None
+    n: int | None
+    lo: float | None
+    hi: float | None
+
+
+#: ``accept.case_summary``: a result document and its case metas -> its case summaries
+Summarize = Callable[[Any, list[dict]], list[CaseSummary]]

@@ -7,14 +7,17 @@ of a fresh state directory, then decides them with one direct ``Intake.scan_once
 thread (no watchdog, no intake thread: the decision path alone, as the intake thread runs
 it, fsyncs included). For each round it reports the files per second, the CPU seconds
 this thread spent per file (``time.thread_time``: less sensitive to a loaded machine than
-the wall clock), and per file the ``os.fsync`` calls and the passes over a tarball
-(``kz_runner.contract.tarball``'s reader). ``--profile FILE`` runs one more round under
+the wall clock), and per file the ``os.fsync`` calls, the passes over a tarball
+(``kz_runner.contract.tarball``'s reader), the YAML documents parsed (``yaml.load``:
+the submitted desc.yaml, HEAD's where it is read) and the Python files parsed
+(``ast.parse``: benchmark.py, build_test_env.py, the source area's). ``--profile FILE`` runs one more round under
 ``cProfile`` and writes its stats there (read them with ``python -m pstats FILE``).
 The figures go to benchmarks/results/bench_intake_profile.json (``--out``).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import cProfile
 import json
 import os
@@ -28,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test helpers that build the packages
 
+import yaml  # noqa: E402
 from machine import calibration_s, machine_facts  # noqa: E402  (benchmarks/ is sys.path[0])
 
 from tests.helpers.daemon import axpy_tarball, drop_into_inbox  # noqa: E402
@@ -65,7 +69,8 @@ def one_round(work: Path, files: int, profile: str | None = None) -> dict:
             drop_into_inbox(config.paths.spool, f"b{i}.tar.gz", data)
         os.sync()  # the drops' writeback does not land in the measurement
         prof = cProfile.Profile() if profile else None
-        with Counting(os, "fsync") as fsyncs, Counting(tarball, "_iterate") as passes:
+        with Counting(os, "fsync") as fsyncs, Counting(tarball, "_iterate") as passes, \
+                Counting(yaml, "load") as yaml_loads, Counting(ast, "parse") as ast_parses:
             wall, cpu = time.perf_counter(), time.thread_time()
             if prof is not None:
                 prof.enable()
@@ -81,7 +86,9 @@ def one_round(work: Path, files: int, profile: str | None = None) -> dict:
         zoo.store.close()
     return {"files_per_s": round(files / wall, 1), "cpu_ms_per_file": round(cpu * 1000 / files, 2),
             "fsyncs_per_file": round(fsyncs.count / files, 2),
-            "tarball_passes_per_file": round(passes.count / files, 2)}
+            "tarball_passes_per_file": round(passes.count / files, 2),
+            "yaml_parses_per_file": round(yaml_loads.count / files, 2),
+            "python_parses_per_file": round(ast_parses.count / files, 2)}
 
 
 def main() -> int:

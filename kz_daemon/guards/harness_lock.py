@@ -95,11 +95,15 @@ def forget_verified(state_dir: Path, sub_uuid: str) -> None:
         pass
 
 
-def head_harness(git: GitStore, kernel_id: str) -> dict[str, bytes]:
-    """{name: bytes} of the harness files at HEAD (empty for a kernel not at HEAD)."""
+def head_harness(git: GitStore, kernel_id: str, known: Mapping[str, bytes | None] | None = None) -> dict[str, bytes]:
+    """{name: bytes} of the harness files at HEAD (empty for a kernel not at HEAD).
+
+    ``known``: files the caller read at the same HEAD already ({name: bytes, or None for
+    absent}), which are not read again.
+    """
     out = {}
     for name in HARNESS_FILES:
-        data = git.read_file(f"{kernel_id}/{KP}/{name}")
+        data = known[name] if known is not None and name in known else git.read_file(f"{kernel_id}/{KP}/{name}")
         if data is not None:
             out[name] = data
     return out

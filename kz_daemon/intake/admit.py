@@ -163,6 +163,8 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool,
 
     ``record``: the submitted tarball as read; when HEAD's desc.yaml has the submitted
     bytes (an existing kernel's harness is locked, so it usually does), its parse is reused.
+    Keeps HEAD's desc.yaml bytes in ``facts["head_desc"]`` (None: absent) for
+    :func:`integrity_check`, which runs under the same lock and so the same HEAD.
     """
     kid = outcome.kernel_id
     parts = kid.split("/")
@@ -172,6 +174,7 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool,
             return reject(kid, "NESTED_PACKAGE", f"{kid} lies inside the source area of package {outer}; "
                           "choose a kernel_id outside it", outer=outer)
     head_desc_raw = git.read_file(f"{kid}/{KP}/{DESC}")
+    facts["head_desc"] = head_desc_raw
     exists = head_desc_raw is not None
     if not exists and git.is_dir(kid):
         return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
@@ -213,7 +216,8 @@ def integrity_check(outcome: Outcome, tarball: Path, facts: dict, git: GitStore,
     if no_floor is not None:
         return reject(kid, no_floor.code, no_floor.message, **no_floor.details)
     if not outcome.new_kernel:
-        changed = harness_lock.changed_files(harness_lock.head_harness(git, kid), submitted)
+        known = {DESC: facts["head_desc"]} if "head_desc" in facts else None  # policy_check read it
+        changed = harness_lock.changed_files(harness_lock.head_harness(git, kid, known), submitted)
         if changed and not harness_lock.is_maintainer(kid, verified, config.maintainers):
             return reject(kid, "HARNESS_LOCKED", harness_lock.locked_message(kid, changed), files=changed,
                           urls=[f"/api/kernels/{kid}/files/{KP}/{name}" for name in changed])

@@ -160,3 +160,17 @@ def test_the_hook_before_the_ref_update_runs_once_objects_are_written_and_the_br
     assert Blob.from_string(b"2").id in store.store  # the new objects are written already
     again = store.commit_changes({"k/a.txt": b"2"}, "edit", AUTHOR, base)  # no hook: nothing left behind
     assert store.head() == again and store.read_file("k/a.txt") == b"2"
+
+
+def test_the_commit_to_tree_cache_is_bounded_in_count(store, monkeypatch):
+    import kz_daemon.storage.gitstore as gs
+
+    monkeypatch.setattr(gs, "TREE_CACHE", 4)
+    head, commits = None, []
+    for i in range(12):  # every commit's parent is looked up once; reading each commit looks up its own
+        head = store.commit_changes({f"k{i}/a.txt": b"%d" % i}, f"c{i}", AUTHOR, head)
+        commits.append(head)
+        assert store.read_file(f"k{i}/a.txt", head) == b"%d" % i
+        assert len(store._commit_trees) <= 4
+    assert store.read_file("k0/a.txt", commits[0]) == b"0"  # an evicted commit is read again from the store
+    assert len(store._commit_trees) <= 4

@@ -288,3 +288,28 @@ def test_a_reviewed_kernels_recorded_rank_leaves_out_an_unreviewed_competitor(zo
     with live.client() as anon:
         outcome = anon.get(f"/api/submissions/{better}/status").json()["outcome"]
     assert outcome["new_best"] and outcome["rank_after"] == 1, outcome
+
+
+def test_the_catalogues_harness_reader_keeps_a_bounded_number_of_trees_and_digests(tmp_path, monkeypatch):
+    """Every accept adds trees and (commit, kernel) digests the marks read; the catalogue's reader keeps at most
+    ``views.HARNESS_CACHE`` of each however many accepts and status reads came, and the marks stay right."""
+    from kz_daemon.api import views
+
+    monkeypatch.setattr(views, "HARNESS_CACHE", 8)
+    live = LiveServer.start(tmp_path, kernels=[CPU_AXPY], settings={"submit_burst": 1000})
+    try:
+        uuids = [run_to_accept(live, FAST, 10.0)]
+        for i in range(5):  # each accept is a new head: new trees on both commits' paths, new digests
+            def tuned(files, i=i):
+                files["src/NOTES.md"] = b"tuned %d\n" % i
+            uuids.append(run_to_accept(live, CPU_AXPY if i % 2 else FAST, 40.0 - i, mutate=tuned))
+            with live.client() as anon:
+                kernels = {k["kernel_id"]: k for k in anon.get("/api/kernels").json()["kernels"]}
+                docs = [anon.get(f"/api/submissions/{u}/status").json() for u in uuids]
+            assert kernels[FAST]["harness"] == "unreviewed" and "harness" not in kernels[CPU_AXPY]
+            assert all(d["harness"] == ("unreviewed" if d["kernel_id"] == FAST else "reviewed") for d in docs)
+        digests = live.app.state.catalog.digests(live.app.state.history)
+        assert len(digests._trees) == 8  # full: six accepts read far more than eight trees
+        assert len(digests._digests) <= 8
+    finally:
+        live.stop()

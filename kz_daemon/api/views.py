@@ -25,6 +25,14 @@ from kz_daemon.storage import run_logs as logs
 from kz_events.status import TERMINAL, Status
 from kz_runner.contract.kernel_id import CATEGORY_FIELDS
 
+#: what the catalogue's harness reader keeps: at most this many parsed git trees and as many
+#: (commit, kernel) digests. Each accept adds some 14 new trees on the paths the marks read (its
+#: source and scorecard commits), and a status read of an older record reads that record's
+#: commit, so the cache needs one head's reads and the records being looked at, not every
+#: commit of the daemon's life: the reader's default (8,192 of each) grew the one-lifetime soak's
+#: daemon by ~20 KB per accept for its first ~600 accepts (traced; docs/scaling.md, "Memory").
+HARNESS_CACHE = 1024
+
 
 def plain(value: Any) -> Any:
     """A JSON-able copy of a service value (dataclass, object with to_json, mapping, list)."""
@@ -160,7 +168,7 @@ class Catalog:
             return None
         found = self._digests
         if found is None or found.repo_path != history.repo_path:
-            found = self._digests = HarnessDigests(history.repo_path)
+            found = self._digests = HarnessDigests(history.repo_path, cache_size=HARNESS_CACHE)
         return found
 
     def refresh(self, doc: Mapping[str, Any] | None, unreviewed: frozenset[str] | None = None) -> None:

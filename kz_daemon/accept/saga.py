@@ -129,18 +129,18 @@ def judge(sub: Submission, result: Any, failure: dict | None, metas: list[dict])
     """The :class:`Verdict` of a reported result: pure (``metas`` from intake)."""
     if failure:
         code = str(failure.get("code") or "RUNNER_FAILURE")
-        return Verdict.reject(code, str(failure.get("message") or code), {"failure": failure})
+        return Verdict.rejecting(code, str(failure.get("message") or code), {"failure": failure})
     if result is None:
-        return Verdict.reject("BAD_OUTPUT", "the runner reported no result document")
+        return Verdict.rejecting("BAD_OUTPUT", "the runner reported no result document")
     case_ids = [str(m.get("test_case_id")) for m in metas]
     checked = check_result(result, kernel_id=sub.kernel_id, case_ids=case_ids)
     if checked.accepted:
-        return Verdict.accept(checked.reason)
+        return Verdict.accepting(checked.reason)
     details = {"problems": [p.to_json() for p in checked.problems]}
     code = checked.problems[0].code if checked.problems else "PACKAGE_REJECTED"
     # the reason's message says what is wrong; its code is beside it (checked.reason starts with the code)
     message = checked.problems[0].message if checked.problems else checked.reason
-    return Verdict.reject(code, message, details, checked.invalid)
+    return Verdict.rejecting(code, message, details, checked.invalid)
 
 
 def verdict_of(zoo: Daemon, sub: Submission, result: Any, failure: dict | None, metas: list[dict],
@@ -160,7 +160,7 @@ def verdict_of(zoo: Daemon, sub: Submission, result: Any, failure: dict | None, 
     refused = physics.check_result(result, metas, facts.get("io_signature"), sub.arch or "", zoo.config.physics)
     if refused is None:
         return verdict
-    return Verdict.reject(refused.code, refused.message, refused.details)
+    return Verdict.rejecting(refused.code, refused.message, refused.details)
 
 
 def report_result(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str, result: dict | None,

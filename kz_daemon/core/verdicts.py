@@ -23,11 +23,11 @@ class Verdict(NamedTuple):
     invalid: bool  # the document itself broke the contract (not a package that said reject)
 
     @classmethod
-    def accept(cls, message: str) -> Verdict:
+    def accepting(cls, message: str) -> Verdict:
         return cls(True, "", message, {}, False)
 
     @classmethod
-    def reject(cls, code: str, message: str, details: Mapping[str, Any] | None = None,
+    def rejecting(cls, code: str, message: str, details: Mapping[str, Any] | None = None,
                invalid: bool = False) -> Verdict:
         return cls(False, code, message, dict(details or {}), invalid)
 

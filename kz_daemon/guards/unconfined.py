@@ -31,4 +31,4 @@ def refuse(verdict: Verdict, env: Any) -> Verdict:
     reason = env["containment"].get("reason") or "the runner ran without a sandbox"
     message = (f"this run was made without the runner's sandbox ({reason}); the zoo never accepts such a run: "
                "submit again to be measured by a sandboxed runner")
-    return Verdict.reject(CODE, message, {"containment": dict(env["containment"])})
+    return Verdict.rejecting(CODE, message, {"containment": dict(env["containment"])})

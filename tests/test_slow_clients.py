@@ -165,7 +165,7 @@ def test_a_flood_from_many_addresses_never_takes_the_reserved_descriptors(tmp_pa
     runner = None
     try:
         attack.start()
-        wait_for(lambda: attack.statuses["503"] >= 100, timeout=60)
+        wait_for(lambda: attack.statuses["503"] >= 100, timeout=150)  # a bound: a loaded CI host is slow to open them
         assert zoo.proc.poll() is None, zoo.log_tail()
         assert highest["fds"] <= NOFILE - RESERVE // 2, highest  # connections stayed out of the reserve
         assert attack.stop(timeout=30) and set(attack.statuses) <= {"408", "503"}, attack.statuses

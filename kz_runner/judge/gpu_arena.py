@@ -18,6 +18,7 @@ CuPy is imported only when a device arena is made; nothing here runs submitted c
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -84,35 +85,32 @@ __global__ void kz_scan64(const unsigned long long* p, const long long* w, unsig
 { kz_scan<unsigned long long>(p, w, v, c); }
 }
 """
-_MODULE: dict[str, Any] = {}
 
 
-def _scan_kernel(cp: Any, bits: int) -> Any:
-    mod = _MODULE.get("m")
-    if mod is None:
-        mod = cp.RawModule(code=_SCAN_SOURCE, options=("-std=c++14",))
-        _MODULE["m"] = mod
-    return mod.get_function(f"kz_scan{bits}")
+@functools.cache
+def _scan_module() -> Any:
+    return _cupy().RawModule(code=_SCAN_SOURCE, options=("-std=c++14",))
+
+
+def _scan_kernel(bits: int) -> Any:
+    return _scan_module().get_function(f"kz_scan{bits}")
+
+
+@functools.cache
+def _index_kernel() -> Any:
+    return _cupy().ElementwiseKernel(
+        "uint64 seed, uint64 n", "T idx",
+        "unsigned long long z = seed + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ULL;"
+        "z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL; z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;"
+        "z ^= z >> 31; idx = (T)(z % n);", "kz_judge_indices")
 
 
 def device_indices(seed: int, n: int, dtype: Any) -> Any:
     """``n`` indices in ``[0, n)`` on the device, a pure function of ``seed`` (SplitMix64 of seed and the
     element's position): no generator state to set up, so a fresh draw per call costs one pass."""
-    cp = _cupy()
-    k = _COUNT_INDEX.get("k")
-    if k is None:
-        k = cp.ElementwiseKernel(
-            "uint64 seed, uint64 n", "T idx",
-            "unsigned long long z = seed + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ULL;"
-            "z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL; z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;"
-            "z ^= z >> 31; idx = (T)(z % n);", "kz_judge_indices")
-        _COUNT_INDEX["k"] = k
-    out = cp.empty(int(n), dtype=dtype)
-    k(np.uint64(seed), np.uint64(n), out)
+    out = _cupy().empty(int(n), dtype=dtype)
+    _index_kernel()(np.uint64(seed), np.uint64(n), out)
     return out
-
-
-_COUNT_INDEX: dict[str, Any] = {}
 
 
 class GpuArena:
@@ -182,7 +180,7 @@ class GpuArena:
             out = cp.zeros(len(idx), dtype=cp.uint64)
             longest = max(v.size for v in views)
             blocks = max(1, min(1024, -(-longest // (256 * 8))))
-            _scan_kernel(cp, word.itemsize * 8)((blocks, len(idx)), (256,),
+            _scan_kernel(word.itemsize * 8)((blocks, len(idx)), (256,),
                                                 (ptrs, lens, self._words[names[idx[0]]][1], out))
             counts[cp.asarray(idx)] = out
         return [int(c) for c in counts.get()]

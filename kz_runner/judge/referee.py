@@ -454,7 +454,6 @@ class Judge:
         self._secret_seed: bytes | None = None  # this process only; kept for tests that look for leaks
         self.kernel_stamps = False
         self._arena: Any = None  # the arena of the timing in progress (a device one is fenced after each batch)
-        self.last_fence_ns = 0
         self.last_wake_ns: int | None = None
         self.last_run_delay_ns = 0
         self.last_judge_delay_ns = 0
@@ -650,7 +649,6 @@ class Judge:
         if not stopped:
             self._unstoppable()
         self.last_wake_ns = None
-        self.last_fence_ns = fence_ns
         if stamp is not None and t0 <= stamp - offset <= t1:
             self.last_wake_ns = t1 - (stamp - offset)
             t1 = stamp - offset

@@ -175,9 +175,9 @@ def recompute_best(card: dict, metas: list[dict], baseline: dict | None,
     for case in out.get("cases", []) or []:
         case_id = case.get("test_case_id")
         declared = directions.get(case_id) or {name: "lower_better" for name in case.get("metrics_best") or {}}
-        best = {name: copy.deepcopy(rec) for name, rec in
-                ((base_cases.get(case_id) or {}).get("metrics_best") or {}).items()
-                if isinstance(rec, dict) and not is_seed_sha(rec.get("commit_sha"))}
+        best: dict[str, Any] = {name: copy.deepcopy(rec) for name, rec in
+                                ((base_cases.get(case_id) or {}).get("metrics_best") or {}).items()
+                                if isinstance(rec, dict) and not is_seed_sha(rec.get("commit_sha"))}
         for cases in run_cases:
             for name, rec in ((cases.get(case_id) or {}).get("metrics_current") or {}).items():
                 if name not in declared or not isinstance(rec, dict) or rec.get("measurement") == "unverified":

@@ -179,7 +179,7 @@ def policy_check(outcome: Outcome, facts: dict, git: GitStore, allow_new: bool,
     if not exists and git.is_dir(kid):
         return reject(kid, "NESTED_PACKAGE", f"{kid} is a folder that holds other packages; "
                       "a package cannot contain packages", folder=kid)
-    if exists and _frozen_at_head(head_desc_raw, record, kid):
+    if head_desc_raw is not None and _frozen_at_head(head_desc_raw, record, kid):
         return reject(kid, "PACKAGE_FROZEN", f"{kid} is frozen in the repo: it is listed but takes "
                       "no submissions", where="repo")
     if facts.get("status") == "frozen":
@@ -295,10 +295,10 @@ class Intake:
                 if not spool.settled(path, now):  # a writer is still filling it in place
                     unsettled += 1
                     continue
-                claimed = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u)
-                                      or u in self._batched, self.clock_iso)
-                if claimed is not None:
-                    self.process_guarded(claimed)
+                taken = spool.claim(self.dirs, path, lambda u: known(u) or self._outcome_exists(u)
+                                    or u in self._batched, self.clock_iso)
+                if taken is not None:
+                    self.process_guarded(taken)
                     count += 1
             self.unsettled = unsettled
         finally:
@@ -402,7 +402,7 @@ class Intake:
             self.flush()
 
     def _record(self, sub_uuid: str, meta: dict, outcome: Outcome, tarball: Path, facts: dict) -> None:
-        doc = {"uuid": sub_uuid, "received": meta, "outcome": outcome.__dict__}
+        doc: dict[str, Any] = {"uuid": sub_uuid, "received": meta, "outcome": outcome.__dict__}
         if outcome.ok:
             folder = self.pending_dir / sub_uuid
             doc["metas"] = facts.get("metas")

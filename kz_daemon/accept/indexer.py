@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from dulwich.diff_tree import tree_changes
 from dulwich.objects import ObjectID
@@ -38,8 +37,8 @@ logger = logging.getLogger(__name__)
 
 
 def build(repo_root: Path, head: str | None = None, generated_at: str | None = None,
-          cache: Any = None, workers: int = 1) -> dict[str, Any]:
-    """A full index document of the checked-out repo at ``repo_root`` (``cache``: a ContentsCache).
+          cache: ContentsCache | None = None, workers: int = 1) -> dict[str, object]:
+    """A full index document of the checked-out repo at ``repo_root`` (``cache``: parsed contract files).
 
     ``workers`` > 1 forks helper processes: only for a process with no other thread.
     """
@@ -64,7 +63,7 @@ def startup_workers() -> int:
 
 
 def update(doc: dict | None, repo_root: Path, kernel_ids: Iterable[str], head: str | None = None,
-           generated_at: str | None = None, cache: Any = None) -> dict[str, Any]:
+           generated_at: str | None = None, cache: ContentsCache | None = None) -> dict[str, object]:
     """``doc`` with the entries of ``kernel_ids`` recomputed from ``repo_root`` (a full build when None)."""
     if doc is None:
         return build(repo_root, head, generated_at, cache)
@@ -353,7 +352,8 @@ class OneKernelUpdate:
         self._doc = doc
         return True
 
-    def update(self, doc: dict, root: Path, kernel_id: str, head, generated_at, cache) -> dict | None:
+    def update(self, doc: dict, root: Path, kernel_id: str, head: str | None, generated_at: str,
+               cache: ContentsCache | None) -> dict | None:
         """The new document, or None when this is not the simple case."""
         if not (root / kernel_id / KP).is_dir():
             return None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
 
 from kz_daemon.accept.saga import EarlierSagaPending, finish_earlier_saga
 from kz_daemon.config.ports import Daemon
@@ -35,6 +34,7 @@ from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.gitstore import format_message
 from kz_daemon.storage.history import REVOKE_STEP
 from kz_events import events as ev
+from kz_events.state import Submission
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, KP
 from kz_runner.contract.rules.pysource import read_metas
@@ -49,7 +49,7 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def revocation(sub: Any) -> dict | None:
+def revocation(sub: Submission) -> dict | None:
     """The revocation entry of a submission's reasons ({by, message, seq, sha, ...}), or None."""
     return next((r for r in reversed(sub.reasons) if r.get("stage") == "revoke"), None)
 
@@ -85,7 +85,7 @@ def finish(zoo: Daemon, sub_uuid: str) -> str:
     with zoo.git_lock:
         sub = zoo.store.submission(sub_uuid)
         entry = revocation(sub) if sub is not None else None
-        if entry is None:
+        if sub is None or entry is None:
             raise ZooError("CONFLICT", f"submission {sub_uuid} was not revoked", {"uuid": sub_uuid})
         if entry.get("sha"):
             return entry["sha"]
@@ -120,11 +120,11 @@ def finish(zoo: Daemon, sub_uuid: str) -> str:
     return sha
 
 
-def _accept_seq(sub: Any) -> int:
+def _accept_seq(sub: Submission) -> int:
     return next((seq for seq, status, _ts in sub.history if status == Status.ACCEPTED), 0)
 
 
-def restored_folder(zoo: Daemon, sub: Any) -> dict[str, Any]:
+def restored_folder(zoo: Daemon, sub: Submission) -> dict[str, tuple[bytes, int] | None]:
     """The changes that give the kernel's folder at HEAD as if ``sub`` had never been accepted.
 
     ``{kernel_id: None, path: (bytes, mode), ...}``: the folder replaced wholesale by the
@@ -148,14 +148,19 @@ def restored_folder(zoo: Daemon, sub: Any) -> dict[str, Any]:
     if standing:
         source: str | None = standing[-1].sha_br
     else:  # nothing stands: the kernel as it was before its first logged accept
-        parents = zoo.git.commit_info((ever[0] if ever else sub).sha_src).parents
+        first_src = (ever[0] if ever else sub).sha_src
+        assert first_src is not None  # an accepted record has its source commit
+        parents = zoo.git.commit_info(first_src).parents
         source = parents[0] if parents else None
-    folder: dict[str, Any] = {kid: None}
+    folder: dict[str, tuple[bytes, int] | None] = {kid: None}
     if source is not None:
         for file, mode, _blob in zoo.git.walk_files(kid, source):
-            folder[file] = (zoo.git.read_file(file, source), mode)
-    card = scorecard.load(folder[path][0]) if path in folder else None
-    if card is not None:
+            data = zoo.git.read_file(file, source)
+            assert data is not None  # walk_files yields files only
+            folder[file] = (data, mode)
+    stored = folder.get(path)  # a file, never the folder's None
+    card = scorecard.load(stored[0]) if stored is not None else None
+    if stored is not None and card is not None:
         bench = folder.get(f"{kid}/{KP}/{BENCHMARK}")
         metas, _problems = read_metas(bench[0]) if bench else (None, [])
         if not metas:
@@ -163,7 +168,7 @@ def restored_folder(zoo: Daemon, sub: Any) -> dict[str, Any]:
                 metas = zoo.pending.metas(sub.uuid)
             except (OSError, ValueError):
                 metas = []  # without the METAS every metric of the card is taken as lower_better
-        folder[path] = (scorecard.dump(scorecard.recompute_best(card, metas, baseline, runs)), folder[path][1])
+        folder[path] = (scorecard.dump(scorecard.recompute_best(card, metas, baseline, runs)), stored[1])
     return folder
 
 

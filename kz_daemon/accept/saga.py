@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 import yaml
 from dulwich.file import FileLocked
@@ -42,14 +42,14 @@ from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.core.readmodel import SubmissionView, view_of
-from kz_daemon.core.verdicts import CaseSummary, Verdict
+from kz_daemon.core.verdicts import BenchmarkResult, CaseSummary, Verdict
 from kz_daemon.guards import physics, unconfined
 from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha
 from kz_daemon.guards.harness_review import UNREVIEWED, HarnessDigests, review_of
 from kz_daemon.queue import confirm, reruns
 from kz_daemon.queue.leases import check_lease
 from kz_daemon.storage import anchor
-from kz_daemon.storage.gitstore import EXEC_MODE, FILE_MODE, format_message
+from kz_daemon.storage.gitstore import EXEC_MODE, FILE_MODE, Change, format_message
 from kz_daemon.storage.pending import StoredRun, result_bytes
 from kz_events import events as ev
 from kz_events.durable import FULL_ERRNOS
@@ -76,7 +76,7 @@ def crash_point(name: str) -> None:
 
 
 # -- results -------------------------------------------------------------------------
-def case_summary(result: Any, metas: list[dict]) -> list[CaseSummary]:
+def case_summary(result: BenchmarkResult | None, metas: list[dict]) -> list[CaseSummary]:
     """Per case a ``CaseSummary`` for result.reported: {test_case_id, correctness, accept,
     primary_metric, value, unit, direction, n, lo, hi} (unit and direction of the primary
     metric from METAS; n, lo, hi its spread when the run reported one).
@@ -90,7 +90,10 @@ def case_summary(result: Any, metas: list[dict]) -> list[CaseSummary]:
     declared = {(m.get("test_case_id"), d.get("name")): d for m in metas or []
                 for d in _list(m.get("metrics")) if isinstance(d, dict)}
     out: list[CaseSummary] = []
-    for case in (result or {}).get("cases", []) if isinstance(result, dict) else []:
+    listed = (result or {}).get("cases", []) if isinstance(result, dict) else []
+    if not isinstance(listed, Iterable):  # e.g. "cases": null: iterating it raises this, as it always did
+        raise TypeError(f"{type(listed).__name__!r} object is not iterable")
+    for case in listed:
         if not isinstance(case, dict):
             continue
         cid = case.get("test_case_id")
@@ -110,11 +113,11 @@ def case_summary(result: Any, metas: list[dict]) -> list[CaseSummary]:
     return out
 
 
-def _list(value: Any) -> list:
+def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def _spread_of(spread: Any) -> tuple[int | None, float | None, float | None]:
+def _spread_of(spread: object) -> tuple[int | None, float | None, float | None]:
     """A metric's spread as a case summary's n, lo, hi (None where the run reported none)."""
     spread = spread if isinstance(spread, dict) else {}
     n, lo, hi = spread.get("n"), spread.get("lo"), spread.get("hi")
@@ -125,7 +128,7 @@ def _spread_of(spread: Any) -> tuple[int | None, float | None, float | None]:
     return n, finite[0], finite[1]  # as reported (an int stays an int in the log)
 
 
-def judge(sub: Submission, result: Any, failure: dict | None, metas: list[dict]) -> Verdict:
+def judge(sub: Submission, result: BenchmarkResult | None, failure: dict | None, metas: list[dict]) -> Verdict:
     """The :class:`Verdict` of a reported result: pure (``metas`` from intake)."""
     if failure:
         code = str(failure.get("code") or "RUNNER_FAILURE")
@@ -143,7 +146,7 @@ def judge(sub: Submission, result: Any, failure: dict | None, metas: list[dict])
     return Verdict.rejecting(code, message, details, checked.invalid)
 
 
-def verdict_of(zoo: Daemon, sub: Submission, result: Any, failure: dict | None, metas: list[dict],
+def verdict_of(zoo: Daemon, sub: Submission, result: BenchmarkResult | None, failure: dict | None, metas: list[dict],
                facts: dict | None = None) -> Verdict:
     """``judge`` and then the physics floor: the one verdict of a live report and of a start-up re-judge.
 
@@ -277,7 +280,7 @@ def locked_harness(zoo: Daemon, kernel_id: str, head: str | None) -> dict[str, t
     return out
 
 
-def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
+def missing_reference_sources(files: Mapping[str, tuple[bytes, int]]) -> list[str] | None:
     """The desc.yaml reference_sources absent from ``files`` (None when desc.yaml is unreadable)."""
     raw = files.get(f"{KP}/{DESC}")
     try:
@@ -294,21 +297,21 @@ def missing_reference_sources(files: dict[str, Any]) -> list[str] | None:
     return missing
 
 
-def _accept_ts(sub: Any) -> str:
+def _accept_ts(sub: Submission) -> str:
     for _seq, status, ts in reversed(sub.history):
         if status == Status.ACCEPTING:
             return ts[:19] + "Z"
     return sub.received_at[:19] + "Z"
 
 
-def _trailers(sub: Any, step: str, **extra: str) -> dict[str, str]:
+def _trailers(sub: Submission, step: str, **extra: str) -> dict[str, str]:
     out = {"Kz-Submission": sub.uuid, "Kz-Submitter": sub.submitter_id,
            "Kz-Runner": sub.runner_id or "unknown", "Kz-Step": step}
     out.update(extra)
     return out
 
 
-def new_scorecard(zoo: Daemon, sub: Any, sha_src: str, result: Any, metas: list[dict]) -> bytes:
+def new_scorecard(zoo: Daemon, sub: Submission, sha_src: str, result: BenchmarkResult, metas: list[dict]) -> bytes:
     """Commit 2's bench_result.yaml bytes: the rewrite of the card in commit 1's tree, stamped with SHA_src.
 
     Every record the run writes carries the short blob sha of commit 1's benchmark.py:
@@ -455,7 +458,7 @@ def finish_earlier_saga(zoo: Daemon, sub_uuid: str) -> None:
 
 def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: list[dict] | None = None) -> None:
     """Drive the accept saga of ``sub_uuid`` (status ``accepting``) to a terminal status; idempotent."""
-    def result() -> Any:
+    def result() -> BenchmarkResult:
         if run is not None:
             return run.result
         return confirm.committed_result(zoo.pending, sub_uuid, case_metas(), case_summary)
@@ -488,13 +491,14 @@ def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: li
                     message=f"desc.yaml reference_sources not in the package: {', '.join(missing)}",
                     details={"missing": missing}))
                 return
-            changes: dict[str, Any] = {kid: None}
+            changes: dict[str, Change] = {kid: None}
             for rel, content in files.items():
                 changes[f"{kid}/{rel}"] = content
             old_card = zoo.git.read_file(f"{kid}/{KP}/{BENCH_RESULT}", head) if head else None
             if old_card is not None:
                 changes[f"{kid}/{KP}/{BENCH_RESULT}"] = old_card
-            reason = str((result().get("overall") or {}).get("accept_reason") or "")
+            overall = result().get("overall")  # an object: the hard checks accepted the document
+            reason = str((overall if isinstance(overall, dict) else {}).get("accept_reason") or "")
             message = format_message(f"accept {kid} (submission {sub_uuid[:8]})",
                                      _trailers(sub, "source", **anchor.head_of(zoo)),
                                      body=reason)

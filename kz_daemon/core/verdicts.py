@@ -2,7 +2,7 @@
 
 A verdict is what the hard checks, the physics floor and the containment rule say about one
 reported run; a case summary is what ``result.reported`` and the status documents carry per
-case. Both are plain values (a named tuple, a typed dict: the summaries travel as JSON in the
+case; a :data:`BenchmarkResult` is the reported document both are read from. All are plain values (a named tuple, a typed dict: the summaries travel as JSON in the
 event log unchanged), so the saga, the confirmation and start-up recovery pass the same types.
 """
 from __future__ import annotations
@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypedDict
 
-__all__ = ["CaseSummary", "Summarize", "Verdict"]
+__all__ = ["BenchmarkResult", "CaseSummary", "Summarize", "Verdict"]
+
+#: A reported benchmark result document (``benchmark_output``), as JSON decodes it: an object.
+#: The accept path reads ``overall`` (``build_ok``, ``accept_reason``) and ``cases`` (each with
+#: ``test_case_id``, ``correctness``, ``accept`` and ``metrics``: ``name``, ``value``, ``spread``
+#: with ``n``, ``lo``, ``hi``). A package's benchmark.py wrote it and a runner sent it, so no value
+#: has a known type until the hard checks passed it: every reader checks the type of what it reads.
+BenchmarkResult = dict[str, object]
 
 
 class Verdict(NamedTuple):
@@ -47,5 +54,5 @@ class CaseSummary(TypedDict):
     hi: float | None
 
 
-#: ``accept.case_summary``: a result document and its case metas -> its case summaries
-Summarize = Callable[[Any, list[dict]], list[CaseSummary]]
+#: ``accept.case_summary``: a result document (None: the runner sent none) and its case metas -> its case summaries
+Summarize = Callable[[BenchmarkResult | None, list[dict]], list[CaseSummary]]

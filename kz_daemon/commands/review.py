@@ -6,8 +6,11 @@ Talks to a running zoo over its API (``GET /api/reviews``, ``POST
 one ``kz up`` writes). ``kz review harness list|approve|revoke`` does the same for
 the harnesses submissions brought (``GET /api/reviews/harnesses``, ``POST
 /api/reviews/harnesses/{kernel_id}/approve|revoke``): a kernel ranks only once its
-harness is approved. Exit codes: 0 done, 1 the server refused (not held, nothing to
-approve or revoke, not found, not an admin), 2 usage or connection error.
+harness is approved. The calls go through :class:`kz_runner.worker.client.ZooClient` (the
+one HTTP client), one attempt each: an approve or reject repeated after a lost answer would
+be refused as already decided. Exit codes: 0 done, 1 the server refused (not held, nothing
+to approve or revoke, not found, not an admin), 2 usage or connection error, or a server
+error (5xx).
 """
 from __future__ import annotations
 
@@ -15,9 +18,7 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 from kz_events import defaults
@@ -66,20 +67,6 @@ def _token(args: argparse.Namespace) -> str | None:
         return None
 
 
-def _call(server: str, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(server.rstrip("/") + path, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read() or b"{}")
-        except ValueError:
-            return exc.code, {"error": {"code": "HTTP_ERROR", "message": str(exc)}}
-
-
 def _print_row(row: dict) -> None:
     print(f"{row['uuid']}  {row['kernel_id']}  by {row['submitter_id']}  held {row.get('held_at', '')}  "
           f"rules: {', '.join(row.get('rules') or [])}")
@@ -123,18 +110,18 @@ def run(args: argparse.Namespace) -> int:
         print("kz review: no admin token: pass --token, set KZ_TOKEN or point --state-dir at the "
               "daemon's state directory", file=sys.stderr)
         return 2
+    from kz_runner.worker.client import NO_RETRY, ApiError, ClientError, ZooClient
+
     method, path, body = request
     try:
-        status, doc = _call(server, method, path, token, body)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"kz review: cannot reach {server}: {exc}", file=sys.stderr)
-        return 2
-    if status >= 400:
-        err = doc.get("error")
-        if not isinstance(err, dict):
-            err = doc
-        print(f"kz review: {err.get('code', status)}: {err.get('message', '')}", file=sys.stderr)
+        answer = ZooClient(server, token, timeout_s=TIMEOUT_S).request_json(method, path, body, retry=NO_RETRY)
+    except ApiError as exc:  # a 4xx: the server refused
+        print(f"kz review: {exc.code}: {exc.message}", file=sys.stderr)
         return 1
+    except (ClientError, ValueError) as exc:  # unreachable, a 5xx, an answer that is not JSON, a bad --server
+        print(f"kz review: {server}: {exc}", file=sys.stderr)
+        return 2
+    doc = answer.body if isinstance(answer.body, dict) else {}
     if getattr(args, "json", False):
         print(json.dumps(doc))
     elif args.action == "harness":

@@ -29,12 +29,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Union
+from typing import Final, Literal, Union, overload
 
 from dulwich.diff_tree import tree_changes
 from dulwich.index import index_entry_from_stat
-from dulwich.objects import Blob, Commit, Tree
+from dulwich.objects import Blob, Commit, ObjectID, ShaFile, Tree
+from dulwich.refs import HEADREF, Ref
 from dulwich.repo import Repo
 
 from kz_daemon.core.errors import ZooError
@@ -83,10 +85,16 @@ class _Node:
 
     def __init__(self, clear: bool = False) -> None:
         self.clear = clear
-        self.children: dict[bytes, object] = {}
+        self.children: dict[bytes, _Node | Literal[_Mark.DELETE] | tuple[bytes, int]] = {}
 
 
-_DELETE = object()
+class _Mark(Enum):
+    """A plan's mark for a file or folder to delete (a one-member enum: a sentinel mypy can narrow)."""
+
+    DELETE = 0
+
+
+_DELETE: Final = _Mark.DELETE
 
 
 def format_message(subject: str, trailers: Mapping[str, str], body: str = "") -> str:
@@ -122,17 +130,17 @@ class GitStore:
         self.root = Path(repo.path)
         self.git_dir = Path(repo.controldir())
         self.branch = branch
-        self.ref = f"refs/heads/{branch}".encode()
+        self.ref = Ref(f"refs/heads/{branch}".encode())
         self.fsync = fsync
         self.clock = clock
         # Objects are fsynced by us (file and directory) in _write_objects.
         self.store = repo.object_store
         # Trees are immutable by id: keep recently read ones parsed (the top levels of a
         # 10,000-package repo are read on every lookup and every commit).
-        self._trees: dict[bytes, Tree] = {}
+        self._trees: dict[ObjectID, Tree] = {}
         self._tree_bytes = 0  # the cost of the cached trees, as TREE_CACHE_BYTES counts it
         self._cache_lock = threading.Lock()
-        self._commit_trees: dict[str, bytes] = {}
+        self._commit_trees: dict[str, ObjectID] = {}
 
     # -- opening -------------------------------------------------------------------
     @classmethod
@@ -148,7 +156,7 @@ class GitStore:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         repo = Repo.init(str(path))
-        repo.refs.set_symbolic_ref(b"HEAD", f"refs/heads/{branch}".encode())
+        repo.refs.set_symbolic_ref(HEADREF, Ref(f"refs/heads/{branch}".encode()))
         return cls(repo, branch, fsync, clock)
 
     @classmethod
@@ -171,23 +179,36 @@ class GitStore:
         except KeyError:
             return None
 
-    def tree_of(self, commit_sha: str | None) -> bytes | None:
+    @overload
+    def tree_of(self, commit_sha: str) -> ObjectID: ...
+
+    @overload
+    def tree_of(self, commit_sha: None) -> None: ...
+
+    @overload
+    def tree_of(self, commit_sha: str | None) -> ObjectID | None: ...
+
+    def tree_of(self, commit_sha: str | None) -> ObjectID | None:
         """The root tree id of ``commit_sha`` (None for None)."""
         if commit_sha is None:
             return None
         found = self._commit_trees.get(commit_sha)
         if found is None:
-            found = self.store[commit_sha.encode()].tree
+            commit = self.store[ObjectID(commit_sha.encode())]
+            assert isinstance(commit, Commit), f"{commit_sha} is not a commit"
+            found = commit.tree
             if len(self._commit_trees) >= TREE_CACHE:
                 self._commit_trees.pop(next(iter(self._commit_trees)))
             self._commit_trees[commit_sha] = found
         return found
 
-    def tree(self, tree_id: bytes) -> Tree:
+    def tree(self, tree_id: ObjectID) -> Tree:
         """The parsed tree ``tree_id`` (cached; trees never change)."""
         found = self._trees.get(tree_id)
         if found is None:
-            found = self.store[tree_id]
+            obj = self.store[tree_id]
+            assert isinstance(obj, Tree), f"{tree_id!r} is not a tree"
+            found = obj
             cost = _tree_cost(found)
             with self._cache_lock:  # the intake, the saga and the pages read trees from their own threads
                 while self._trees and (len(self._trees) >= TREE_CACHE_TREES
@@ -198,7 +219,7 @@ class GitStore:
                     self._tree_bytes += cost
         return found
 
-    def _lookup(self, path: str, commit_sha: str | None) -> tuple[int, bytes] | None:
+    def _lookup(self, path: str, commit_sha: str | None) -> tuple[int, ObjectID] | None:
         tree_id = self.tree_of(commit_sha if commit_sha is not None else self.head())
         if tree_id is None:
             return None
@@ -234,7 +255,7 @@ class GitStore:
         return sorted(p for p, _mode, _sha in self.walk_files(prefix, commit_sha))
 
     def walk_files(self, prefix: str = "",
-                   commit_sha: str | None = None) -> Iterator[tuple[str, int, bytes]]:
+                   commit_sha: str | None = None) -> Iterator[tuple[str, int, ObjectID]]:
         """Yield (path, mode, blob id) for every file under ``prefix`` in tree order."""
         prefix = prefix.strip("/")
         found = self._lookup(prefix, commit_sha)
@@ -246,7 +267,9 @@ class GitStore:
         stack = [(prefix, found[1])]
         while stack:
             base, tree_id = stack.pop()
-            for entry in sorted(self.store[tree_id].iteritems(), key=lambda e: e.path, reverse=True):
+            tree = self.store[tree_id]
+            assert isinstance(tree, Tree), f"{tree_id!r} is not a tree"
+            for entry in sorted(tree.iteritems(), key=lambda e: e.path, reverse=True):
                 name = entry.path.decode()
                 full = f"{base}/{name}" if base else name
                 if entry.mode == TREE_MODE:
@@ -256,7 +279,8 @@ class GitStore:
 
     def commit_info(self, sha: str) -> CommitInfo:
         """Subject, parents and trailers of one commit."""
-        commit = self.store[sha.encode()]
+        commit = self.store[ObjectID(sha.encode())]
+        assert isinstance(commit, Commit), f"{sha} is not a commit"
         message = commit.message.decode("utf-8", "replace")
         return CommitInfo(sha=sha, parents=tuple(p.decode() for p in commit.parents),
                           subject=message.split("\n", 1)[0], trailers=parse_trailers(message),
@@ -297,7 +321,7 @@ class GitStore:
         if current != parent_expected:
             raise CommitConflict("CONFLICT", f"branch {self.branch} is at {current}, expected "
                                  f"{parent_expected}", {"head": current, "expected": parent_expected})
-        new_objects: list = []
+        new_objects: list[ShaFile] = []
         plan = _plan(changes)
         base_tree = self.tree_of(parent_expected)
         tree_id = self._apply(base_tree, plan, new_objects)
@@ -307,7 +331,7 @@ class GitStore:
             tree_id = empty.id
         commit = Commit()
         commit.tree = tree_id
-        commit.parents = [parent_expected.encode()] if parent_expected else []
+        commit.parents = [ObjectID(parent_expected.encode())] if parent_expected else []
         ident = author.encode()
         commit.author = commit.committer = ident
         now = int(self.clock())
@@ -322,15 +346,15 @@ class GitStore:
         if parent_expected is None:
             moved = self.repo.refs.add_if_new(self.ref, commit.id)
         else:
-            moved = self.repo.refs.set_if_equals(self.ref, parent_expected.encode(), commit.id)
+            moved = self.repo.refs.set_if_equals(self.ref, ObjectID(parent_expected.encode()), commit.id)
         if not moved:
             raise CommitConflict("CONFLICT", f"branch {self.branch} moved during the commit",
                                  {"expected": parent_expected})
         return commit.id.decode()
 
-    def _apply(self, tree_id: bytes | None, node: _Node, out: list) -> bytes | None:
+    def _apply(self, tree_id: ObjectID | None, node: _Node, out: list[ShaFile]) -> ObjectID | None:
         """Rebuild one folder: returns the new tree id, or None when it ends up empty."""
-        entries: dict[bytes, tuple[int, bytes]] = {}
+        entries: dict[bytes, tuple[int, ObjectID]] = {}
         if tree_id is not None and not node.clear:
             for entry in self.tree(tree_id).iteritems():
                 entries[entry.path] = (entry.mode, entry.sha)
@@ -346,7 +370,7 @@ class GitStore:
                 else:
                     entries[name] = (TREE_MODE, sub)
             else:
-                data, mode = child  # type: ignore[misc]
+                data, mode = child
                 blob = Blob.from_string(data)
                 out.append(blob)
                 entries[name] = (mode, blob.id)
@@ -360,7 +384,7 @@ class GitStore:
         out.append(tree)
         return tree.id
 
-    def _write_objects(self, objects: Iterable) -> None:
+    def _write_objects(self, objects: Iterable[ShaFile]) -> None:
         """Write loose objects; with fsync on, every new file and then its folder is fsynced.
 
         The fsyncs run in a few threads at once (fsync releases the GIL), so the
@@ -400,11 +424,11 @@ class GitStore:
                     removed.append(os.path.relpath(path, self.git_dir))
         return sorted(removed)
 
-    def _mark(self, name: str) -> bytes | None:
+    def _mark(self, name: str) -> ObjectID | None:
         path = self.git_dir / name
-        return path.read_text().strip().encode() if path.exists() else None
+        return ObjectID(path.read_text().strip().encode()) if path.exists() else None
 
-    def _set_mark(self, name: str, tree_id: bytes) -> None:
+    def _set_mark(self, name: str, tree_id: ObjectID) -> None:
         durable.atomic_write(self.git_dir / name, tree_id + b"\n", fsync=False)  # a view's mark, like the view
 
     def sync_files(self) -> int:

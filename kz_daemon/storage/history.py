@@ -16,11 +16,13 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from dulwich.object_store import tree_lookup_path
+from dulwich.objects import Blob, Commit, ObjectID
+from dulwich.refs import HEADREF, Ref
 from dulwich.repo import Repo
 
 from kz_daemon.core import scorecard
@@ -85,10 +87,11 @@ class KernelHistory:
         self.branch = branch.encode()
         self.max_points = max_points
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, tuple[bytes, list[HistoryPoint]]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[ObjectID, list[HistoryPoint]]] = OrderedDict()
         self._cache_size = cache_size
-        self._harness: dict[bytes, Harness] = {}
-        self._recent: tuple[tuple, tuple[int, list[AcceptRecord]]] | None = None
+        self._harness: dict[ObjectID, Harness] = {}
+        #: (head, hour of since, keep, max_walk) -> recent_accepts' answer
+        self._recent: tuple[tuple[ObjectID, int, int, int], tuple[int, list[AcceptRecord]]] | None = None
 
     def _repo(self) -> Repo | None:
         try:
@@ -96,8 +99,8 @@ class KernelHistory:
         except Exception:
             return None
 
-    def _head(self, repo: Repo) -> bytes | None:
-        for ref in (b"refs/heads/" + self.branch, b"HEAD"):
+    def _head(self, repo: Repo) -> ObjectID | None:
+        for ref in (Ref(b"refs/heads/" + self.branch), HEADREF):
             try:
                 return repo.refs[ref]
             except KeyError:
@@ -114,11 +117,11 @@ class KernelHistory:
         return head.decode() if head else None
 
     @staticmethod
-    def _read(repo: Repo, commit_id: bytes, path: str) -> bytes | None:
+    def _read(repo: Repo, commit_id: ObjectID, path: str) -> bytes | None:
         try:
-            tree = repo[commit_id].tree
+            tree = _commit(repo, commit_id).tree
             _mode, sha = tree_lookup_path(repo.object_store.__getitem__, tree, path.encode())
-            return repo[sha].data
+            return _blob_data(repo, sha)
         except KeyError:
             return None
 
@@ -138,14 +141,14 @@ class KernelHistory:
             return Harness(None)
         with repo:
             head = self._head(repo)
-            blob = _blob_id(repo, repo[head].tree, f"{kernel_id}/{KP}/{BENCHMARK}".encode()) if head else None
+            blob = _blob_id(repo, _commit(repo, head).tree, f"{kernel_id}/{KP}/{BENCHMARK}".encode()) if head else None
             if blob is None:
                 return Harness(None)
             with self._lock:
                 cached = self._harness.get(blob)
             if cached is not None:
                 return cached
-            data = repo[blob].data
+            data = _blob_data(repo, blob)
         metas, _problems = read_metas(data)
         metrics: dict[str, dict[str, dict[str, str]]] = {}
         params: dict[str, dict] = {}
@@ -195,12 +198,14 @@ class KernelHistory:
             with self._lock:
                 if self._recent is not None and self._recent[0] == key:
                     return self._recent[1]
-            count, kept, revoked = 0, [], set()
-            sha: bytes | None = head
+            count = 0
+            kept: list[AcceptRecord] = []
+            revoked: set[str] = set()
+            sha: ObjectID | None = head
             for _ in range(max_walk):
                 if sha is None:
                     break
-                commit = repo[sha]
+                commit = _commit(repo, sha)
                 parent_sha = commit.parents[0] if commit.parents else None
                 if commit.commit_time < since and len(kept) >= keep:
                     break
@@ -209,7 +214,7 @@ class KernelHistory:
                 if step == REVOKE_STEP:
                     revoked.add(trailers.get("Revokes", ""))
                 elif step == SCORECARD_STEP and parent_sha is not None:
-                    source = repo[parent_sha]
+                    source = _commit(repo, parent_sha)
                     match = _SOURCE_SUBJECT.match(source.message.decode("utf-8", "replace"))
                     if match is not None:
                         count += commit.commit_time >= since
@@ -253,7 +258,7 @@ class KernelHistory:
                 if trailers.get("Kz-Step") == REVOKE_STEP:
                     revoked.add(trailers.get("Revokes", ""))
                     continue
-                point = _point(commit.id.decode(), commit.commit_time, repo[blob].data)
+                point = _point(commit.id.decode(), commit.commit_time, _blob_data(repo, blob))
                 if point is not None:
                     uuid = trailers.get("Kz-Submission", "")
                     newest_first.append(replace(point, submission=uuid, revoked=bool(uuid) and uuid in revoked))
@@ -261,7 +266,7 @@ class KernelHistory:
                         break
             exclude = stop is not None
         older = [replace(p, revoked=True) if p.submission and p.submission in revoked else p
-                 for p in cached[1]] if exclude else []
+                 for p in cached[1]] if exclude and cached is not None else []
         points = older + list(reversed(newest_first))
         points = points[-self.max_points:]
         with self._lock:
@@ -272,17 +277,31 @@ class KernelHistory:
         return points
 
 
-def _card(repo: Repo, commit: Any, path: bytes) -> dict | None:
+def _commit(repo: Repo, sha: ObjectID) -> Commit:
+    """The commit ``sha`` (KeyError when the repo lacks it)."""
+    commit = repo[sha]
+    assert isinstance(commit, Commit), f"{sha!r} is not a commit"
+    return commit
+
+
+def _blob_data(repo: Repo, sha: ObjectID) -> bytes:
+    """The bytes of the blob ``sha`` (KeyError when the repo lacks it)."""
+    blob = repo[sha]
+    assert isinstance(blob, Blob), f"{sha!r} is not a blob"
+    return blob.data
+
+
+def _card(repo: Repo, commit: Commit, path: bytes) -> dict | None:
     blob = _blob_id(repo, commit.tree, path)
     if blob is None:
         return None
     try:
-        return scorecard.load(repo[blob].data)
+        return scorecard.load(_blob_data(repo, blob))
     except YAMLError:
         return None
 
 
-def _blob_id(repo: Repo, tree: bytes, path: bytes) -> bytes | None:
+def _blob_id(repo: Repo, tree: ObjectID, path: bytes) -> ObjectID | None:
     try:
         _mode, sha = tree_lookup_path(repo.object_store.__getitem__, tree, path)
     except KeyError:
@@ -290,18 +309,21 @@ def _blob_id(repo: Repo, tree: bytes, path: bytes) -> bytes | None:
     return sha
 
 
-def _changes(repo: Repo, head: bytes, stop: bytes | None, path: bytes):
+def _changes(repo: Repo, head: ObjectID, stop: ObjectID | None,
+             path: bytes) -> Iterator[tuple[Commit, ObjectID]]:
     """``(commit, blob id)`` of each first-parent commit from ``head`` (down to ``stop``) that changed ``path``.
 
     Two tree lookups per commit (its version of the file and its parent's) instead of a
     full tree diff, which for the seed commit of a 10,000-package repo means 50,000 files.
     """
-    sha: bytes | None = head
-    commit = repo[sha]
-    blob = _blob_id(repo, commit.tree, path)
+    sha: ObjectID | None = head
+    first = _commit(repo, head)
+    commit: Commit | None = first
+    blob = _blob_id(repo, first.tree, path)
     while sha is not None and sha != stop:
+        assert commit is not None  # the commit ``sha`` names: None only once sha is
         parent_sha = commit.parents[0] if commit.parents else None
-        parent = repo[parent_sha] if parent_sha is not None else None
+        parent = _commit(repo, parent_sha) if parent_sha is not None else None
         parent_blob = _blob_id(repo, parent.tree, path) if parent is not None else None
         if blob is not None and blob != parent_blob:
             yield commit, blob

@@ -20,7 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from dulwich.object_store import tree_lookup_path
-from dulwich.objects import Blob, Commit, Tree
+from dulwich.objects import Blob, Commit, ObjectID, Tree
+from dulwich.refs import HEADREF, Ref
 from dulwich.repo import Repo
 
 from kz_daemon.core.errors import ZooError
@@ -72,7 +73,7 @@ class FileEntry:
         return {"path": self.path, "size": self.size, "executable": self.executable, "blob": self.blob}
 
 
-def _tree_at(repo: Repo, commit: Commit | None, path: bytes) -> bytes | None:
+def _tree_at(repo: Repo, commit: Commit | None, path: bytes) -> ObjectID | None:
     """The tree SHA at ``path`` in ``commit`` (None when absent or not a folder)."""
     if commit is None:
         return None
@@ -83,7 +84,7 @@ def _tree_at(repo: Repo, commit: Commit | None, path: bytes) -> bytes | None:
     return sha if stat.S_ISDIR(mode) else None
 
 
-def _record(commit: Commit, tree: bytes) -> Record:
+def _record(commit: Commit, tree: ObjectID) -> Record:
     message = commit.message.decode("utf-8", "replace")
     trailers = parse_trailers(message)
     author = commit.author.decode("utf-8", "replace")
@@ -114,7 +115,7 @@ class KernelRevisions:
     def __init__(self, history: KernelHistory, cache_size: int = 256) -> None:
         self.history = history
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, tuple[bytes, list[Record]]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[ObjectID, list[Record]]] = OrderedDict()
         self._cache_size = cache_size
 
     def _open(self) -> Repo:
@@ -123,8 +124,8 @@ class KernelRevisions:
         except Exception:
             raise ZooError("UNAVAILABLE", "the kernel repo cannot be read") from None
 
-    def _head(self, repo: Repo) -> bytes | None:
-        for ref in (b"refs/heads/" + self.history.branch, b"HEAD"):
+    def _head(self, repo: Repo) -> ObjectID | None:
+        for ref in (Ref(b"refs/heads/" + self.history.branch), HEADREF):
             try:
                 return repo.refs[ref]
             except KeyError:
@@ -143,12 +144,13 @@ class KernelRevisions:
         stop = cached[0] if cached is not None and cached[0] in repo.object_store else None
         path = kernel_id.encode()
         found: list[Record] = []
-        sha: bytes | None = head
-        commit = repo[head]
+        sha: ObjectID | None = head
+        commit: Commit | None = _commit(repo, head)
         tree = _tree_at(repo, commit, path)
         while sha is not None and sha != stop and tree is not None:
+            assert commit is not None  # a tree was found in it
             parent_sha = commit.parents[0] if commit.parents else None
-            parent = repo[parent_sha] if parent_sha is not None else None
+            parent = _commit(repo, parent_sha) if parent_sha is not None else None
             parent_tree = _tree_at(repo, parent, path)
             if tree != parent_tree:
                 found.append(_record(commit, tree))
@@ -200,10 +202,11 @@ class KernelRevisions:
         with self._open() as repo:
             out: list[FileEntry] = []
             truncated = False
-            for rel, mode, sha in _walk(repo, record.tree.encode()):
+            for rel, mode, sha in _walk(repo, ObjectID(record.tree.encode())):
                 if len(out) >= MAX_FILES:
                     truncated = True
                     break
+                assert mode is not None  # without dirs, _walk yields files only
                 size = len(repo.object_store[sha].as_raw_string())
                 out.append(FileEntry(rel, size, bool(mode & 0o111), sha.decode()))
         return record, out, truncated
@@ -214,7 +217,8 @@ class KernelRevisions:
         record = self.resolve(kernel_id, rev)
         with self._open() as repo:
             try:
-                mode, sha = tree_lookup_path(repo.object_store.__getitem__, record.tree.encode(), path.encode())
+                mode, sha = tree_lookup_path(repo.object_store.__getitem__, ObjectID(record.tree.encode()),
+                                             path.encode())
                 obj = repo.object_store[sha]
             except (KeyError, NotADirectoryError):
                 obj, mode = None, 0
@@ -229,7 +233,7 @@ class KernelRevisions:
         record = self.resolve(kernel_id, rev)
         entries: dict[str, tuple[str, int, bytes]] = {kernel_id: ("dir", 0o755, b"")}
         with self._open() as repo:
-            for rel, mode, sha in _walk(repo, record.tree.encode(), dirs=True):
+            for rel, mode, sha in _walk(repo, ObjectID(record.tree.encode()), dirs=True):
                 if rel == SCORECARD or any(is_ignored(part) for part in rel.split("/")):
                     continue
                 if mode is None:
@@ -250,11 +254,18 @@ class KernelRevisions:
         return before, after
 
 
-def _walk(repo: Repo, tree_id: bytes, dirs: bool = False):
+def _commit(repo: Repo, sha: ObjectID) -> Commit:
+    """The commit ``sha`` (KeyError when the repo lacks it)."""
+    commit = repo[sha]
+    assert isinstance(commit, Commit), f"{sha!r} is not a commit"
+    return commit
+
+
+def _walk(repo: Repo, tree_id: ObjectID, dirs: bool = False) -> list[tuple[str, int | None, ObjectID]]:
     """``(relative path, mode, sha)`` of each regular file under a tree (links and submodules skipped);
     with ``dirs``, folders too, as ``(path, None, sha)``. Paths come out sorted."""
-    stack: list[tuple[bytes, str]] = [(tree_id, "")]
-    found: list[tuple[str, int | None, bytes]] = []
+    stack: list[tuple[ObjectID, str]] = [(tree_id, "")]
+    found: list[tuple[str, int | None, ObjectID]] = []
     while stack:
         sha, prefix = stack.pop()
         tree = repo.object_store[sha]

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
 from kz_events import events as E
@@ -138,12 +138,12 @@ def _sub(state: State, seq: int, type_word: str, p: dict, allowed: Iterable[str]
 
 
 def _set_status(state: State, sub: Submission, status: Status, seq: int, ts: str) -> None:
-    status = _WORD[status]
+    word = _WORD[status]
     counts = state.status_counts
     counts[sub.status] -= 1
-    counts[status] = counts.get(status, 0) + 1
-    sub.status = status
-    sub.history.append([seq, status, ts])
+    counts[word] = counts.get(word, 0) + 1
+    sub.status = word
+    sub.history.append([seq, word, ts])
 
 
 def _kernel(state: State, kernel_id: str) -> Kernel:
@@ -493,8 +493,10 @@ def _confirmation_requested(state: State, seq: int, ts: str, p: dict) -> None:
 def _confirming(sub: Submission, previous: dict) -> None:
     """The report that follows a confirmation request is the confirmation run: keep the first."""
     first = previous.get("first") or {k: v for k, v in previous.items() if k != "confirmation"}
-    sub.result["confirmation"] = previous["confirmation"]
-    sub.result["first"] = first
+    result = sub.result
+    assert result is not None  # _reported has just set the new report
+    result["confirmation"] = previous["confirmation"]
+    result["first"] = first
 
 
 def _revoked(state: State, seq: int, ts: str, p: dict) -> None:
@@ -795,9 +797,8 @@ def handler_for(event_type: str | type[E.Event]) -> Handler:
     after it) and raises ``ReducerError`` for an event it refuses, leaving the state
     unchanged. Raises KeyError for a type the reducer does not know.
     """
-    table = _BY_WORD if isinstance(event_type, str) else _HANDLERS
     try:
-        return table[event_type]
+        return _BY_WORD[event_type] if isinstance(event_type, str) else _HANDLERS[event_type]
     except KeyError:
         raise KeyError(f"the reducer has no handler for {event_type!r}") from None
 
@@ -882,12 +883,13 @@ def restore(state: State, memo: dict[str, Any]) -> None:
         else:
             state.harnesses[kernel_id] = review
     state.harness_seq = memo["harness_seq"]
-    for table, saved in ((state.accepted, memo["accepted"]), (state.revoking, memo["revoking"])):
+    kernel_of: MutableMapping[str, str]  # uuid -> kernel_id
+    for kernel_of, saved in ((state.accepted, memo["accepted"]), (state.revoking, memo["revoking"])):
         for uuid, kernel_id in saved.items():
             if kernel_id is None:
-                table.pop(uuid, None)
+                kernel_of.pop(uuid, None)
             else:
-                table[uuid] = kernel_id
+                kernel_of[uuid] = kernel_id
     if memo["finished"] is not None and state.finished is not None:
         del state.finished[memo["finished"]:]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import ne
 from pathlib import Path
 from typing import Any
@@ -78,8 +78,11 @@ def _parse_group(group: list[bytes]) -> tuple[tuple, list[Any]] | tuple[None, li
 
 def _parse_group_slowly(group: list[bytes]) -> tuple[list, list]:
     """Every line of a group fully decoded: (fields or None, payload or DecodeError)."""
-    parsed, payloads = [], []
+    parsed: list[tuple[bytes, ...] | None] = []
+    payloads: list[dict | DecodeError] = []
     for line in group:
+        fields: tuple[bytes, ...] | None
+        payload: dict | DecodeError
         try:
             fields, payload = _full_parse(line)
         except DecodeError as exc:
@@ -201,8 +204,10 @@ def _worth_a_worker(log: EventLog, start: Position) -> bool:
 
 
 def _maybe_drain(state: State, tail: Position, drain: Drain | None) -> None:
-    if drain is not None and len(state.finished) >= DRAIN_EVERY:
-        drain(state, tail)
+    if drain is not None:
+        assert state.finished is not None  # replay_into refuses a drain without the hand-off list
+        if len(state.finished) >= DRAIN_EVERY:
+            drain(state, tail)
 
 
 def _replay_here(log: EventLog, state: State, table: dict, start: Position,
@@ -333,6 +338,7 @@ def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: byte
     done = 0
     if digests is not None:
         fields, payloads = cut
+        tss: Sequence[str]
         try:
             tss = b" ".join(fields[2]).decode("ascii").split(" ")
         except UnicodeDecodeError:
@@ -343,6 +349,7 @@ def _fold_group(state: State, table: dict, group: list[bytes], seq: int, h: byte
             except _Refused as refused:
                 raise refused.corrupt(group, path, pos) from None
     if done:
+        assert digests is not None  # lines were folded only when their chain checked out
         h = digests[done - 1].hex().encode()
         seq += done
         state.seq = seq
@@ -373,7 +380,7 @@ class _Refused(Exception):
         return CorruptLog(self.seq, path, where, self.reason)
 
 
-def _fold_checked(state: State, tables: tuple, seq: int, tss: list[str], ends, payloads: list) -> int:
+def _fold_checked(state: State, tables: tuple, seq: int, tss: Sequence[str], ends, payloads: list) -> int:
     """Fold lines whose chain and seqs are checked; returns how many were folded.
 
     Stops before the first line of a kind (type and version) it does not know, for

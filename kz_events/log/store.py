@@ -195,8 +195,10 @@ def _set_done(futures: list[asyncio.Future]) -> None:
 def _drainer(history: History) -> Callable[[State, Position], None]:
     """A replay's drain: write the hand-offs so far to the projection and let go of them."""
     def drain(state: State, pos: Position) -> None:
-        history.apply(state.finished, pos)
-        state.finished.clear()
+        finished = state.finished
+        assert finished is not None  # replay_into refuses a drain for a state without the hand-off list
+        history.apply(finished, pos)
+        finished.clear()
     return drain
 
 
@@ -279,6 +281,7 @@ class Store:
                                                           log.check_position, max_seq=history.seq)
                 report["notes"].extend(notes)
                 if snap_state is not None:
+                    assert snap_pos is not None  # load_newest gives both or neither
                     state, start = snap_state, snap_pos
                     report["snapshot_seq"] = start.seq
             state.finished = []
@@ -870,6 +873,7 @@ class Store:
             self._history_error = None
             with self.lock:
                 finished = self._state.finished
+                assert finished is not None  # the store's state always has its hand-off list
                 n = 0
                 while n < len(finished) and finished[n].seq <= pos.seq:
                     n += 1

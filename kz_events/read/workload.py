@@ -18,6 +18,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from kz_events import events as E
 from kz_events.codec import TimestampFormatter, encode_fast, line_hash, subject_of
@@ -41,7 +42,17 @@ def _sha(rng: random.Random, n: int = 40) -> str:
     return f"{rng.getrandbits(4 * n):0{n}x}"
 
 
-def simulate(rng: random.Random, n_events: int, **options: int) -> Iterator[E.Event]:
+class SimulateOptions(TypedDict, total=False):
+    """The options of ``simulate`` (each has a default)."""
+
+    kernels: int
+    archs: tuple[str, ...]
+    runners: int
+    renewals: int
+    max_pending: int
+
+
+def simulate(rng: random.Random, n_events: int, **options: Unpack[SimulateOptions]) -> Iterator[E.Event]:
     """Yield ``n_events`` events forming a valid history (the reducer accepts all of them).
 
     Options: ``kernels`` (20), ``runners`` (4), ``renewals`` per lease (2),
@@ -88,11 +99,11 @@ def _simulate(rng: random.Random, n_events: int, *, kernels: int = 20,
             yield push(E.JobQueued(uuid, kid, arch))
         elif r < 0.45:
             arch = rng.choice(archs)
-            uuid = next_claimable(state, arch)
-            if uuid is None:
+            claimable = next_claimable(state, arch)
+            if claimable is None:
                 continue
-            sub = state.submissions[uuid]
-            yield push(E.JobClaimed(uuid, f"runner-{rng.randrange(runners)}",
+            sub = state.submissions[claimable]
+            yield push(E.JobClaimed(claimable, f"runner-{rng.randrange(runners)}",
                                     f"lease-{count}", clock + 60.0, sub.attempts + 1))
         elif r < 0.8 and in_flight:
             uuid, lease = rng.choice(in_flight)
@@ -172,6 +183,17 @@ class HistoryMix:
     idempotency_key: float = 0.7      # the upload carried an Idempotency-Key (kz submit does)
 
 
+class HistoryOptions(TypedDict, total=False):
+    """The options of ``history`` that ``build_history`` passes on (each has a default)."""
+
+    kernels: int
+    submitters: int
+    runners: int
+    window: int
+    mix: HistoryMix
+    archs: tuple[str, ...]
+
+
 def history(rng: random.Random, n_submissions: int, *, kernels: int = 5000, submitters: int = 2000,
             runners: int = 64, window: int = 48, mix: HistoryMix = HistoryMix(),
             archs: tuple[str, ...] = ("sm_90", "gfx928", "cpu")) -> Iterator[E.Event]:
@@ -196,10 +218,10 @@ def _history(rng: random.Random, n_submissions: int, *, kernels: int, submitters
     total = cum[-1]
     kernel_ids = [f"{archs[i % len(archs)]}/Cat{i % 17}/Op{i % 251}/fp16/impl{i}" for i in range(kernels)]
     busy: set[int] = set()
-    active: list[Iterator[E.Event]] = []
-    accepted: list[str] = []
+    active: list[_tagged] = []
+    accepted: list[tuple[str, str]] = []  # (uuid, kernel_id) of the accepts a revocation may take back
     started = 0
-    head = [None]
+    head: list[str | None] = [None]
     index_version = [0]
 
     def submitter() -> str:
@@ -256,7 +278,7 @@ def _history(rng: random.Random, n_submissions: int, *, kernels: int, submitters
             yield E.JobLeaseRenewed(uuid, runner, lease, 1.8e9)
         accept = rng.random() < mix.accepted
 
-        def result() -> E.Event:
+        def result() -> E.ResultReported:
             cases = [{"test_case_id": f"case{i}", "correctness": "passed" if accept or i else "failed",
                       "accept": accept, "primary_metric": "latency_us", "value": round(rng.uniform(1, 900), 3),
                       "unit": "us", "direction": "lower_better"} for i in range(rng.randrange(1, 4))]
@@ -321,6 +343,10 @@ class _tagged:
     """A script's iterator that remembers its kernel."""
 
     __slots__ = ("it", "kernel", "kid", "last")
+    it: Iterator[E.Event]
+    kernel: int
+    kid: str
+    last: E.Event | None
 
     def __init__(self, it: Iterator[E.Event], kernel: int, kid: str) -> None:
         self.it, self.kernel, self.kid, self.last = it, kernel, kid, None
@@ -334,7 +360,7 @@ class _tagged:
 
 
 def build_history(events_dir, n_submissions: int, seed: int = 0, *, start: float = 1_767_225_600.0,
-                  step_s: float = 3.0, **options) -> dict:
+                  step_s: float = 3.0, **options: Unpack[HistoryOptions]) -> dict:
     """Write ``history`` of ``n_submissions`` as a log in ``events_dir``, then open it as the daemon does.
 
     The lines are written straight to the log (no reducer, no fsync) with a clock that
@@ -344,8 +370,8 @@ def build_history(events_dir, n_submissions: int, seed: int = 0, *, start: float
     """
     events_dir = Path(events_dir)
     rng = random.Random(seed)
-    defaults = dict(kernels=5000, submitters=2000, runners=64, window=48, mix=HistoryMix(),
-                    archs=("sm_90", "gfx928", "cpu"))
+    defaults: HistoryOptions = dict(kernels=5000, submitters=2000, runners=64, window=48, mix=HistoryMix(),
+                                    archs=("sm_90", "gfx928", "cpu"))
     defaults.update(options)
     log = EventLog.open(events_dir, fsync=False)
     try:

@@ -82,6 +82,7 @@ def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim 
                     ticket = zoo.store.submit(claimed)
                     break
             if sub_uuid is not None:
+                assert kernel_id is not None  # sub_uuid's submission gave it
                 with zoo.git_lock:
                     frozen = is_frozen(zoo.git, kernel_id)
                 if frozen:

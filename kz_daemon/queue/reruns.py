@@ -28,7 +28,7 @@ import hashlib
 import time
 import uuid as uuidlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kz_daemon.board import outcome
 from kz_daemon.config.ports import Daemon
@@ -209,6 +209,7 @@ def report(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str, result: di
             if hashlib.sha256(result_bytes(result)).hexdigest() != done["result_sha256"]:
                 raise ZooError("CONFLICT", f"a different result was already reported for rerun {rerun_id} under "
                                f"lease {lease_id}", {"rerun_id": rerun_id})
+            assert rerun is not None  # done came from it
             return public(rerun)
         rerun = _held(zoo, rerun_id, runner_id, lease_id)
         stored = zoo.pending.store_run(rerun["uuid"], result, logs, env, failure, _prefix(rerun_id))
@@ -227,8 +228,9 @@ def report(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str, result: di
                                    "sandbox; its figures stand for nothing")
         else:
             metas, card, original_env = _record_facts(zoo, rerun)
+            # cast: an accepted record's METAS passed the METAS check, so every test_case_id is a str
             verdict = check_result(stored.result, kernel_id=rerun["kernel_id"],
-                                   case_ids=[m.get("test_case_id") for m in metas])
+                                   case_ids=cast(list[str], [m.get("test_case_id") for m in metas]))
             void = [p for p in verdict.problems if p.code in VOID_CODES]
             if void:
                 event = ev.RerunFailed(**base, code=void[0].code, message=void[0].message[:2000])

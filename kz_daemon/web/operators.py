@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kz_daemon.api import views
 from kz_daemon.board import outcome, ranking
@@ -145,8 +145,8 @@ def speedup(value: float | None, reference: float | None, direction: str) -> flo
 
 
 def _rank(standings: list[Standing], direction: str) -> None:
-    measured = sorted((s for s in standings if s.measured and not s.unreviewed),
-                      key=lambda s: (-s.value if direction == HIGHER else s.value, s.kernel_id))
+    measured = sorted((s for s in standings if s.measured and not s.unreviewed),  # measured: value is set
+                      key=lambda s: (-cast(float, s.value) if direction == HIGHER else s.value, s.kernel_id))
     previous, rank = None, 0
     for position, standing in enumerate(measured, start=1):
         if standing.value != previous:
@@ -158,6 +158,7 @@ def boards(entries: list[Mapping[str, Any]], reference: str | None = None) -> li
     """One ranking per test case of the operator (cases in the order the implementations list them)."""
     reference = reference if reference is not None else reference_of(entries)
     by_case: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
+    case: Mapping[str, Any]
     for entry in entries:
         for case in views.cases(entry):
             by_case.setdefault(str(case.get("test_case_id", "")), []).append((entry, case))

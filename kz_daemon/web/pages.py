@@ -215,8 +215,10 @@ def _scorecard_rows(card: Any, primaries: Mapping[str, str], head_harness: str |
         if not isinstance(case, dict):
             continue
         case_id = str(case.get("test_case_id"))
-        best_all = case.get("metrics_best") if isinstance(case.get("metrics_best"), dict) else {}
-        current_all = case.get("metrics_current") if isinstance(case.get("metrics_current"), dict) else {}
+        best_all = case.get("metrics_best")
+        best_all = best_all if isinstance(best_all, dict) else {}
+        current_all = case.get("metrics_current")
+        current_all = current_all if isinstance(current_all, dict) else {}
         primary = primaries.get(case_id)
         for metric in sorted(set(best_all) | set(current_all), key=lambda name: (name != primary, name)):
             records = []

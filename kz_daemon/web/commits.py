@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, cast
 
 from dulwich.diff_tree import tree_changes
 from dulwich.objects import Commit
@@ -19,6 +20,9 @@ from dulwich.patch import write_tree_diff
 from dulwich.repo import Repo
 
 from kz_daemon.storage.gitstore import parse_trailers
+
+if TYPE_CHECKING:
+    from dulwich.objects import ObjectID
 
 MAX_DIFF_BYTES = 256 * 1024
 # Characters that end a line for str.splitlines(), Unicode line breaking or an HTML parser (which
@@ -117,17 +121,24 @@ def tree_diff(repo: Repo, old_tree: bytes | None, new_tree: bytes | None, *, max
     Paths are relative to the trees: a commit's root trees give repo paths, a package's
     subtrees give paths inside the package (the kernel page's diff between two records).
     """
+    # dulwich's ObjectID is bytes at run time (a NewType): the casts only name it
+    old_id, new_id = cast("ObjectID | None", old_tree), cast("ObjectID | None", new_tree)
     files: list[FileChange] = []
     files_truncated = False
-    for change in tree_changes(repo.object_store, old_tree, new_tree):
+    for change in tree_changes(repo.object_store, old_id, new_id):
         if len(files) >= max_files:
             files_truncated = True
             break
-        path = (change.new.path or change.old.path or b"").decode("utf-8", "replace")
+        # an added file has no old entry, a deleted one no new entry: None in current dulwich (older ones
+        # gave an entry whose path is None)
+        new_path = change.new.path if change.new is not None else None
+        old_path = change.old.path if change.old is not None else None
+        path = (new_path or old_path or b"").decode("utf-8", "replace")
         files.append(FileChange(str(change.type), path))
     sink = _Bounded(max_diff)
     try:
-        write_tree_diff(sink, repo.object_store, old_tree, new_tree)
+        # cast: write_tree_diff writes to its file only through write and writelines, all _Bounded has
+        write_tree_diff(cast(IO[bytes], sink), repo.object_store, old_id, new_id)
         diff_truncated = False
     except _Full:
         diff_truncated = True
@@ -163,7 +174,7 @@ def read_commit(repo_path: str | Path, sha: str, *, max_diff: int = MAX_DIFF_BYT
             return None
         if not isinstance(commit, Commit):
             return None
-        old_tree = repo[commit.parents[0]].tree if commit.parents else None
+        old_tree = cast(Commit, repo[commit.parents[0]]).tree if commit.parents else None  # a commit's parent
         files, files_truncated, diff, diff_truncated = tree_diff(repo, old_tree, commit.tree,
                                                                  max_diff=max_diff, max_files=max_files)
         message = commit.message.decode("utf-8", "replace")

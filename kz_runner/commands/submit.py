@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                 print(uuid)
             return sub.EXIT_ACCEPTED
         else:
-            final = sub.follow(client, uuid, args.timeout, watcher.progress, on_doc=watcher.document)
+            final = sub.follow(client, str(uuid), args.timeout, watcher.progress, on_doc=watcher.document)
     except ApiError as exc:
         return _error(args, f"server answered {exc.status} {exc.code}: {exc.message}", exc.code,
                       uuid=uuid, details=exc.details)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kz_events import defaults
 from kz_runner.contract.checks import Verdict, check_result, parse_output
@@ -263,7 +263,8 @@ def case_rows(doc: Any, metas: list[dict]) -> list[dict[str, Any]]:
         primary = meta.get("primary_metric")
         unit = next((m.get("unit") for m in meta.get("metrics", []) if m.get("name") == primary), "")
         metrics = {m.get("name"): m.get("value") for m in case.get("metrics") or [] if isinstance(m, dict)}
-        detail = case.get("correctness_detail") if isinstance(case.get("correctness_detail"), dict) else {}
+        detail = case.get("correctness_detail")
+        detail = detail if isinstance(detail, dict) else {}
         rows.append({
             "test_case_id": case.get("test_case_id"),
             "correctness": case.get("correctness"),
@@ -372,13 +373,13 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
 
     metas = _read_metas(package_dir)
     if scorecard_for is not None:
-        card = scorecard_for(run.kernel_id or "")
+        against = scorecard_for(run.kernel_id or "")
         if not is_tarball:  # never overwrite the author's own scorecard: run a copy
             package_dir = _copy_package(package_dir, scratch / "package")
-        document = card.document if card.document is not None else seed_scorecard(run.kernel_id or "", metas)
+        document = against.document if against.document is not None else seed_scorecard(run.kernel_id or "", metas)
         (package_dir / KP / BENCH_RESULT).write_text(
             yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-        run.judged_against = card.source
+        run.judged_against = against.source
     workdirs = [scratch / "work1", scratch / "work2"]
     for i, workdir in enumerate(workdirs, start=1):
         workdir.mkdir(parents=True)
@@ -410,7 +411,9 @@ def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, benc
         return
     run.steps.append(Step("output", True, 0.0, f"one JSON document ({len(res.stdout)} bytes)"))
 
-    verdict = check_result(doc, kernel_id=run.kernel_id or "", case_ids=[m.get("test_case_id") for m in metas])
+    # cast: the ids are str once the METAS check passes; a malformed item's None is passed on as before
+    verdict = check_result(doc, kernel_id=run.kernel_id or "",
+                           case_ids=cast(list[str], [m.get("test_case_id") for m in metas]))
     run.verdict = verdict
     run.rows = case_rows(doc, metas)
     if verdict.problems:
@@ -434,7 +437,8 @@ def _floor(package_dir: Path, doc: Any, metas: list[dict]):
 
     desc = load_yaml((package_dir / KP / DESC).read_bytes())
     desc = desc if isinstance(desc, dict) else {}
-    category = desc.get("category") if isinstance(desc.get("category"), dict) else {}
+    category = desc.get("category")
+    category = category if isinstance(category, dict) else {}
     return floor_check(doc, metas, desc.get("io_signature"), str(category.get("arch") or ""))
 
 

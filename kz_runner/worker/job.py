@@ -52,7 +52,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kz_runner.contract import tarball
 from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP, WORKER_SANDBOX_ENV, WORKER_SOURCE_ENV
@@ -401,6 +401,16 @@ def _close_fds(fds: Sequence[int]) -> None:
             pass
 
 
+class _Caps(TypedDict):
+    """The supervision arguments :func:`run_sandboxed` passes on to :func:`run_step` (a plain dict)."""
+
+    timeout_s: float
+    stdout_cap: int
+    stderr_cap: int
+    kill_grace_s: float
+    cancel: threading.Event | None
+
+
 def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env: Mapping[str, str],
                   timeout_s: float, readonly: Sequence[Path] = (), writable: Sequence[Path] = (),
                   pass_fds: Sequence[int] = (), reads: Mapping[str, tuple[int, int]] | None = None,
@@ -425,8 +435,8 @@ def run_sandboxed(argv: Sequence[str], settings: JobSettings, *, cwd: Path, env:
     not to blame. With ``settings.containment.unconfined`` (development only) the step runs directly.
     """
     s = settings
-    caps = dict(timeout_s=timeout_s, stdout_cap=s.stdout_cap, stderr_cap=max(1, s.log_cap // 2),
-                kill_grace_s=s.kill_grace_s, cancel=cancel)
+    caps = _Caps(timeout_s=timeout_s, stdout_cap=s.stdout_cap, stderr_cap=max(1, s.log_cap // 2),
+                 kill_grace_s=s.kill_grace_s, cancel=cancel)
     reads = dict(reads or {})
     if s.containment.unconfined:
         return run_step(argv, cwd=cwd, env=env, pass_fds=pass_fds, reads=reads, **caps)
@@ -746,10 +756,10 @@ def execute_job(
                 message = f"the package's contract files changed during the benchmark: {tampered}"
             facts["result_channel"] = "harness" if bench.extra.get("result", b"").strip() else "stdout"
             return done(None, INTEGRITY_ERROR, message)
-        result, code, message = _judge_benchmark(bench, settings, logs, facts)
+        result, code, reason = _judge_benchmark(bench, settings, logs, facts)
         if isinstance(result, dict) and "measurement" in facts:  # the runner's word, never the package's
             result["measurement"] = facts["measurement"]
-        return done(result, code, message)
+        return done(result, code, reason)
     except sandbox.SandboxUnavailable as exc:  # the host's trouble: no step of the package ran
         logs.note(f"the sandbox could not be made: {exc.report.stderr or exc}")
         return done(None, SANDBOX_UNAVAILABLE, str(exc))

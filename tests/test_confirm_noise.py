@@ -1,7 +1,7 @@
 """queue.confirm.disagreement: two runs within each other's noise agree, whatever the fixed agreement."""
 from __future__ import annotations
 
-from kz_daemon.queue.confirm import disagreement
+from kz_daemon.queue.confirm import committed_choice, disagreement
 
 METAS = [{"test_case_id": "n4k", "primary_metric": "latency_us",
           "metrics": [{"name": "latency_us", "unit": "us", "direction": "lower_better"}]}]
@@ -35,3 +35,23 @@ def test_a_ratio_within_the_measured_rounds_agrees_and_one_outside_does_not():
     assert disagreement(first, [case(14.0)], METAS, 0.1, near, recorded) == []
     problems = disagreement(first, [case(14.0)], METAS, 0.1, far, recorded)
     assert len(problems) == 1 and "reference" in problems[0], problems
+
+
+def test_a_confirmation_faster_than_the_first_run_agrees_and_the_slower_first_run_is_committed():
+    # fresh kz up, loaded 2-core host: an unchanged copy of the CPU softmax, 4360 us then 1355 us
+    first, second = [case(4360.2, 3900.0, 5400.0)], [case(1354.7, 1300.0, 1420.0)]
+    assert disagreement(first, second, METAS, 0.25) == []
+    assert committed_choice(first, second, METAS) == "first"
+    # the other way round (a first run three times faster than its confirmation) is still refused
+    problems = disagreement(second, first, METAS, 0.25)
+    assert len(problems) == 1 and "2.22 apart" in problems[0], problems
+
+
+def test_a_ratio_better_in_the_confirmation_agrees_in_either_metric_direction():
+    recorded = {"n4k": 1000.0}  # the first run's 4360 us implies 4.36x the reference's time
+    assert disagreement([case(4360.0)], [case(1400.0)], METAS, 0.1, {"n4k": {"value": 1.3}}, recorded) == []
+    assert disagreement([case(4360.0)], [case(1400.0)], METAS, 0.1, {"n4k": {"value": 5.0}}, recorded)
+    gbps = [{"test_case_id": "n4k", "primary_metric": "gbps",
+             "metrics": [{"name": "gbps", "unit": "GB/s", "direction": "higher_better"}]}]
+    assert disagreement([case(10.0)], [case(30.0)], gbps, 0.25) == []
+    assert disagreement([case(30.0)], [case(10.0)], gbps, 0.25)

@@ -31,7 +31,12 @@ each case: with a measured ratio, the first run's *implied* ratio (its value ove
 reference's recorded value at HEAD, the one kept with the choice) and the confirmation's
 measured ratio differ by at most ``confirmation.agreement`` (``cpu_agreement`` on the CPU
 lane) relative to the implied one; without one, the two runs' primary metrics differ by at
-most that much relative to the first run's value. Within each other's noise counts as agreeing
+most that much relative to the first run's value. Only a confirmation *worse* than the first
+run (in the metric's direction) can disagree: a confirmation that measured the kernel faster
+says the first figure was not inflated, and the slower of the two is committed anyway, so
+there is nothing to gain by a slow first run. On a fresh `kz up` on a loaded 2-core host an
+unchanged copy of the CPU softmax was refused because its confirmation was three times faster
+than its first run (4360 us, then 1355 us). Within each other's noise counts as agreeing
 too: the two 95 % intervals of the median (a case summary's ``lo``/``hi``; the ratio's over its
 rounds) overlap. An honest CPU case on a loaded 2-core host moved 29 % between two jobs, its
 intervals overlapping, and was rejected before this. Otherwise the submission is rejected with
@@ -195,9 +200,10 @@ def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[st
         if a is None or b is None:
             problems.append(f"{cid}: {primary} not measured in both runs")
             continue
+        direction = primaries.get(cid, (None, "lower_better"))[1]
         if cid in ratios and recorded.get(cid):
             implied, measured = a / recorded[cid], float(ratios[cid]["value"])
-            apart = abs(measured - implied) / implied if implied else math.inf
+            apart = _worse_by(implied, measured, direction)
             first_range = _range(case, 1.0 / recorded[cid])
             if apart > agreement and not _overlap(first_range, _ratio_range(ratios[cid])):
                 problems.append(f"{cid}: {primary} {a} is {implied:.4g}x the reference's record {recorded[cid]}, "
@@ -205,10 +211,17 @@ def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[st
                                 f"({apart:.3g} apart, agreement {agreement:g})")
         elif a == b or _overlap(_range(case), _range(other)):
             continue  # within each other's noise: the runs' 95 % intervals of the median overlap
-        elif a == 0 or abs(b - a) / abs(a) > agreement:
-            spread = abs(b - a) / abs(a) if a else math.inf
+        elif (spread := _worse_by(a, b, direction)) > agreement:
             problems.append(f"{cid}: {primary} {a} then {b} ({spread:.3g} apart, agreement {agreement:g})")
     return problems
+
+
+def _worse_by(first: float, second: float, direction: str) -> float:
+    """How much worse ``second`` is than ``first``, relative to ``first``, in the metric's direction (0 if better)."""
+    if first == 0:
+        return 0.0 if second == first else math.inf
+    worse = second - first if direction == "lower_better" else first - second
+    return max(0.0, worse / abs(first))
 
 
 def _range(case: Mapping[str, Any], scale: float = 1.0) -> tuple[float, float] | None:

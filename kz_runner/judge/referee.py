@@ -718,7 +718,7 @@ class Judge:
         t_gen = _clock()
         again = tuple(inputs_fn(call_rng(probe_seed)))
         gen_ns = _clock() - t_gen  # the judge's preparation per call: the worker idles this long per call
-        kinds = []  # per argument: ("a", shape, dtype) or ("v",)
+        kinds: list[tuple[Any, ...]] = []  # per argument: ("a", shape, dtype) or ("v",)
         for a, b in zip(args0, again):
             if _is_array(a):
                 if not (_is_array(b) and a.shape == b.shape and a.dtype == b.dtype
@@ -974,6 +974,7 @@ class Judge:
                 result.stop_reason = "budget"
                 break
             if target_rse is not None and i + 1 >= 2:
+                means: np.ndarray | list[float]  # a list of floats in step 6
                 means = np.asarray(result.sums_ns, dtype=np.float64) / b
                 mean = float(means.mean())
                 if mean > 0 and float(means.std(ddof=1)) / math.sqrt(len(means)) / mean <= target_rse:
@@ -1014,6 +1015,8 @@ class Judge:
             # loop's overhead is the copies and the fence, measured with the same sizes: only the slack.
             excuse = slack
         result.overhead["excuse_ns"] = excuse
+        under: list[int]
+        busy: list[int]
         over, under, busy = [], [], []
         for j, (w, s, rd, jd) in enumerate(zip(result.walls_ns, result.sums_ns, result.run_delays_ns,
                                                result.judge_delays_ns)):

@@ -101,6 +101,9 @@ class Arena:
         self.fd: int | None = None
         self.name: str | None = None
         self._shm = None
+        # the memfd's mmap.mmap or the shm block's memoryview, None once closed: Any, as close() calls
+        # mmap.close() only where there is no shm block (a memoryview has no close())
+        self._map: Any
         if backend == "auto":
             backend = "memfd" if hasattr(os, "memfd_create") else "shm"
         self.backend = backend

@@ -42,7 +42,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn, TextIO
 
 from kz_runner.bench import channel, device as _device, pristine
 from kz_runner.bench.check import Check, check as _check
@@ -174,7 +174,7 @@ class StdoutGuard:
     def __init__(self) -> None:
         self.stream: IO[str] | None = None
         self._saved_fd: int | None = None
-        self._saved_sys_stdout = None
+        self._saved_sys_stdout: TextIO | None = None
 
     def __enter__(self) -> StdoutGuard:
         sys.stdout.flush()
@@ -474,7 +474,7 @@ class CaseRun:
             self.harness.log(f"case {self.id}: the machine was too busy to judge the timing; again")
         return result
 
-    def _void(self, finding: Finding) -> None:
+    def _void(self, finding: Finding) -> NoReturn:
         """Record ``finding`` on the harness (it voids the run) and stop the case."""
         self.harness._report_finding(finding)
         raise IntegrityFailure(finding)
@@ -536,9 +536,10 @@ class Harness:
         self.device = device
         card_path = self.package_root / KP / BENCH_RESULT
         self.scorecard = scorecard if scorecard is not None else Scorecard.load(card_path)
-        self.kernel_id = kernel_id or self.scorecard.kernel_id
-        if not self.kernel_id:
+        kernel_id = kernel_id or self.scorecard.kernel_id
+        if not kernel_id:
             raise ValueError(f"no kernel_id: pass kernel_id= or provide {card_path}")
+        self.kernel_id: str = kernel_id
         self._log = log_stream
         self._out = out_stream
         self.timing_settings: dict[str, Any] = {"device": "cpu" if device == "cpu" else device}
@@ -716,6 +717,7 @@ class Harness:
         if errors and (run.checked is None or correctness == "passed"):
             reason = "error: " + errors[0]
         elif correctness != "passed":
+            assert run.checked is not None  # without a check, errors holds why: the branch above
             reason = f"correctness failed ({run.checked.mismatch_count} of {run.checked.checked} elements " \
                      f"outside tolerance, max_abs_err {run.checked.max_abs_err:.3g})"
         elif errors:

@@ -1,6 +1,6 @@
 """The public API: kernels, submissions and their status, index, health, metrics.
 
-Handlers translate HTTP into calls on the ``Zoo`` service (``request.app.state.zoo``)
+Handlers translate HTTP into calls on the ``Zoo`` service (``app_state(request).zoo``)
 and back; blocking service calls run in worker threads; long polls wait in short
 slices so a draining server answers them promptly.
 """
@@ -10,7 +10,8 @@ import hashlib
 import json
 import time
 import uuid as uuidlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 from starlette.concurrency import run_in_threadpool
@@ -20,11 +21,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from kz_daemon.api import authz, listing, rate_limits as limits, views
 from kz_daemon.api.metrics import accept_latency, render_metrics
+from kz_daemon.api.shim_settings import AppState, app_state
 from kz_daemon.api.spec import Op, Param
 from kz_daemon.board import ranking
 from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
-from kz_daemon.config.ports import service_of
 from kz_daemon.core.errors import ZooError
+from kz_daemon.core.readmodel import SubmissionView
 from kz_daemon.guards.harness_review import unreviewed_kernels
 from kz_daemon.intake import idempotency, review
 from kz_daemon.storage.run_logs import logs_doc
@@ -38,6 +40,8 @@ MAX_PER_PAGE = 1000
 VOLATILE = ("seq",)
 #: A long poll re-checks the drain flag at least this often (seconds).
 POLL_SLICE_S = 1.0
+
+T = TypeVar("T")
 
 
 def _single(request: Request, name: str) -> str | None:
@@ -81,19 +85,19 @@ def _float_param(request: Request, name: str, default: float, high: float) -> fl
 
 def catalog(request: Request) -> views.Catalog:
     """The app's kernel catalogue, refreshed from the current index document and the harness reviews."""
-    return catalog_of(request.app.state)
+    return catalog_of(app_state(request))
 
 
-def catalog_of(state: Any) -> views.Catalog:
+def catalog_of(state: AppState) -> views.Catalog:
     """The catalogue of the app's ``state``: the index's kernels, those whose harness awaits review marked.
 
     The marks are of the index's head (cached per head and review state), so an approval
     changes the rankings without a new accept.
     """
-    cat: views.Catalog = state.catalog
+    cat = state.catalog
     doc = state.zoo.index()
     head = doc.get("head") if isinstance(doc, dict) else None
-    cat.refresh(doc, unreviewed_kernels(getattr(state.zoo, "store", None), cat.digests(state.history), head))
+    cat.refresh(doc, unreviewed_kernels(state.zoo.store, cat.digests(state.history), head))
     return cat
 
 
@@ -115,7 +119,8 @@ async def get_kernel(request: Request) -> Response:
     if entry is None:
         raise ZooError("NOT_FOUND", f"no kernel {kernel_id!r}; GET /api/kernels lists them",
                        {"kernel_id": kernel_id})
-    history = request.app.state.history
+    state = app_state(request)
+    history = state.history
     doc = dict(entry)
     doc[ranking.HARNESS] = ranking.UNREVIEWED if ranking.unreviewed(entry) else ranking.REVIEWED
     doc["harness_hash"] = await run_in_threadpool(_harness_hash, request, kernel_id)
@@ -126,13 +131,13 @@ async def get_kernel(request: Request) -> Response:
         doc["bench_result"] = scorecard
         harness = await run_in_threadpool(history.harness, kernel_id)
         facts = KernelFacts(dict(harness.params), desc.get("io_signature") if isinstance(desc, dict) else None)
-    doc["speed_of_light"] = kernel_speed_of_light(entry, facts, ceilings_of(request.app.state.zoo))
+    doc["speed_of_light"] = kernel_speed_of_light(entry, facts, ceilings_of(state.zoo))
     return JSONResponse(views.plain(doc))
 
 
 def _harness_hash(request: Request, kernel_id: str) -> str | None:
     """The hash of the kernel's harness at the index's head (None without a repo)."""
-    state = request.app.state
+    state = app_state(request)
     digests = state.catalog.digests(state.history)
     head = (state.zoo.index() or {}).get("head")
     return digests.at(head, [kernel_id])[kernel_id] if digests is not None and head else None
@@ -142,9 +147,9 @@ def _status_url(request: Request, uuid: str) -> str:
     return f"/api/submissions/{uuid}/status"
 
 
-def _doc(request: Request, view: Any, uuid: str) -> dict[str, Any]:
+def _doc(request: Request, view: SubmissionView, uuid: str) -> dict[str, Any]:
     """The status document of ``view`` (a file read, and git reads for a record whose harness a submission brought)."""
-    state = request.app.state
+    state = app_state(request)
     return views.submission_doc(view, _status_url(request, uuid), state.zoo, state.catalog.digests(state.history))
 
 
@@ -154,7 +159,7 @@ async def create_submission(request: Request) -> Response:
     With an ``Idempotency-Key`` header a retry answers as the first upload did (same uuid,
     no second submission); the key with a different package is 409 CONFLICT.
     """
-    state = request.app.state
+    state = app_state(request)
     settings = state.settings
     cap = settings.max_upload_bytes + 64 * 1024  # room for the multipart framing and small fields
     try:
@@ -304,9 +309,9 @@ async def _discard_body(request: Request, cap: int) -> None:
         pass
 
 
-async def wait_slices(request: Request, deadline: float, step) -> Any:
+async def wait_slices(request: Request, deadline: float, step: Callable[[float], T | None]) -> T | None:
     """Call ``step(slice_s)`` in a thread until it returns non-None, the deadline, or a drain."""
-    state = request.app.state
+    state = app_state(request)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or state.draining.is_set():
@@ -319,11 +324,12 @@ async def wait_slices(request: Request, deadline: float, step) -> Any:
 
 async def submission_status(request: Request) -> Response:
     """GET /api/submissions/{uuid}/status?wait=S: current status, or the first change within S seconds."""
-    zoo = request.app.state.zoo
+    state = app_state(request)
+    zoo = state.zoo
     uuid = request.path_params["uuid"]
-    wait = _float_param(request, "wait", 0.0, request.app.state.settings.status_max_wait_s)
+    wait = _float_param(request, "wait", 0.0, state.settings.status_max_wait_s)
     view = zoo.submission(uuid)  # a read of the folded state: no I/O, no need for a thread
-    if getattr(view, "result", None):
+    if view.result:
         doc = await run_in_threadpool(_doc, request, view, uuid)
     else:
         doc = _doc(request, view, uuid)
@@ -343,10 +349,10 @@ async def submission_status(request: Request) -> Response:
 
 async def submission_logs(request: Request) -> Response:
     """GET /api/submissions/{uuid}/logs: the run's build/benchmark log tails and the runner's failure."""
-    zoo = request.app.state.zoo
+    zoo = app_state(request).zoo
     uuid = request.path_params["uuid"]
     view = zoo.submission(uuid)
-    if not getattr(view, "result", None):
+    if not view.result:
         raise ZooError("NOT_FOUND", f"submission {uuid} has no reported run yet ({view.status}); "
                        f"its logs appear once a runner reports", {"uuid": uuid, "status": view.status})
     doc = await run_in_threadpool(logs_doc, uuid, zoo.pending.run_folder(uuid))
@@ -356,11 +362,11 @@ async def submission_logs(request: Request) -> Response:
 
 async def cancel_submission(request: Request) -> Response:
     """POST /api/submissions/{uuid}/cancel: the submitter (or an admin) withdraws a job."""
-    state = request.app.state
+    state = app_state(request)
     uuid = request.path_params["uuid"]
     await limits.read_json_object(request, state.settings.max_json_bytes)
-    view = views.submission_doc(await run_in_threadpool(state.zoo.submission, uuid))
-    who = authz.cancel_by(request, str(view.get("submitter_id")))
+    current = views.submission_doc(await run_in_threadpool(state.zoo.submission, uuid))
+    who = authz.cancel_by(request, str(current.get("submitter_id")))
     await state.zoo.cancel_async(uuid, who)
     view = await run_in_threadpool(state.zoo.submission, uuid)
     return JSONResponse(_doc(request, view, uuid))
@@ -379,12 +385,12 @@ def require_admin(request: Request, what: str = "submissions") -> str:
 async def list_reviews(request: Request) -> Response:
     """GET /api/reviews: submissions held by a static rule, with the evidence (admin token)."""
     require_admin(request)
-    rows = await run_in_threadpool(request.app.state.zoo.reviews)
+    rows = await run_in_threadpool(app_state(request).zoo.reviews)
     return JSONResponse({"reviews": views.plain(rows)})
 
 
 async def _review(request: Request, decision: str) -> Response:
-    state = request.app.state
+    state = app_state(request)
     by = require_admin(request)
     uuid = request.path_params["uuid"]
     body = await limits.read_json_object(request, state.settings.max_json_bytes)
@@ -408,13 +414,15 @@ async def reject_review(request: Request) -> Response:
 async def list_harness_reviews(request: Request) -> Response:
     """GET /api/reviews/harnesses: kernels whose harness at HEAD a submission brought and no admin approved."""
     require_admin(request, "harnesses")
-    state = request.app.state
-    rows = await run_in_threadpool(review.unreviewed_harnesses, state.zoo, state.catalog.digests(state.history))
+    state = app_state(request)
+    # digests is None only for an app without a repo reader (history=None), as before: not checked here
+    rows = await run_in_threadpool(review.unreviewed_harnesses, state.zoo,
+                                   state.catalog.digests(state.history))  # type: ignore[arg-type]
     return JSONResponse({"harnesses": views.plain(rows)})
 
 
 async def _harness_review(request: Request, decision: str) -> Response:
-    state = request.app.state
+    state = app_state(request)
     by = require_admin(request, "harnesses")
     kernel_id = request.path_params["kernel_id"]
     body = await limits.read_json_object(request, state.settings.max_json_bytes)
@@ -446,7 +454,7 @@ async def revoke_submission(request: Request) -> Response:
 
     ``uuid`` may be an unambiguous prefix of the record's uuid (``kz`` prints 8 characters).
     """
-    state = request.app.state
+    state = app_state(request)
     uuid = request.path_params["uuid"]
     principal = authz.token_principal(request)
     if principal is None:
@@ -464,20 +472,20 @@ async def revoke_submission(request: Request) -> Response:
 
 async def queue(request: Request) -> Response:
     """GET /api/queue: pending jobs, jobs in flight, runners seen."""
-    view = await run_in_threadpool(request.app.state.zoo.queue_view)
+    view = await run_in_threadpool(app_state(request).zoo.queue_view)
     return JSONResponse(views.plain(view))
 
 
 async def index_json(request: Request) -> Response:
     """GET /index.json: the leaderboard index document as the daemon keeps it."""
-    doc = request.app.state.zoo.index()
+    doc = app_state(request).zoo.index()
     return Response(json.dumps(views.plain(doc), ensure_ascii=False, separators=(",", ":")),
                     media_type="application/json")
 
 
 def _health(request: Request) -> dict[str, Any]:
-    state = request.app.state
-    return health.report(state.zoo, getattr(state, "runner_supervisor", None), state.draining.is_set())
+    state = app_state(request)
+    return health.report(state.zoo, state.runner_supervisor, state.draining.is_set())
 
 
 async def healthz(request: Request) -> Response:
@@ -500,11 +508,12 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text exposition."""
-    zoo = service_of(request.app.state)
+    state = app_state(request)
+    zoo = state.zoo
     data = dict(await run_in_threadpool(zoo.metrics))
     if "accept_latency_seconds" not in data:
         data["accept_latency_seconds"] = await run_in_threadpool(accept_latency, zoo.store.state.submissions)
-    text = render_metrics(data, request.app.state.http_counters)
+    text = render_metrics(data, state.http_counters)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -1,15 +1,33 @@
-"""The HTTP shim's own knobs, read from the daemon's Config with safe defaults.
+"""The HTTP shim's own knobs, read from the daemon's Config with safe defaults, and what the app holds.
 
 ``Config.http`` (kz_daemon/config/settings.py, the ``http:`` section of ``kz.yaml``) carries
 the listen address and every limit below that shares a name with a field here;
 the upload cap comes from ``limits.max_compressed_bytes``, lease and timeouts from
 ``queue`` and ``timeouts``.
+
+:class:`AppState` is the app's ``state`` as ``create_app`` (kz_daemon/http/app.py) builds it,
+typed: handlers read it with :func:`app_state`.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Any
 
+import anyio
+from starlette.datastructures import State
+from starlette.requests import Request
+
+from kz_daemon.api.metrics import HttpCounters
+from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket
+from kz_daemon.api.spec import Op
+from kz_daemon.api.views import Catalog
+from kz_daemon.config.ports import Service
 from kz_daemon.config.settings import HttpSettings
+from kz_daemon.config.tokens import TokenStore
+from kz_daemon.storage.history import KernelHistory
+from kz_daemon.upkeep.sdnotify import Notifier
+from kz_daemon.upkeep.supervise import Supervisor
 from kz_events import defaults
 
 MIB = 1024 * 1024
@@ -87,3 +105,49 @@ def from_config(config: object | None, **overrides: object) -> ShimSettings:
                     values.setdefault(name, getattr(timeouts, name))
     values.update(overrides)
     return ShimSettings(**values)  # type: ignore[arg-type]
+
+
+class AppState(State):
+    """What the HTTP app holds (``app.state``), typed: set once by ``create_app``.
+
+    Still a Starlette ``State``: what is set later stays on it (``runner_supervisor`` by
+    ``kz up`` once a runner child runs, the connection guard, the source reader), and
+    ``request.app.state.<name>`` reads the same objects.
+    """
+
+    #: The daemon, as the HTTP layer calls it.
+    zoo: Service
+    tokens: TokenStore
+    settings: ShimSettings
+    #: The kernel repo's reader (None: the app serves no repo history).
+    history: KernelHistory | None
+    notifier: Notifier
+    catalog: Catalog
+    rate_limiter: TokenBucket
+    submit_limits: SubmitLimits
+    #: Set when the server shuts down: long polls answer at once.
+    draining: threading.Event
+    poll_limiter: anyio.CapacityLimiter
+    http_counters: HttpCounters
+    openapi: dict[str, Any]
+    ops: list[Op]
+    #: The supervised runner child of ``kz up`` (None without one).
+    runner_supervisor: Supervisor | None
+
+    def __init__(self, *, zoo: Service, tokens: TokenStore, settings: ShimSettings, history: KernelHistory | None,
+                 notifier: Notifier, catalog: Catalog, rate_limiter: TokenBucket, submit_limits: SubmitLimits,
+                 draining: threading.Event, poll_limiter: anyio.CapacityLimiter, http_counters: HttpCounters,
+                 openapi: dict[str, Any], ops: list[Op], runner_supervisor: Supervisor | None = None) -> None:
+        super().__init__({
+            "zoo": zoo, "tokens": tokens, "settings": settings, "history": history, "notifier": notifier,
+            "catalog": catalog, "rate_limiter": rate_limiter, "submit_limits": submit_limits, "draining": draining,
+            "poll_limiter": poll_limiter, "http_counters": http_counters, "openapi": openapi, "ops": ops,
+            "runner_supervisor": runner_supervisor})
+
+
+def app_state(request: Request) -> AppState:
+    """The state of the app serving ``request``: what ``create_app`` built, typed."""
+    state = request.app.state
+    if not isinstance(state, AppState):
+        raise TypeError("the app's state is not an AppState: build the app with kz_daemon.http.app.create_app")
+    return state

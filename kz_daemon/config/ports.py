@@ -3,8 +3,9 @@
 The queue, intake, accept saga, recovery, indexer and mirror take the daemon as
 their first argument; typing it here (instead of importing ``kz_daemon.ops.service``)
 keeps them free of the service module, so imports run one way: service → them.
-The HTTP layer takes the wider :class:`Service` (the daemon and its service calls),
-read from the app's state with :func:`service_of`.
+The HTTP layer takes the wider :class:`Service` (the daemon and its service calls): the
+``zoo`` field of the app's typed state (``kz_daemon.api.shim_settings.AppState``), or
+read from an untyped state with :func:`service_of`.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ class Service(Daemon, Protocol):
     """The daemon as the HTTP layer calls it: the ``Daemon`` and the service's calls (``Zoo``'s methods).
 
     ``create_app`` takes one, so mypy checks that ``Zoo`` has every call a handler makes;
-    the handlers reach it through :func:`service_of`. Values of the wings above
+    the handlers reach it as ``app_state(request).zoo`` (or through :func:`service_of`). Values of the wings above
     ``config`` (a ``Claim``, an idempotency ``Decision``) are ``Any`` here.
     """
 

@@ -27,7 +27,7 @@ from kz_daemon.api import openapi, public as api, runner as runner_api
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
 from kz_daemon.api.metrics import HttpCounters
 from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket, parse_networks
-from kz_daemon.api.shim_settings import ShimSettings
+from kz_daemon.api.shim_settings import AppState, ShimSettings
 from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.views import Catalog
 from kz_daemon.browse import source_api
@@ -36,6 +36,7 @@ from kz_daemon.config.tokens import TokenStore
 from kz_daemon.http.guard import BodyDeadline, ConnectionGuard, accept_backlog, protocol_class, raise_fd_limit
 from kz_daemon.mcp.in_process import McpEndpoint
 from kz_daemon.standings import rankings, rerun_api
+from kz_daemon.storage.history import KernelHistory
 from kz_daemon.upkeep.sdnotify import Notifier
 from kz_daemon.web import pages, source_pages
 
@@ -82,10 +83,11 @@ class _CountRequests:
 
 
 def create_app(zoo: Service, tokens: TokenStore, settings: ShimSettings | None = None, *,
-               history: Any = None, notifier: Notifier | None = None, version: str = "0") -> Starlette:
+               history: KernelHistory | None = None, notifier: Notifier | None = None, version: str = "0") -> Starlette:
     """The HTTP shim for ``zoo``: public API, runner API, web pages, /openapi.json.
 
-    ``zoo`` goes on ``app.state.zoo``; handlers read it back with ``service_of`` (typed).
+    ``app.state`` is an :class:`AppState` holding ``zoo``, ``history`` and the shared objects;
+    handlers read it with ``app_state(request)`` (typed).
     """
     settings = settings or ShimSettings()
     notifier = notifier or Notifier({})
@@ -126,23 +128,17 @@ def create_app(zoo: Service, tokens: TokenStore, settings: ShimSettings | None =
         Mount("/mcp", app=mcp_endpoint, name="mcp"),
     ]
     app = Starlette(routes=all_routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
-    app.state.zoo = zoo
-    app.state.tokens = tokens
-    app.state.settings = settings
-    app.state.history = history
-    app.state.notifier = notifier
-    app.state.catalog = Catalog()
-    app.state.rate_limiter = TokenBucket(settings.submit_rate_per_s, settings.submit_burst)
-    app.state.submit_limits = SubmitLimits(
-        app.state.rate_limiter,
-        TokenBucket(max(settings.submit_rate_per_address_per_s, settings.submit_rate_per_s),
-                    max(settings.submit_burst_per_address, settings.submit_burst)),
-        tuple(settings.trusted_proxies))
-    app.state.draining = threading.Event()
-    app.state.poll_limiter = anyio.CapacityLimiter(512)
-    app.state.http_counters = counters
-    app.state.openapi = openapi.build(ops, version)
-    app.state.ops = ops
+    rate_limiter = TokenBucket(settings.submit_rate_per_s, settings.submit_burst)
+    app.state = AppState(
+        zoo=zoo, tokens=tokens, settings=settings, history=history, notifier=notifier, catalog=Catalog(),
+        rate_limiter=rate_limiter,
+        submit_limits=SubmitLimits(
+            rate_limiter,
+            TokenBucket(max(settings.submit_rate_per_address_per_s, settings.submit_rate_per_s),
+                        max(settings.submit_burst_per_address, settings.submit_burst)),
+            tuple(settings.trusted_proxies)),
+        draining=threading.Event(), poll_limiter=anyio.CapacityLimiter(512), http_counters=counters,
+        openapi=openapi.build(ops, version), ops=ops)
     app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)
     app.add_middleware(_CountRequests, counters=counters)
     mcp_endpoint.bind(app)

@@ -20,20 +20,21 @@ from starlette.responses import JSONResponse, Response
 
 from kz_daemon.api import views
 from kz_daemon.api.public import catalog
+from kz_daemon.api.shim_settings import app_state
 from kz_daemon.api.spec import Op
 from kz_daemon.board import ranking
 from kz_daemon.board.documents import KernelFacts, ceilings_of, interval_doc, operator_document
+from kz_daemon.config.ports import Service
 from kz_daemon.core.errors import ZooError
+from kz_daemon.storage.history import KernelHistory
 from kz_events.status import Status
 
 __all__ = ["held_by_kernel", "gather", "boards", "operator_doc", "OPS"]
 
 
-def held_by_kernel(zoo: Any) -> dict[str, int]:
+def held_by_kernel(zoo: Service) -> dict[str, int]:
     """How many live submissions of each kernel wait for an admin's review (status ``held``)."""
-    store = getattr(zoo, "store", None)
-    if store is None:
-        return {}
+    store = zoo.store
     out: dict[str, int] = {}
     with store.lock:
         for sub in store.state.submissions.values():
@@ -42,7 +43,7 @@ def held_by_kernel(zoo: Any) -> dict[str, int]:
     return out
 
 
-def gather(history: Any, zoo: Any, kernel_ids: Sequence[str]) -> dict[str, KernelFacts]:
+def gather(history: KernelHistory | None, zoo: Service, kernel_ids: Sequence[str]) -> dict[str, KernelFacts]:
     """The facts of each kernel (git reads at HEAD: call it in a worker thread)."""
     held = held_by_kernel(zoo)
     out: dict[str, KernelFacts] = {}
@@ -53,7 +54,7 @@ def gather(history: Any, zoo: Any, kernel_ids: Sequence[str]) -> dict[str, Kerne
         harness = history.harness(kid)
         desc, _card = history.package_docs(kid)
         revoked = sum(1 for p in history.accepted(kid) if p.revoked)
-        out[kid] = KernelFacts(dict(getattr(harness, "params", {}) or {}),
+        out[kid] = KernelFacts(dict(harness.params),
                                desc.get("io_signature") if isinstance(desc, dict) else None, revoked,
                                held.get(kid, 0))
     return out
@@ -71,7 +72,7 @@ async def operator_doc(request: Request, operator: str) -> dict[str, Any]:
     if board is None:
         raise ZooError("NOT_FOUND", f"no operator {operator!r}; GET /api/operators lists them",
                        {"operator": operator})
-    state = request.app.state
+    state = app_state(request)
     facts = await run_in_threadpool(gather, state.history, state.zoo, [k.kernel_id for k in board.kernels])
     return operator_document(board, facts, ceilings_of(state.zoo))
 

@@ -9,7 +9,6 @@ the templates in ``templates/`` lay them out (see :mod:`kz_daemon.web.render`).
 """
 from __future__ import annotations
 
-import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -21,14 +20,18 @@ from starlette.routing import Route
 
 from kz_daemon.api import views
 from kz_daemon.api.public import catalog
+from kz_daemon.api.shim_settings import app_state
 from kz_daemon.board import ranking
 from kz_daemon.board.documents import KernelFacts, ceilings_of, kernel_speed_of_light
+from kz_daemon.config.ports import Service
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
-from kz_daemon.guards.harness_review import review_of
+from kz_daemon.core.readmodel import SubmissionView
+from kz_daemon.guards.harness_review import HarnessDigests, review_of
 from kz_daemon.intake import review
 from kz_daemon.standings import rankings
 from kz_daemon.storage import run_logs as logs
+from kz_daemon.storage.history import Harness, HistoryPoint, KernelHistory
 from kz_daemon.web import charts as web_charts, commits, operators, source_pages, submission_list
 from kz_daemon.web.render import PAGE_HEADERS, TEMPLATES, fmt_value, short_sha, when
 from kz_events.status import STATUSES, Status, is_terminal
@@ -86,12 +89,12 @@ async def home(request: Request) -> Response:
     order = "desc" if q.get("order") == "desc" else "asc"
     page_no = _page_number(request)
     cat = catalog(request)
-    state = request.app.state
-    now = getattr(state.zoo, "clock", time.time)()  # the daemon's clock: the one its commits carry
+    state = app_state(request)
+    now = state.zoo.clock()  # the daemon's clock: the one its commits carry
     digests = cat.digests(state.history)
 
     def unreviewed(kernel_id: str, sha_src: str) -> bool:
-        return review_of(getattr(state.zoo, "store", None), digests, kernel_id, sha_src) == ranking.UNREVIEWED
+        return review_of(state.zoo.store, digests, kernel_id, sha_src) == ranking.UNREVIEWED
 
     week, new_bests = await run_in_threadpool(operators.latest_bests, state.history, cat.get, now, unreviewed)
     facets = cat.memo(("facets",), cat.facets)
@@ -119,7 +122,7 @@ async def home(request: Request) -> Response:
 
 # -- operator page --------------------------------------------------------------------------------
 
-def _operator_extras(history: Any, entries: list[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
+def _operator_extras(history: KernelHistory | None, entries: list[Mapping[str, Any]]) -> tuple[dict, dict, dict]:
     """What the operator page reads from each implementation's scorecard and METAS at the head, in one pass.
 
     ``values``: ``{kernel_id: {case: {metric: best value}}}`` of the non-primary metrics;
@@ -167,8 +170,9 @@ async def operator_page(request: Request) -> Response:
     reference = operators.reference_of(entries)
     case_boards = operators.boards(entries, reference)
     doc = await rankings.operator_doc(request, key.path)
-    charts = await run_in_threadpool(operators.best_over_time, request.app.state.history, doc)
-    values, declared, older = await run_in_threadpool(_operator_extras, request.app.state.history, entries)
+    history = app_state(request).history
+    charts = await run_in_threadpool(operators.best_over_time, history, doc)
+    values, declared, older = await run_in_threadpool(_operator_extras, history, entries)
     for board in case_boards:
         for standing in board.standings:
             standing.secondary = values.get(standing.kernel_id, {}).get(board.case_id, {})
@@ -183,7 +187,7 @@ async def operator_page(request: Request) -> Response:
 
 # -- kernel page ----------------------------------------------------------------------------------
 
-def _case_charts(points: list[Any], primaries: Mapping[str, str], units: Mapping[str, str]) -> list[Any]:
+def _case_charts(points: list[HistoryPoint], primaries: Mapping[str, str], units: Mapping[str, str]) -> list[Any]:
     """One small chart per case: its primary metric over the accepted runs (x = accept rank)."""
     by_case: dict[str, list[tuple[float, float, str, str]]] = {}
     for rank, point in enumerate(points, start=1):
@@ -204,7 +208,7 @@ def _case_charts(points: list[Any], primaries: Mapping[str, str], units: Mapping
     return charts
 
 
-def _scorecard_rows(card: Any, primaries: Mapping[str, str], head_harness: str | None = None) -> list[dict[str, Any]]:
+def _scorecard_rows(card: dict | None, primaries: Mapping[str, str], head_harness: str | None = None) -> list[dict[str, Any]]:
     """One row per case and metric (the primary first): best and current records, value None for a placeholder.
 
     A record measured under a harness other than ``head_harness`` (HEAD's benchmark.py
@@ -233,7 +237,7 @@ def _scorecard_rows(card: Any, primaries: Mapping[str, str], head_harness: str |
     return rows
 
 
-def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harness: Any,
+def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harness: Harness | None,
                          ceilings: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per case: its primary metric's best and that best's speed of light, as ``GET /api/kernels/{id}``.
 
@@ -251,7 +255,8 @@ def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harn
     return rows
 
 
-def _kernel_data(history: Any, kernel_id: str) -> tuple[Any, Any, list[Any], Any]:
+def _kernel_data(history: KernelHistory | None, kernel_id: str
+                 ) -> tuple[dict | None, dict | None, list[HistoryPoint], Harness | None]:
     if history is None:
         return None, None, [], None
     desc, card = history.package_docs(kernel_id)
@@ -264,8 +269,8 @@ async def kernel_page(request: Request) -> Response:
     entry = catalog(request).get(kernel_id)
     if entry is None:
         return _error(request, ZooError("NOT_FOUND", f"no kernel {kernel_id!r}"))
-    desc, card, points, harness = await run_in_threadpool(_kernel_data, request.app.state.history, kernel_id)
-    state = request.app.state
+    state = app_state(request)
+    desc, card, points, harness = await run_in_threadpool(_kernel_data, state.history, kernel_id)
     digests = catalog(request).digests(state.history)
     head = (state.zoo.index() or {}).get("head")
     harness_hash = (await run_in_threadpool(digests.at, head, [kernel_id]))[kernel_id] if digests and head else None
@@ -273,7 +278,7 @@ async def kernel_page(request: Request) -> Response:
     kernel_cases = views.cases(entry)
     primaries = {str(c.get("test_case_id")): str(c.get("primary_metric") or "") for c in kernel_cases}
     units = {str(c.get("test_case_id")): str(c.get("unit") or "") for c in kernel_cases}
-    attempts, more = await run_in_threadpool(submission_list.recent, request.app.state.zoo,
+    attempts, more = await run_in_threadpool(submission_list.recent, state.zoo,
                                              submission_list.Filters(kernel=kernel_id), 1, KERNEL_ATTEMPTS)
     attempts = [a for a in attempts if a["kernel_id"] == kernel_id]
     records = await run_in_threadpool(source_pages.kernel_records, request, kernel_id)
@@ -286,7 +291,7 @@ async def kernel_page(request: Request) -> Response:
         "charts": [c for c in _case_charts(points, primaries, units) if c is not None],
         "harness": harness, "attempts": attempts, "more_attempts": more, "records": records,
         "harness_unreviewed": ranking.unreviewed(entry), "harness_hash": harness_hash,
-        "speed_of_light": _speed_of_light_rows(entry, desc, harness, ceilings_of(request.app.state.zoo)),
+        "speed_of_light": _speed_of_light_rows(entry, desc, harness, ceilings_of(state.zoo)),
         "io": [i for i in desc.get("io_signature") or [] if isinstance(i, dict)]})
 
 
@@ -295,7 +300,7 @@ async def kernel_page(request: Request) -> Response:
 async def commit_page(request: Request) -> Response:
     """GET /commits/{sha}: a commit of the kernel repo: message, trailers, changed files, bounded diff."""
     sha = request.path_params["sha"].lower()
-    history = request.app.state.history
+    history = app_state(request).history
     view = await run_in_threadpool(commits.read_commit, history.repo_path, sha) if history is not None else None
     if view is None:
         return _error(request, ZooError("NOT_FOUND", f"no commit {sha!r} (links use the full 40-digit SHA)"))
@@ -311,7 +316,7 @@ async def submissions_page(request: Request) -> Response:
     """GET /submissions: recent submissions, newest first, filtered by kernel, submitter and status."""
     filters = submission_list.Filters.from_query(request.query_params)
     page_no = _page_number(request)
-    rows, more = await run_in_threadpool(submission_list.recent, request.app.state.zoo, filters, page_no)
+    rows, more = await run_in_threadpool(submission_list.recent, app_state(request).zoo, filters, page_no)
     base = {"kernel": filters.kernel, "submitter": filters.submitter, "status": filters.status}
     return _render(request, "submissions.html", {
         "title": "Submissions", "filters": filters, "statuses": STATUSES, "rows": rows, "page": page_no,
@@ -343,20 +348,19 @@ def log_blocks(doc: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     return blocks
 
 
-def _submission_data(zoo: Any, view: Any, uuid: str, digests: Any = None) -> tuple[dict[str, Any], bool]:
+def _submission_data(zoo: Service, view: SubmissionView, uuid: str,
+                     digests: HarnessDigests | None = None) -> tuple[dict[str, Any], bool]:
     """The status document and whether retention removed the run's logs (file reads)."""
     doc = views.submission_doc(view, f"/api/submissions/{uuid}/status", zoo, digests)
-    pending = getattr(zoo, "pending", None)
-    pruned = bool(doc.get("logs_url")) and pending is not None and \
-        logs.logs_doc(uuid, pending.run_folder(uuid))["pruned"]
+    pruned = bool(doc.get("logs_url")) and logs.logs_doc(uuid, zoo.pending.run_folder(uuid))["pruned"]
     return doc, pruned
 
 
-def _held_evidence(zoo: Any, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _held_evidence(zoo: Service, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The rule findings that held the submission, when it was ever held (a file read; [] otherwise)."""
     history = doc.get("history") or []
     was_held = any(isinstance(h, (list, tuple)) and len(h) > 1 and h[1] == Status.HELD for h in history)
-    if not was_held or getattr(zoo, "pending", None) is None:
+    if not was_held:
         return []
     return [f for f in review.evidence_of(zoo, str(doc.get("uuid") or "")) if isinstance(f, dict)]
 
@@ -364,16 +368,16 @@ def _held_evidence(zoo: Any, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 async def submission_page(request: Request) -> Response:
     """GET /submissions/{uuid}: status history, reasons with fix hints, results, logs; follows the job."""
     uuid = request.path_params["uuid"]
+    state = app_state(request)
     try:
-        view = await run_in_threadpool(request.app.state.zoo.submission, uuid)
+        view = await run_in_threadpool(state.zoo.submission, uuid)
     except ZooError as exc:
         return _error(request, exc)
     # submission_doc reads the run's log tails (a file): off the event loop
-    state = request.app.state
     doc, logs_pruned = await run_in_threadpool(_submission_data, state.zoo, view, uuid,
                                                state.catalog.digests(state.history))
     reasons = [r for r in doc.get("reasons") or [] if isinstance(r, dict)]  # each carries its hint
-    doc = dict(doc, held_evidence=await run_in_threadpool(_held_evidence, request.app.state.zoo, doc))
+    doc = dict(doc, held_evidence=await run_in_threadpool(_held_evidence, state.zoo, doc))
     timeline = [{"seq": item[0], "status": item[1], "ts": item[2]} for item in doc.get("history") or []
                 if isinstance(item, (list, tuple)) and len(item) >= 3]
     status = str(doc.get("status", ""))
@@ -395,7 +399,7 @@ def _listing(items: Any, key: str) -> list[dict[str, Any]]:
 
 async def queue_page(request: Request) -> Response:
     """GET /queue: per arch (live runners, runners seen, waiting), pending jobs, in flight, runners (refreshes)."""
-    view = views.plain(await run_in_threadpool(request.app.state.zoo.queue_view))
+    view = views.plain(await run_in_threadpool(app_state(request).zoo.queue_view))
     view = view if isinstance(view, dict) else {}
     return _render(request, "queue.html", {
         "title": "Queue", "pending": _listing(view.get("pending"), "uuid"),

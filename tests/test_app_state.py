@@ -1,0 +1,33 @@
+"""The app's typed state: ``create_app`` builds an ``AppState``, handlers read it with ``app_state``."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from starlette.applications import Starlette
+
+from kz_daemon.api.shim_settings import AppState, ShimSettings, app_state
+from kz_daemon.config.tokens import TokenStore
+from kz_daemon.http.app import create_app
+
+
+def test_create_app_holds_its_objects_in_a_typed_state(tmp_path):
+    zoo = object()
+    settings = ShimSettings()
+    app = create_app(zoo, TokenStore(tmp_path / "auth.yaml"), settings)
+    state = app_state(SimpleNamespace(app=app))
+    assert isinstance(state, AppState) and state is app.state
+    assert state.zoo is zoo and state.settings is settings and state.history is None
+    assert state.runner_supervisor is None and not state.draining.is_set()
+    assert state.submit_limits is app.state.submit_limits and state.openapi["openapi"]
+    # what is set later on app.state (a runner supervisor, the source reader) reads back typed and untyped
+    marker = object()
+    app.state.runner_supervisor = marker
+    assert state.runner_supervisor is marker and app.state.runner_supervisor is marker
+    state.revisions = marker
+    assert getattr(app.state, "revisions", None) is marker
+
+
+def test_app_state_refuses_an_app_create_app_did_not_build():
+    with pytest.raises(TypeError, match="create_app"):
+        app_state(SimpleNamespace(app=Starlette()))

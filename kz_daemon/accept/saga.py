@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import yaml
 from dulwich.file import FileLocked
@@ -90,13 +90,14 @@ def case_summary(result: BenchmarkResult | None, metas: list[dict]) -> list[Case
     declared = {(m.get("test_case_id"), d.get("name")): d for m in metas or []
                 for d in _list(m.get("metrics")) if isinstance(d, dict)}
     out: list[CaseSummary] = []
-    listed = (result or {}).get("cases", []) if isinstance(result, dict) else []
-    if not isinstance(listed, Iterable):  # e.g. "cases": null: iterating it raises this, as it always did
-        raise TypeError(f"{type(listed).__name__!r} object is not iterable")
+    # "cases" that is not a list (null, a number, an object) is the hard checks' RESULT_SCHEMA: no summaries
+    listed = _list(result.get("cases")) if isinstance(result, dict) else []
     for case in listed:
         if not isinstance(case, dict):
             continue
         cid = case.get("test_case_id")
+        if isinstance(cid, (list, dict)):  # not an id (RESULT_SCHEMA): named by its text, like the checks do
+            cid = repr(cid)
         metric = primary.get(cid)
         value, spread = None, None
         for m in case.get("metrics", []) if isinstance(case.get("metrics"), list) else []:

@@ -235,7 +235,9 @@ def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdic
 
     listed = doc.get("cases")
     cases = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
-    ids = [c.get("test_case_id") for c in cases]
+    # an id that is not a string (the schema's error above) is counted by its repr: a list or a dict
+    # would not hash, and the checks must decide on any document a benchmark prints
+    ids = [cid if isinstance(cid := c.get("test_case_id"), str) else repr(cid) for c in cases]
     expected = set(case_ids)
     seen, dupes = set(), []
     for cid in ids:

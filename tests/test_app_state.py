@@ -31,3 +31,15 @@ def test_create_app_holds_its_objects_in_a_typed_state(tmp_path):
 def test_app_state_refuses_an_app_create_app_did_not_build():
     with pytest.raises(TypeError, match="create_app"):
         app_state(SimpleNamespace(app=Starlette()))
+
+
+def test_the_list_of_unreviewed_harnesses_without_a_repo_reader_is_unavailable(tmp_path):
+    from starlette.testclient import TestClient
+
+    tokens = TokenStore(tmp_path / "auth.yaml")
+    admin = tokens.issue("admin", "root")
+    app = create_app(object(), tokens, ShimSettings())  # no history: the kernel repo cannot be read
+    with TestClient(app) as client:
+        resp = client.get("/api/reviews/harnesses", headers={"Authorization": f"Bearer {admin}"})
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "UNAVAILABLE"

@@ -415,9 +415,10 @@ async def list_harness_reviews(request: Request) -> Response:
     """GET /api/reviews/harnesses: kernels whose harness at HEAD a submission brought and no admin approved."""
     require_admin(request, "harnesses")
     state = app_state(request)
-    # digests is None only for an app without a repo reader (history=None), as before: not checked here
-    rows = await run_in_threadpool(review.unreviewed_harnesses, state.zoo,
-                                   state.catalog.digests(state.history))  # type: ignore[arg-type]
+    digests = state.catalog.digests(state.history)
+    if digests is None:  # an app without a repo reader (history=None), as the decisions answer
+        raise ZooError("UNAVAILABLE", "the kernel repo cannot be read")
+    rows = await run_in_threadpool(review.unreviewed_harnesses, state.zoo, digests)
     return JSONResponse({"harnesses": views.plain(rows)})
 
 

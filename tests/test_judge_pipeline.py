@@ -78,6 +78,11 @@ def test_the_judge_accepts_honest_work_stops_three_cheats_and_marks_an_unjudged_
         assert all(c["metrics_best"]["latency_us"]["commit_sha"] != "0000000" for c in card["cases"])
         for cheat in cheats:
             doc = docs[cheat.name]
+            if doc["status"] == "failed" and cheat.expected_code == "TIMER_TAMPERED":
+                # voided as MACHINE_BUSY on every attempt (a load of 4-7 on two cores did it): the runner gave
+                # the job back each time and the queue gave up, never a pass (as in test_judge_corpus_pipeline)
+                assert doc["reasons"][0]["code"] == "ATTEMPTS_EXHAUSTED", (cheat.name, doc["reasons"])
+                continue
             assert doc["status"] == "rejected", (cheat.name, doc)
             # a clock the worker's reports do not fit is TIMER_TAMPERED; on a host so loaded that the
             # worker's wait for a CPU explains the missing time the timing is void (MACHINE_BUSY): never a pass

@@ -599,3 +599,39 @@ def test_an_os_thread_still_exiting_after_its_join_is_not_a_leak(monkeypatch):
     monkeypatch.setattr(integrity, "_os_tasks", lambda: real() | {999_999_998})  # one that stays
     finding = census.leak()
     assert finding is not None and finding.code == "THREAD_LEAK" and "OS thread" in finding.message
+
+
+WRONG_AND_BUSY = """
+import os
+
+import numpy as np
+
+# Three spinning processes share the worker's one CPU: its main thread waits for that CPU between calls, so
+# every judged batch is busy (MACHINE_BUSY, a void timing). Its output is wrong from the first call.
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+for _ in range(3):
+    if os.fork() == 0:
+        while True:
+            pass
+
+
+def softmax_rows(x):
+    return np.zeros_like(x)
+"""
+
+
+def test_a_wrong_kernel_that_makes_its_timing_void_still_fails_its_case(built, tmp_path):
+    # The case's correctness check is the verdict: a void timing (the worker loading its own CPU) must not
+    # turn it into MACHINE_BUSY, which the runner gives back to the queue (ATTEMPTS_EXHAUSTED, never rejected).
+    pkg = tmp_path / "pkg"
+    shutil.copytree(EXAMPLES / SOFTMAX, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "src" / "softmax.py").write_text(WRONG_AND_BUSY)
+    work = _fresh_workdir(built, SOFTMAX, tmp_path)
+    done, channel_data = run_benchmark(pkg, work, seed=24680)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["overall"]["accept"] is False, doc["overall"]
+    assert "correctness FAILED" in err, err[-3000:]
+    assert "MACHINE_BUSY" not in json.dumps(doc) and b"MACHINE_BUSY" not in (channel_data or b""), doc["overall"]
+    assert "too busy to judge the timing; again" not in err  # no retry: the failed check decided the case

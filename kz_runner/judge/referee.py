@@ -145,6 +145,7 @@ class JudgeResult:
     findings: list[Finding] = field(default_factory=list)
     elapsed_s: float = 0.0  # the whole time() call
     first_output: list[np.ndarray] | None = None  # the outputs of the call on first_inputs
+    first_passed: bool | None = None  # first_output against first_expected (None: not compared)
     stop_reason: str = ""  # "batches" (as many as asked), "target_rse" or "budget"
     timed_wall_s: float = 0.0  # sum of the timed batches' walls
 
@@ -937,6 +938,7 @@ class Judge:
                 exps = list(first_expected) if isinstance(first_expected, (tuple, list)) else [first_expected]
                 checking["on"] = all(_compare(g, e if on_device else _host(e), atol, rtol) is None
                                      for g, e in zip(result.first_output, exps))
+                result.first_passed = checking["on"]
         run(1, None, first_call_timeout_s)  # the first drawn call: imports, JIT, first touch
         wall1 = min(run(1, None, first_call_timeout_s)[0] for _ in range(3))
         est_call = max(wall1 - overhead(1), 1_000.0)

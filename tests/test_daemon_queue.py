@@ -88,6 +88,7 @@ def test_lease_expiry_requeues_then_fails_after_max_attempts(zoo, clock):
     q.reap(zoo)
     sub = zoo.store.submission(sub_uuid)
     assert sub.status == "failed" and sub.reasons[-1]["code"] == "ATTEMPTS_EXHAUSTED"
+    assert "the last: the lease of runner r2 expired" in sub.reasons[-1]["message"]
     assert zoo.claim("r3", "cpu", 0) is None
 
 
@@ -99,6 +100,18 @@ def test_release_puts_the_job_back(zoo):
     with pytest.raises(ZooError):
         zoo.release(sub_uuid, "r1", c1.lease_id, "again")
     assert zoo.claim("r2", "cpu", 0).uuid == sub_uuid
+
+
+def test_the_last_release_says_why_the_attempts_ran_out(zoo):
+    # A job given back on every attempt (a runner's MACHINE_BUSY, say) fails saying how the last one ended.
+    sub_uuid = queue(zoo, AXPY_ID, "x")
+    for attempt in range(1, zoo.config.queue.max_attempts + 1):
+        claim = zoo.claim(f"r{attempt}", "cpu", 0)
+        zoo.release(sub_uuid, f"r{attempt}", claim.lease_id, f"MACHINE_BUSY: too loaded ({attempt})")
+    sub = zoo.store.submission(sub_uuid)
+    assert sub.status == "failed" and sub.reasons[-1]["code"] == "ATTEMPTS_EXHAUSTED"
+    last = f"MACHINE_BUSY: too loaded ({zoo.config.queue.max_attempts})"
+    assert sub.reasons[-1]["message"].endswith(f"the last: {last}"), sub.reasons[-1]
 
 
 def test_claim_waits_for_a_job(zoo):

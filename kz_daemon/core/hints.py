@@ -83,8 +83,11 @@ DAEMON_HINTS: dict[str, str] = {
     "REVIEW_REJECTED": "An operator rejected the change after review: read the message and submit again "
                        "once it is addressed.",
     # queue and accept
-    "ATTEMPTS_EXHAUSTED": "Every runner that took the job lost it (crash, timeout or restart): make the "
-                          "build and benchmark finish well within the time limits and submit again.",
+    "ATTEMPTS_EXHAUSTED": "Every runner that took the job gave it back or lost it; the message says how the "
+                          "last attempt ended. A crash, timeout or restart: make the build and benchmark "
+                          "finish well within the time limits and submit again. MACHINE_BUSY: the runner's "
+                          "host was too loaded to time the kernel, or the kernel loaded it itself (threads or "
+                          "processes working beside its calls): submit again, without them.",
     "CANCELLED": "The submission was cancelled; submit again when you want it run.",
     "REVOKED": "An operator revoked this result (the message says why) and the bests were recomputed "
                "without it: fix the package and submit again.",
@@ -139,3 +142,9 @@ def public_reason(reason: Any) -> Any:
     out["message"] = PUBLIC_MESSAGES[str(out["code"])]
     out.pop("details", None)
     return out
+
+
+def exhausted_message(attempts: int, max_attempts: int, last: str) -> str:
+    """ATTEMPTS_EXHAUSTED's message: the count, and how the last attempt ended (the runner's reason)."""
+    return (f"{attempts} attempts without a result (queue.max_attempts is {max_attempts}); "
+            f"the last: {last[:300]}")

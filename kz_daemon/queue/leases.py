@@ -25,7 +25,7 @@ from typing import Any
 
 from kz_daemon.config.ports import Daemon
 from kz_daemon.config.settings import Limits
-from kz_daemon.core import scorecard
+from kz_daemon.core import hints, scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards import harness_lock
 from kz_daemon.queue import confirm, reference, reruns
@@ -158,11 +158,10 @@ def decide_renew(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str) -> t
                                                             lease_id=lease_id, lease_expires_at=expires))
 
 
-def _exhausted(zoo: Daemon, sub: Any) -> list:
+def _exhausted(zoo: Daemon, sub: Any, last: str) -> list:
     if sub.attempts >= zoo.config.queue.max_attempts:
         return [ev.JobFailed(uuid=sub.uuid, code="ATTEMPTS_EXHAUSTED",
-                             message=f"{sub.attempts} attempts without a result "
-                                     f"(queue.max_attempts is {zoo.config.queue.max_attempts})")]
+                             message=hints.exhausted_message(sub.attempts, zoo.config.queue.max_attempts, last))]
     return []
 
 
@@ -179,7 +178,8 @@ def decide_release(zoo: Daemon, sub_uuid: str, runner_id: str, lease_id: str,
     with zoo.lock:
         sub, _lease = check_lease(zoo, sub_uuid, runner_id, lease_id)
         return None, zoo.store.submit(ev.JobReleased(uuid=sub_uuid, runner_id=runner_id, lease_id=lease_id,
-                                                     reason=reason or "released"), *_exhausted(zoo, sub))
+                                                     reason=reason or "released"),
+                                         *_exhausted(zoo, sub, reason or "released"))
 
 
 def reap(zoo: Daemon, now: float | None = None) -> int:
@@ -194,7 +194,8 @@ def reap(zoo: Daemon, now: float | None = None) -> int:
             sub = state.submissions[sub_uuid]
             zoo.store.emit(ev.JobLeaseExpired(uuid=sub_uuid, runner_id=lease.runner_id,
                                               lease_id=lease.lease_id, attempt=lease.attempt),
-                           *_exhausted(zoo, sub))
+                           *_exhausted(zoo, sub, f"the lease of runner {lease.runner_id} expired (no renewal, no "
+                                                 f"report)"))
             count += 1
         for events in reruns.expired(zoo, state, now):
             zoo.store.emit(*events)

@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from kz_daemon.board import outcome
 from kz_daemon.config.ports import Daemon
-from kz_daemon.core import scorecard, short_ids
+from kz_daemon.core import hints, scorecard, short_ids
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards import unconfined
 from kz_daemon.storage.pending import result_bytes
@@ -127,8 +127,10 @@ def _gone(zoo: Daemon, rerun: dict, runner_id: str, lease_id: str, reason: str, 
                                   lease_id=lease_id, reason=reason, expired=expired_)]
     if rerun["status"] == "running" and rerun["attempts"] >= zoo.config.queue.max_attempts:
         out.append(ev.RerunFailed(rerun_id=rerun["rerun_id"], uuid=rerun["uuid"], code="ATTEMPTS_EXHAUSTED",
-                                  message=f"{rerun['attempts']} attempts without a result "
-                                          f"(queue.max_attempts is {zoo.config.queue.max_attempts})"))
+                                  message=hints.exhausted_message(
+                                      rerun["attempts"], zoo.config.queue.max_attempts,
+                                      f"the lease of runner {runner_id} expired (no renewal, no report)" if expired_
+                                      else reason)))
     return out
 
 

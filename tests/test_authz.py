@@ -1,14 +1,14 @@
 """Who may call what (kz_daemon/api/authz.py): each principal kind against runner and submission routes."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from starlette.requests import Request
 
 from kz_daemon.api import authz
+from kz_daemon.api.shim_settings import ShimSettings
 from kz_daemon.config.tokens import Principal, TokenStore
 from kz_daemon.core.errors import ZooError
+from kz_daemon.http.app import create_app
 from tests.helpers.http_server import CPU_AXPY, package_tarball
 from tests.helpers.live_api import api_error, live_server
 
@@ -18,8 +18,10 @@ live = live_server("authz")
 @pytest.fixture()
 def tokens(tmp_path):
     store = TokenStore(tmp_path / "auth.yaml")
-    return {"store": store, "runner": store.issue("runner", "gpu-0"), "submitter": store.issue("submitter", "alice"),
-            "admin": store.issue("admin", "admin")}
+    # the app's typed state (authz reads it with app_state), with and without the token policy
+    apps = {need: create_app(object(), store, ShimSettings(submissions_require_token=need)) for need in (False, True)}
+    return {"store": store, "apps": apps, "runner": store.issue("runner", "gpu-0"),
+            "submitter": store.issue("submitter", "alice"), "admin": store.issue("admin", "admin")}
 
 
 def _request(tokens, token=None, submitter=None, require_token=False) -> Request:
@@ -29,8 +31,7 @@ def _request(tokens, token=None, submitter=None, require_token=False) -> Request
         headers.append((b"authorization", f"Bearer {token}".encode()))
     if submitter is not None:
         headers.append((b"x-submitter-id", submitter.encode()))
-    app = SimpleNamespace(state=SimpleNamespace(
-        tokens=tokens["store"], settings=SimpleNamespace(submissions_require_token=require_token)))
+    app = tokens["apps"][require_token]
     return Request({"type": "http", "method": "POST", "path": "/", "headers": headers, "app": app})
 
 

@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from kz_daemon.config.ports import Daemon, Service, service_of
+from kz_daemon.config.ports import Daemon, Service
 from kz_daemon.ops.service import Zoo
 
 
@@ -44,10 +44,3 @@ def _member(name: str):
         if name in vars(klass):
             return vars(klass)[name]
     raise KeyError(name)
-
-
-def test_service_of_reads_the_daemon_the_app_was_given():
-    class State:
-        zoo = object()
-
-    assert service_of(State) is State.zoo

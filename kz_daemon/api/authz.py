@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 
+from kz_daemon.api.shim_settings import app_state
 from kz_daemon.config.tokens import Principal, bearer_token
 from kz_daemon.core.errors import ZooError
 from kz_runner.contract import upload
@@ -18,7 +19,7 @@ def token_principal(request: Request) -> Principal | None:
     token = bearer_token(header)
     if token is None:
         raise ZooError("UNAUTHORIZED", "the Authorization header must be 'Bearer <token>'")
-    principal = request.app.state.tokens.verify(token)
+    principal = app_state(request).tokens.verify(token)
     if principal is None:
         raise ZooError("UNAUTHORIZED", "the token is not known to this server; ask the operator for one")
     return principal
@@ -59,7 +60,7 @@ def header_submitter(request: Request) -> tuple[Principal | None, str | None]:
     SUBMITTER_ID_BOUND when a request without a token names an id bound to one.
     """
     principal, header = _caller(request)
-    if principal is None and header is not None and request.app.state.tokens.bound(header):
+    if principal is None and header is not None and app_state(request).tokens.bound(header):
         raise bound_id_error(header, "X-Submitter-Id")
     return principal, header
 
@@ -70,7 +71,7 @@ def _caller(request: Request) -> tuple[Principal | None, str | None]:
     header = request.headers.get("x-submitter-id")
     if header is not None:
         header = check_submitter_id(header.strip(), "X-Submitter-Id")
-    settings = request.app.state.settings
+    settings = app_state(request).settings
     if principal is None:
         if settings.submissions_require_token:
             raise ZooError("UNAUTHORIZED",
@@ -134,7 +135,7 @@ def cancel_by(request: Request, submitter_id: str) -> str:
         if principal.kind == "admin" or principal.id == submitter_id:
             return principal.id
         raise ZooError("FORBIDDEN", "only the submitter's token (or an admin token) can cancel this submission")
-    if request.app.state.tokens.bound(submitter_id):
+    if app_state(request).tokens.bound(submitter_id):
         raise ZooError("FORBIDDEN", f"submitter {submitter_id!r} has a token: cancel with "
                        "'Authorization: Bearer <submitter token>'", {"submitter_id": submitter_id})
     if header is None or header != submitter_id:

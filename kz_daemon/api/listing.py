@@ -18,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kz_daemon.api.shim_settings import app_state
 from kz_daemon.api.spec import Param
-from kz_daemon.config.ports import service_of
 from kz_daemon.core.errors import ZooError
 from kz_events.codec import format_ts
 from kz_events.log.history import Query
@@ -130,7 +130,7 @@ def item(view: Any) -> dict[str, Any]:
 async def list_submissions(request: Request) -> Response:
     """GET /api/submissions: a page of submissions matching the filters, newest first."""
     query, before, limit = query_of(_params(request))
-    views = await run_in_threadpool(service_of(request.app.state).submissions, query, before, limit + 1)
+    views = await run_in_threadpool(app_state(request).zoo.submissions, query, before, limit + 1)
     page = views[:limit]
     more = len(views) > limit and page
     return JSONResponse({"submissions": [item(v) for v in page],

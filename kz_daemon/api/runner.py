@@ -17,8 +17,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from kz_daemon.api import authz, rate_limits as limits, views
 from kz_daemon.api.public import wait_slices
+from kz_daemon.api.shim_settings import ShimSettings, app_state
 from kz_daemon.api.spec import Op
-from kz_daemon.config.ports import service_of
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.run_logs import clean_tails
 
@@ -41,7 +41,7 @@ def _optional_str_field(doc: dict[str, Any], name: str) -> str | None:
     return None if doc.get(name) is None else _str_field(doc, name)
 
 
-def claim_doc(claim: Any, settings: Any) -> dict[str, Any]:
+def claim_doc(claim: Any, settings: ShimSettings) -> dict[str, Any]:
     """The claim answer of the wire protocol from a service ``Claim``."""
     raw = views.plain(claim)
     uuid = raw["uuid"]
@@ -64,7 +64,7 @@ def claim_doc(claim: Any, settings: Any) -> dict[str, Any]:
 
 async def claim(request: Request) -> Response:
     """POST /api/runner/claim: long poll for a job of the runner's arch; 204 when none came."""
-    state = request.app.state
+    state = app_state(request)
     runner_id = authz.require_runner(request)
     doc = await limits.read_json_object(request, state.settings.max_json_bytes, required=("arch",))
     arch = _str_field(doc, "arch")
@@ -78,7 +78,7 @@ async def claim(request: Request) -> Response:
         raise ZooError("BAD_REQUEST", "field gpu must be a GPU index: a string or an integer >= 0",
                        {"field": "gpu"})
     _optional_str_field(doc, "host")
-    zoo = service_of(state)
+    zoo = state.zoo
     await run_in_threadpool(zoo.note_runner, runner_id, {"arch": arch, "host": doc.get("host"),
                                                          "gpu": None if gpu is None else str(gpu)})
     got = await run_in_threadpool(zoo.claim, runner_id, arch, 0)
@@ -94,18 +94,18 @@ async def package(request: Request) -> Response:
     """GET /api/runner/package/{uuid}: the job's tar.gz (lease holder only)."""
     runner_id = authz.require_runner(request)
     uuid = request.path_params["uuid"]
-    path = await run_in_threadpool(service_of(request.app.state).runner_package, uuid, runner_id)
+    path = await run_in_threadpool(app_state(request).zoo.runner_package, uuid, runner_id)
     return FileResponse(path, media_type="application/gzip", filename=f"{uuid}.tar.gz")
 
 
 async def renew(request: Request) -> Response:
     """POST /api/runner/lease/{uuid}/renew: extend the lease; 409 LEASE_LOST when it is gone."""
-    state = request.app.state
+    state = app_state(request)
     runner_id = authz.require_runner(request)
     doc = await limits.read_json_object(request, state.settings.max_json_bytes, required=("lease_id",))
     lease_id = _str_field(doc, "lease_id")
     uuid = request.path_params["uuid"]
-    zoo = service_of(state)
+    zoo = state.zoo
     expires = await zoo.renew_async(uuid, runner_id, lease_id)
     zoo.note_runner(runner_id, {})  # a runner busy with a long job still serves its arch (no queue warning)
     return JSONResponse({"uuid": uuid, "lease_id": lease_id, "lease_expires_at": rfc3339(expires)})
@@ -113,7 +113,7 @@ async def renew(request: Request) -> Response:
 
 async def release(request: Request) -> Response:
     """POST /api/runner/lease/{uuid}/release: give the job back (it is queued again)."""
-    state = request.app.state
+    state = app_state(request)
     runner_id = authz.require_runner(request)
     doc = await limits.read_json_object(request, state.settings.max_json_bytes, required=("lease_id",))
     lease_id = _str_field(doc, "lease_id")
@@ -121,13 +121,13 @@ async def release(request: Request) -> Response:
     if not isinstance(reason, str):
         raise ZooError("BAD_REQUEST", "field reason must be a string", {"field": "reason"})
     uuid = request.path_params["uuid"]
-    await service_of(state).release_async(uuid, runner_id, lease_id, reason[:500])
+    await state.zoo.release_async(uuid, runner_id, lease_id, reason[:500])
     return JSONResponse({"uuid": uuid, "released": True})
 
 
 async def result(request: Request) -> Response:
     """POST /api/submissions/{uuid}/result: the benchmark JSON, base64 logs, env, failure, log tails."""
-    state = request.app.state
+    state = app_state(request)
     runner_id = authz.require_runner(request)
     doc = await limits.read_json_object(request, state.settings.max_result_bytes, required=("lease_id",),
                                         free=("result",))
@@ -153,7 +153,7 @@ async def result(request: Request) -> Response:
         raise ZooError("BAD_REQUEST", "field logs_b64 is not valid base64", {"field": "logs_b64"}) from None
     tails = clean_tails(doc.get("log_tails"))
     uuid = request.path_params["uuid"]
-    zoo = service_of(state)
+    zoo = state.zoo
     view = await run_in_threadpool(zoo.report_result, uuid, runner_id, lease_id, result_doc,
                                    logs, env, failure, tails)
     return JSONResponse(views.submission_doc(view, f"/api/submissions/{uuid}/status", zoo))

@@ -11,8 +11,9 @@ typed: handlers read it with :func:`app_state`.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from starlette.datastructures import State
@@ -26,6 +27,7 @@ from kz_daemon.config.ports import Service
 from kz_daemon.config.settings import HttpSettings
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.storage.history import KernelHistory
+from kz_daemon.storage.revisions import KernelRevisions
 from kz_daemon.upkeep.sdnotify import Notifier
 from kz_daemon.upkeep.supervise import Supervisor
 from kz_events import defaults
@@ -107,12 +109,28 @@ def from_config(config: object | None, **overrides: object) -> ShimSettings:
     return ShimSettings(**values)  # type: ignore[arg-type]
 
 
+class ConnectionCounts(Protocol):
+    """The connection guard as the app's state holds it (``kz_daemon.http.guard.ConnectionGuard``).
+
+    The guard lives in the ``http`` wing, above this one: the state names what it counts
+    instead of importing it.
+    """
+
+    #: connections served now
+    open: int
+    #: connections refused so far
+    refused: int
+    #: connections served now, by client address
+    by_address: Counter[str]
+
+
 class AppState(State):
     """What the HTTP app holds (``app.state``), typed: set once by ``create_app``.
 
-    Still a Starlette ``State``: what is set later stays on it (``runner_supervisor`` by
-    ``kz up`` once a runner child runs, the connection guard, the source reader), and
-    ``request.app.state.<name>`` reads the same objects.
+    Still a Starlette ``State``. What is set later is typed here too, None until then:
+    ``runner_supervisor`` (``kz up``, once a runner child runs), ``connection_guard``
+    (``make_server``) and ``revisions`` (the source reader, made on first use by
+    ``kz_daemon.browse.source_api.revisions``).
     """
 
     #: The daemon, as the HTTP layer calls it.
@@ -133,6 +151,10 @@ class AppState(State):
     ops: list[Op]
     #: The supervised runner child of ``kz up`` (None without one).
     runner_supervisor: Supervisor | None
+    #: The server's connection guard (None until ``make_server`` guards the app's connections).
+    connection_guard: ConnectionCounts | None
+    #: The source reader (None until the first source request makes it).
+    revisions: KernelRevisions | None
 
     def __init__(self, *, zoo: Service, tokens: TokenStore, settings: ShimSettings, history: KernelHistory | None,
                  notifier: Notifier, catalog: Catalog, rate_limiter: TokenBucket, submit_limits: SubmitLimits,
@@ -142,12 +164,17 @@ class AppState(State):
             "zoo": zoo, "tokens": tokens, "settings": settings, "history": history, "notifier": notifier,
             "catalog": catalog, "rate_limiter": rate_limiter, "submit_limits": submit_limits, "draining": draining,
             "poll_limiter": poll_limiter, "http_counters": http_counters, "openapi": openapi, "ops": ops,
-            "runner_supervisor": runner_supervisor})
+            "runner_supervisor": runner_supervisor, "connection_guard": None, "revisions": None})
+
+
+def state_of(app: Any) -> AppState:
+    """The state of ``app`` (a Starlette app ``create_app`` built), typed."""
+    state = app.state
+    if not isinstance(state, AppState):
+        raise TypeError("the app's state is not an AppState: build the app with kz_daemon.http.app.create_app")
+    return state
 
 
 def app_state(request: Request) -> AppState:
     """The state of the app serving ``request``: what ``create_app`` built, typed."""
-    state = request.app.state
-    if not isinstance(state, AppState):
-        raise TypeError("the app's state is not an AppState: build the app with kz_daemon.http.app.create_app")
-    return state
+    return state_of(request.app)

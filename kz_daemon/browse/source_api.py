@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from kz_daemon.api.shim_settings import AppState, app_state
 from kz_daemon.api.spec import Op, Param
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.history import KernelHistory
@@ -31,9 +32,9 @@ REV_PARAM = Param("rev", {"type": "string", "maxLength": 64},
                   "a record of the kernel: HEAD (default), a commit SHA or an unambiguous prefix (4+ hex digits)")
 
 
-def revisions(state: Any) -> KernelRevisions:
+def revisions(state: AppState) -> KernelRevisions:
     """The source reader of an app's ``state`` (made on first use from its history reader or the zoo's repo)."""
-    found = getattr(state, "revisions", None)
+    found = state.revisions
     if found is None:
         history = state.history
         if history is None:
@@ -87,14 +88,14 @@ def commits_doc(source: KernelRevisions, kernel_id: str) -> dict[str, Any]:
 
 async def list_files(request: Request) -> Response:
     """GET /api/kernels/{kernel_id}/files?rev=: every file of the package at a record, with sizes."""
-    doc = await run_in_threadpool(files_doc, revisions(request.app.state), request.path_params["kernel_id"], rev_of(request))
+    doc = await run_in_threadpool(files_doc, revisions(app_state(request)), request.path_params["kernel_id"], rev_of(request))
     return JSONResponse(doc)
 
 
 async def get_file(request: Request) -> Response:
     """GET /api/kernels/{kernel_id}/files/{path}?rev=: one file's bytes at a record."""
     kernel_id, path = request.path_params["kernel_id"], request.path_params["path"]
-    record, data = await run_in_threadpool(revisions(request.app.state).read, kernel_id, path, rev_of(request))
+    record, data = await run_in_threadpool(revisions(app_state(request)).read, kernel_id, path, rev_of(request))
     headers = dict(RAW_HEADERS, **{"X-Kz-Commit": record.commit})
     return Response(data, media_type=media_type(path, data), headers=headers)
 
@@ -102,7 +103,7 @@ async def get_file(request: Request) -> Response:
 async def get_tarball(request: Request) -> Response:
     """GET /api/kernels/{kernel_id}/tarball?rev=: the package at a record as a submittable tar.gz."""
     kernel_id = request.path_params["kernel_id"]
-    record, data = await run_in_threadpool(revisions(request.app.state).tarball, kernel_id, rev_of(request))
+    record, data = await run_in_threadpool(revisions(app_state(request)).tarball, kernel_id, rev_of(request))
     name = tarball_name(kernel_id, record.commit)
     headers = dict(RAW_HEADERS, **{"X-Kz-Commit": record.commit,
                                    "Content-Disposition": f'attachment; filename="{name}"'})
@@ -111,7 +112,7 @@ async def get_tarball(request: Request) -> Response:
 
 async def list_commits(request: Request) -> Response:
     """GET /api/kernels/{kernel_id}/commits: the kernel's records, newest first."""
-    doc = await run_in_threadpool(commits_doc, revisions(request.app.state), request.path_params["kernel_id"])
+    doc = await run_in_threadpool(commits_doc, revisions(app_state(request)), request.path_params["kernel_id"])
     return JSONResponse(doc)
 
 

@@ -4,15 +4,14 @@ The queue, intake, accept saga, recovery, indexer and mirror take the daemon as
 their first argument; typing it here (instead of importing ``kz_daemon.ops.service``)
 keeps them free of the service module, so imports run one way: service → them.
 The HTTP layer takes the wider :class:`Service` (the daemon and its service calls): the
-``zoo`` field of the app's typed state (``kz_daemon.api.shim_settings.AppState``), or
-read from an untyped state with :func:`service_of`.
+``zoo`` field of the app's typed state (``kz_daemon.api.shim_settings.AppState``).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, Protocol
 
 from kz_daemon.config.settings import Config
 from kz_daemon.core.readmodel import SubmissionView
@@ -21,7 +20,7 @@ from kz_daemon.storage.pending import PendingStore
 from kz_events.log.history import Query
 from kz_events.log.store import Store
 
-__all__ = ["Daemon", "IndexPort", "IntakePort", "Service", "service_of"]
+__all__ = ["Daemon", "IndexPort", "IntakePort", "Service"]
 
 
 class IndexPort(Protocol):
@@ -96,8 +95,8 @@ class Service(Daemon, Protocol):
     """The daemon as the HTTP layer calls it: the ``Daemon`` and the service's calls (``Zoo``'s methods).
 
     ``create_app`` takes one, so mypy checks that ``Zoo`` has every call a handler makes;
-    the handlers reach it as ``app_state(request).zoo`` (or through :func:`service_of`). Values of the wings above
-    ``config`` (a ``Claim``, an idempotency ``Decision``) are ``Any`` here.
+    the handlers reach it as ``app_state(request).zoo``. Values of the wings above ``config`` (a ``Claim``,
+    an idempotency ``Decision``) are ``Any`` here.
     """
 
     def start(self) -> None:
@@ -189,12 +188,3 @@ class Service(Daemon, Protocol):
     def revoke(self, sub_uuid: str, by: str, reason: str) -> SubmissionView:
         """Take an accepted record back."""
         ...
-
-
-def service_of(state: Any) -> Service:
-    """The daemon on an HTTP app's ``state`` (``request.app.state``): what ``create_app`` was given, typed.
-
-    Starlette's ``app.state`` is untyped; reading the daemon through this makes every call a
-    handler makes on it checked against :class:`Service`, with no ``getattr`` fallbacks.
-    """
-    return cast(Service, state.zoo)

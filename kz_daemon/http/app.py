@@ -27,7 +27,7 @@ from kz_daemon.api import openapi, public as api, runner as runner_api
 from kz_daemon.api.error_responses import EXCEPTION_HANDLERS
 from kz_daemon.api.metrics import HttpCounters
 from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket, parse_networks
-from kz_daemon.api.shim_settings import AppState, ShimSettings
+from kz_daemon.api.shim_settings import AppState, ShimSettings, app_state, state_of
 from kz_daemon.api.spec import Op, routes
 from kz_daemon.api.views import Catalog
 from kz_daemon.browse import source_api
@@ -53,7 +53,7 @@ def api_ops() -> list[Op]:
 
 async def openapi_json(request: Request) -> Response:
     """GET /openapi.json."""
-    return JSONResponse(request.app.state.openapi)
+    return JSONResponse(app_state(request).openapi)
 
 
 class _CountRequests:
@@ -113,7 +113,7 @@ def create_app(zoo: Service, tokens: TokenStore, settings: ShimSettings | None =
             async with mcp_endpoint.running():
                 yield
         finally:
-            app.state.draining.set()
+            state_of(app).draining.set()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -155,9 +155,11 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
     request head, connection caps, file descriptors in reserve; the soft RLIMIT_NOFILE
     is raised to the hard limit here).
     """
+    state = state_of(app)
+
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's signal hook
-            app.state.draining.set()
+            state.draining.set()
             if self.should_exit or getattr(self, "_kz_signalled", False):
                 self.force_exit = True
                 self.should_exit = True
@@ -170,19 +172,20 @@ def make_server(app: Starlette, host: str, port: int, *, log_level: str = "warni
 
         def request_stop(self) -> None:
             """Stop from another thread: drain long polls, then leave the serve loop."""
-            app.state.draining.set()
+            state.draining.set()
             self.should_exit = True
 
-    settings = app.state.settings
+    settings = state.settings
     guard = ConnectionGuard(header_timeout_s=settings.header_timeout_s, max_connections=settings.max_connections,
                             max_per_address=settings.max_connections_per_address, fd_reserve=settings.fd_reserve,
                             fd_limit=raise_fd_limit(), trusted=parse_networks(tuple(settings.trusted_proxies)))
-    app.state.connection_guard = guard
+    state.connection_guard = guard
     # proxy_headers off: uvicorn would take X-Forwarded-For from any local peer as the client;
     # which proxies are trusted is kz.yaml's http.trusted_proxies (kz_daemon.api.rate_limits)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]  # a float works
                             access_log=False, proxy_headers=False,
-                            http=protocol_class(guard), timeout_keep_alive=settings.keep_alive_s,
+                            http=protocol_class(guard),
+                            timeout_keep_alive=settings.keep_alive_s,  # type: ignore[arg-type]  # a float works
                             backlog=accept_backlog(settings.fd_reserve))
     return _Server(config)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from kz_daemon.api.shim_settings import from_config
+from kz_daemon.api.shim_settings import from_config, state_of
 from kz_daemon.config.ports import Service
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.core.errors import ZooError
@@ -110,7 +110,7 @@ def serve(zoo: Service, app: Any, sock: socket.socket, options: ServeOptions, *,
                 # exit 78: the runner found no sandbox; /readyz says so with its reason
                 child[0] = Supervisor(list(options.runner_argv), env=env, refusals=RUNNER_REFUSALS,
                                       preexec_fn=_die_with_parent if sys.platform == "linux" else None).start()
-                app.state.runner_supervisor = child[0]
+                state_of(app).runner_supervisor = child[0]
             if banner is not None:
                 banner(url)
             notifier.ready(f"serving {url}")

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from kz_daemon.api import public, views
+from kz_daemon.api.shim_settings import AppState, state_of
 from kz_daemon.board import ranking
 from kz_daemon.browse.source_api import files_doc, revisions
 from kz_daemon.core.errors import ZooError
@@ -63,9 +64,9 @@ class ServiceBackend:
         self.app = app
 
     @property
-    def state(self) -> Any:
-        """The app's shared objects (zoo, catalogue, history, settings, limits)."""
-        return self.app.state
+    def state(self) -> AppState:
+        """The app's shared objects (zoo, catalogue, history, settings, limits), typed."""
+        return state_of(self.app)
 
     def kernels(self) -> list[dict[str, Any]]:
         """Every index entry, from the catalogue the API lists."""

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from kz_daemon.api import authz, rate_limits as limits
 from kz_daemon.api.public import wait_slices
+from kz_daemon.api.shim_settings import app_state
 from kz_daemon.api.spec import Op, Param
 from kz_daemon.core import short_ids
 from kz_daemon.core.errors import ZooError
@@ -44,7 +45,7 @@ def _who(request: Request, uuid: str) -> str:
                        "record's submitter's own")
     if principal.kind == "admin":
         return principal.id
-    zoo = request.app.state.zoo
+    zoo = app_state(request).zoo
     if principal.kind == "submitter" and zoo.submission(uuid).submitter_id == principal.id:
         return principal.id
     raise ZooError("FORBIDDEN", f"a {principal.kind} token of {principal.id!r} cannot rerun another submitter's "
@@ -58,7 +59,7 @@ def _rerun_doc(rerun: dict[str, Any]) -> dict[str, Any]:
 
 async def request_rerun(request: Request) -> Response:
     """POST /api/submissions/{uuid}/rerun: queue a rerun of an accepted record (``{"runner": ID}`` optional)."""
-    state = request.app.state
+    state = app_state(request)
     zoo = state.zoo
     body = await limits.read_json_object(request, state.settings.max_json_bytes)
     runner = body.get("runner")
@@ -74,7 +75,7 @@ async def request_rerun(request: Request) -> Response:
 
 async def get_rerun(request: Request) -> Response:
     """GET /api/reruns/{rerun_id}?wait=S: the rerun now, or its first change within S seconds."""
-    zoo = request.app.state.zoo
+    zoo = app_state(request).zoo
     rerun_id = request.path_params["rerun_id"]
     raw = request.query_params.get("wait", "0") or "0"
     try:
@@ -116,7 +117,7 @@ def _list_params(request: Request) -> dict[str, str]:
 
 async def list_reruns(request: Request) -> Response:
     """GET /api/reruns?status=&uuid=&kernel=: every rerun, newest first, where each stands."""
-    zoo = request.app.state.zoo
+    zoo = app_state(request).zoo
     q = _list_params(request)
     uuid = q.get("uuid")
     if uuid is not None:
@@ -128,7 +129,7 @@ async def list_reruns(request: Request) -> Response:
 
 async def cancel_rerun(request: Request) -> Response:
     """POST /api/reruns/{rerun_id}/cancel: an admin cancels a queued or running rerun (``{"reason": ...}`` optional)."""
-    state = request.app.state
+    state = app_state(request)
     principal = authz.token_principal(request)
     if principal is None:
         raise ZooError("UNAUTHORIZED", "cancelling a rerun needs 'Authorization: Bearer <admin token>'")

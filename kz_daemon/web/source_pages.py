@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kz_daemon.api.shim_settings import app_state
 from kz_daemon.browse.source_api import revisions, tarball_name
 from kz_daemon.core.errors import ZooError
 from kz_daemon.storage.revisions import KernelRevisions, Record
@@ -82,7 +83,7 @@ def _error(request: Request, exc: ZooError) -> Response:
 def kernel_records(request: Request, kernel_id: str) -> list[dict[str, Any]]:
     """The kernel's records for its page (newest first, each with its previous record); [] when unreadable."""
     try:
-        records = revisions(request.app.state).records(kernel_id)
+        records = revisions(app_state(request)).records(kernel_id)
     except ZooError:
         return []
     return [{"record": r, "previous": records[i + 1].commit if i + 1 < len(records) else None,
@@ -126,7 +127,7 @@ async def source_page(request: Request) -> Response:
     kernel_id = _kernel_id(request)
     q = request.query_params
     try:
-        data = await run_in_threadpool(_source_data, revisions(request.app.state), kernel_id, q.get("rev") or None,
+        data = await run_in_threadpool(_source_data, revisions(app_state(request)), kernel_id, q.get("rev") or None,
                                        q.get("path") or None)
     except ZooError as exc:
         return _error(request, exc)
@@ -147,7 +148,7 @@ async def diff_page(request: Request) -> Response:
     to the record before ``to``, ``to`` to the newest)."""
     kernel_id = _kernel_id(request)
     q = request.query_params
-    source = revisions(request.app.state)
+    source = revisions(app_state(request))
     try:
         data = await run_in_threadpool(_diff_data, source, source.history.repo_path, kernel_id,
                                        q.get("from") or None, q.get("to") or None)

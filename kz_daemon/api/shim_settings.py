@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
+from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.requests import Request
 
@@ -24,7 +25,7 @@ from kz_daemon.api.rate_limits import SubmitLimits, TokenBucket
 from kz_daemon.api.spec import Op
 from kz_daemon.api.views import Catalog
 from kz_daemon.config.ports import Service
-from kz_daemon.config.settings import HttpSettings
+from kz_daemon.config.settings import Config, HttpSettings
 from kz_daemon.config.tokens import TokenStore
 from kz_daemon.storage.history import KernelHistory
 from kz_daemon.storage.revisions import KernelRevisions
@@ -83,30 +84,29 @@ class ShimSettings:
     benchmark_s: float = defaults.BENCHMARK_TIMEOUT_S
 
 
-def from_config(config: object | None, **overrides: object) -> ShimSettings:
-    """ShimSettings from a ``kz_daemon.config.settings.Config`` (any missing key keeps its default)."""
-    values: dict[str, object] = {}
-    if config is not None:
-        http = getattr(config, "http", None)
-        for name in ShimSettings.__dataclass_fields__:
-            if http is not None and hasattr(http, name):
-                values[name] = getattr(http, name)
-        limits = getattr(config, "limits", None)
-        if limits is not None and hasattr(limits, "max_compressed_bytes"):
-            values.setdefault("max_upload_bytes", limits.max_compressed_bytes)
-        policy = getattr(config, "policy", None)
-        if policy is not None and hasattr(policy, "submissions_require_token"):
-            values.setdefault("submissions_require_token", policy.submissions_require_token)
-        queue = getattr(config, "queue", None)
-        if queue is not None and hasattr(queue, "lease_seconds"):
-            values.setdefault("lease_seconds", queue.lease_seconds)
-        timeouts = getattr(config, "timeouts", None)
-        if timeouts is not None:
-            for name in ("build_s", "benchmark_s"):
-                if hasattr(timeouts, name):
-                    values.setdefault(name, getattr(timeouts, name))
-    values.update(overrides)
-    return ShimSettings(**values)  # type: ignore[arg-type]
+def from_config(config: Config | None) -> ShimSettings:
+    """ShimSettings from the daemon's Config (None: the defaults); ``dataclasses.replace`` changes one.
+
+    Each field comes from the ``http:`` field of the same name, but ``max_upload_bytes``
+    (``limits.max_compressed_bytes``), ``submissions_require_token`` (``policy``),
+    ``lease_seconds`` (``queue``), ``build_s`` and ``benchmark_s`` (``timeouts``).
+    """
+    if config is None:
+        return ShimSettings()
+    http = config.http
+    return ShimSettings(
+        max_upload_bytes=config.limits.max_compressed_bytes,
+        max_json_bytes=http.max_json_bytes, max_result_bytes=http.max_result_bytes,
+        submit_rate_per_s=http.submit_rate_per_s, submit_burst=http.submit_burst,
+        submit_rate_per_address_per_s=http.submit_rate_per_address_per_s,
+        submit_burst_per_address=http.submit_burst_per_address, trusted_proxies=http.trusted_proxies,
+        submissions_require_token=config.policy.submissions_require_token,
+        status_max_wait_s=http.status_max_wait_s, claim_max_wait_s=http.claim_max_wait_s,
+        intake_wait_s=http.intake_wait_s, header_timeout_s=http.header_timeout_s,
+        body_timeout_s=http.body_timeout_s, keep_alive_s=http.keep_alive_s,
+        max_connections=http.max_connections, max_connections_per_address=http.max_connections_per_address,
+        fd_reserve=http.fd_reserve, lease_seconds=config.queue.lease_seconds,
+        build_s=config.timeouts.build_s, benchmark_s=config.timeouts.benchmark_s)
 
 
 class ConnectionCounts(Protocol):
@@ -167,7 +167,7 @@ class AppState(State):
             "runner_supervisor": runner_supervisor, "connection_guard": None, "revisions": None})
 
 
-def state_of(app: Any) -> AppState:
+def state_of(app: Starlette) -> AppState:
     """The state of ``app`` (a Starlette app ``create_app`` built), typed."""
     state = app.state
     if not isinstance(state, AppState):

@@ -9,6 +9,7 @@ runner token per runner id asked for, an admin token and a submitter token for a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import shutil
 import tarfile
@@ -113,7 +114,7 @@ class LiveServer:
         store = TokenStore(state / "auth.yaml")
         zoo = Zoo(config, clock) if clock is not None else Zoo(config)
         zoo.start()
-        app = create_app(zoo, store, from_config(config, **(settings or {})),
+        app = create_app(zoo, store, dataclasses.replace(from_config(config), **(settings or {})),
                          history=KernelHistory(config.paths.repo, config.repo.branch))
         sock = bind("127.0.0.1", 0)
         port = sock.getsockname()[1]

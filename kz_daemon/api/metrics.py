@@ -15,6 +15,7 @@ from typing import Any
 
 from kz_daemon.core.clock import epoch_of
 from kz_events.log.history import ACCEPT_LATENCY_BOUNDS
+from kz_events.state import Submission
 from kz_events.status import Status
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
@@ -28,18 +29,18 @@ _LABELS = {"by_state": "state", "by_status": "status", "by_arch": "arch", "by_co
 LATENCY_BUCKETS = ACCEPT_LATENCY_BOUNDS
 
 
-def accept_latency(submissions: Any) -> dict[str, Any]:
-    """Histogram of received → accepted seconds over the folded submissions.
+def accept_latency(submissions: Mapping[str, Submission]) -> dict[str, Any]:
+    """Histogram of received → accepted seconds over the folded submissions (uuid → record).
 
     Used when ``zoo.metrics()`` does not report ``accept_latency_seconds`` itself;
     it reads only each submission's status history ``[(seq, status, ts), ...]``.
     """
     counts = [0] * len(LATENCY_BUCKETS)
     total, count = 0.0, 0
-    for sub in list(getattr(submissions, "values", lambda: [])()):
-        if getattr(sub, "status", None) != Status.ACCEPTED:
+    for sub in list(submissions.values()):
+        if sub.status != Status.ACCEPTED:
             continue
-        stamps = {status: ts for _seq, status, ts in getattr(sub, "history", [])}
+        stamps = {status: ts for _seq, status, ts in sub.history}
         start, end = epoch_of(stamps.get(Status.RECEIVED, "")), epoch_of(stamps.get(Status.ACCEPTED, ""))
         if start is None or end is None:
             continue

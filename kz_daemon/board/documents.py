@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kz_daemon.board import ranking, roofline
 from kz_daemon.core.noise import Interval
-from kz_runner.contract.rules.floor import DEFAULT_CEILINGS
+from kz_runner.contract.rules.floor import DEFAULT_CEILINGS, Ceiling
 
 __all__ = ["KernelFacts", "ceilings_of", "interval_doc", "operator_document", "kernel_speed_of_light"]
 
@@ -30,10 +30,33 @@ class KernelFacts:
     held: int = 0                                           # submissions waiting for an admin's review
 
 
-def ceilings_of(zoo: Any) -> Mapping[str, Any]:
+class _Physics(Protocol):
+    """``kz_daemon.guards.physics.Physics`` as :func:`ceilings_of` reads it."""
+
+    @property
+    def ceilings(self) -> Mapping[str, Ceiling]: ...
+
+
+class _Config(Protocol):
+    """``kz_daemon.config.settings.Config`` as :func:`ceilings_of` reads it."""
+
+    @property
+    def physics(self) -> _Physics: ...
+
+
+class Configured(Protocol):
+    """The daemon as :func:`ceilings_of` reads it: its ``config`` (``kz_daemon.config.ports.Daemon``).
+
+    The config and guards wings are above this one: the protocols name what is read instead of importing them.
+    """
+
+    @property
+    def config(self) -> _Config: ...
+
+
+def ceilings_of(zoo: Configured) -> Mapping[str, Ceiling]:
     """The per-arch ceilings this server's physics floor uses (kz.yaml ``physics:``, else the defaults)."""
-    physics = getattr(getattr(zoo, "config", None), "physics", None)
-    return getattr(physics, "ceilings", None) or DEFAULT_CEILINGS
+    return zoo.config.physics.ceilings or DEFAULT_CEILINGS
 
 
 def interval_doc(iv: Interval | None) -> dict[str, Any] | None:

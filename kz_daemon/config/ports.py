@@ -103,6 +103,11 @@ class Service(Daemon, Protocol):
         """Recovery, then the daemon's threads."""
         ...
 
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` has finished (recovery done, threads running): /readyz reads it."""
+        ...
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the threads and close the store and repo (never raises)."""
         ...

@@ -31,12 +31,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from dulwich.objects import Commit, ObjectID, Tree
 from dulwich.repo import Repo
 
 from kz_daemon.board.ranking import REVIEWED, UNREVIEWED
+from kz_events.log.store import Store
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP
 
@@ -148,7 +148,7 @@ class HarnessDigests:
 Reviews = dict[str, tuple[dict[str, str], frozenset[str]]]
 
 
-def reviews_of(store: Any, kernel_ids: Iterable[str] | None = None) -> Reviews:
+def reviews_of(store: Store, kernel_ids: Iterable[str] | None = None) -> Reviews:
     """The reviews of the kernels a standing accept brought a harness to (or of ``kernel_ids``), copied.
 
     An accept whose saga has committed but not completed (``accepting`` with its source
@@ -183,14 +183,14 @@ def unreviewed_at(digests: HarnessDigests, commit: str, reviews: Reviews) -> set
             if is_unreviewed(found[(commit, kid)], (found[(sha, kid)] for sha in brought.values()), approved)}
 
 
-def unreviewed_kernels(store: Any, digests: HarnessDigests | None, commit: str | None) -> frozenset[str]:
+def unreviewed_kernels(store: Store | None, digests: HarnessDigests | None, commit: str | None) -> frozenset[str]:
     """The kernels whose harness at ``commit`` (the index's head) is unreviewed (cached per commit and review state)."""
     if store is None or digests is None or commit is None:
         return frozenset()
     return digests.marks((commit, store.state.harness_seq), lambda: unreviewed_at(digests, commit, reviews_of(store)))
 
 
-def review_of(store: Any, digests: HarnessDigests | None, kernel_id: str, commit: str | None) -> str:
+def review_of(store: Store | None, digests: HarnessDigests | None, kernel_id: str, commit: str | None) -> str:
     """``reviewed`` or ``unreviewed``: the review of the kernel's harness at ``commit`` (one of its records)."""
     if store is None or digests is None or commit is None:
         return REVIEWED

@@ -23,9 +23,10 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kz_daemon.api import public, views
 from kz_daemon.api.shim_settings import AppState, state_of
@@ -60,7 +61,7 @@ class ServiceBackend:
 
     local_paths = False
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Starlette) -> None:
         self.app = app
 
     @property
@@ -103,7 +104,7 @@ class ServiceBackend:
         return views.plain(report.to_json())
 
     def submit(self, *, path: str | None, tarball: bytes | None, kernel_id: str | None,
-               submitter: str | None, request: Any = None) -> dict[str, Any]:
+               submitter: str | None, request: Request | None = None) -> dict[str, Any]:
         """An upload exactly as ``POST /api/submissions`` takes it, answered after intake.
 
         The upload handler itself is called in process with the MCP request's headers
@@ -160,7 +161,7 @@ class ServiceBackend:
         """The run's log tails and failure (NOT_FOUND before a runner reported)."""
         zoo = self.state.zoo
         view = zoo.submission(uuid)
-        if not getattr(view, "result", None):
+        if not view.result:
             raise ZooError("NOT_FOUND", f"submission {uuid} has no reported run yet ({view.status}); "
                            "its logs appear once a runner reports", {"uuid": uuid, "status": view.status})
         doc = logs_doc(uuid, zoo.pending.run_folder(uuid))
@@ -174,9 +175,9 @@ class McpEndpoint:
     def __init__(self) -> None:
         self.backend: ServiceBackend | None = None
         self.server: MCPServer | None = None
-        self._asgi: Any = None
+        self._asgi: ASGIApp | None = None
 
-    def bind(self, app: Any) -> None:
+    def bind(self, app: Starlette) -> None:
         """Serve the tools of ``app`` (the daemon's Starlette app)."""
         self.backend = ServiceBackend(app)
         self.server = build_server(self.backend)

@@ -18,11 +18,12 @@ import binascii
 import functools
 import json
 import logging
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from starlette.requests import Request
 
 from kz_daemon.api import views
 from kz_daemon.web import operators
@@ -67,8 +68,10 @@ class Backend(Protocol):
         """The validator's report (``valid``, ``problems``, ``facts``) of a package."""
 
     def submit(self, *, path: str | None, tarball: bytes | None, kernel_id: str | None,
-               submitter: str | None, request: Any = None) -> dict[str, Any]:
-        """``POST /api/submissions``' answer (uuid, status, kernel_id, status_url)."""
+               submitter: str | None, request: Request | None = None) -> dict[str, Any]:
+        """``POST /api/submissions``' answer (uuid, status, kernel_id, status_url).
+
+        ``request``: the MCP request's HTTP request (the daemon's endpoint only: its headers apply)."""
 
     def status(self, uuid: str, wait_s: float) -> dict[str, Any]:
         """``GET /api/submissions/{uuid}/status?wait=``."""
@@ -77,14 +80,23 @@ class Backend(Protocol):
         """``GET /api/submissions/{uuid}/logs``."""
 
 
+@runtime_checkable
+class ExpectedFailure(Protocol):
+    """What a backend raises for an expected failure: ``kz_daemon.core.errors.ZooError`` in the daemon,
+    ``kz_runner.tools.zoo_api.ZooApiError`` in ``kz mcp`` (a module this wing does not import)."""
+
+    #: the stable error code (e.g. NOT_FOUND)
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
 def _failure(exc: BaseException) -> ToolError | None:
-    """A tool error for an expected failure (one with a ``code``), None for a bug."""
-    code = getattr(exc, "code", None)
-    if not isinstance(code, str) or not code:
+    """A tool error for an expected failure (an :class:`ExpectedFailure` with a ``code``), None for a bug."""
+    if not isinstance(exc, ExpectedFailure) or not isinstance(exc.code, str) or not exc.code:
         return None
-    message = str(getattr(exc, "message", "") or exc)
-    details = getattr(exc, "details", None)
-    text = f"{code}: {message}"
+    text = f"{exc.code}: {exc.message or exc}"
+    details = exc.details
     if details:
         text += "\ndetails: " + json.dumps(details, ensure_ascii=False, default=str)[:8000]
     return ToolError(text)
@@ -277,9 +289,9 @@ def build_server(backend: Backend, *, name: str = NAME) -> MCPServer:
             """Submit a package tarball (base64 of the .tar.gz; its top folder is the kernel_id). The HTTP
             request's Authorization and X-Submitter-Id headers apply as for POST /api/submissions. Answers
             once the server queued it: follow it with get_submission."""
-            request = getattr(ctx.request_context, "request", None)
             return await call(backend.submit, path=None, tarball=_tarball(tarball_base64),
-                              kernel_id=kernel_id or None, submitter=submitter_id or None, request=request)
+                              kernel_id=kernel_id or None, submitter=submitter_id or None,
+                              request=ctx.request_context.request)
 
     @server.tool()
     async def get_submission(uuid: str, wait_s: float = 0.0) -> dict[str, Any]:

@@ -17,7 +17,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kz_daemon.config.ports import Daemon, Service
+from kz_daemon.config.settings import Config
 from kz_daemon.core.errors import ZooError
+from kz_daemon.upkeep.supervise import Supervisor
 
 #: seconds a client is told to wait before retrying after STORAGE_FULL
 RETRY_AFTER_S = 30
@@ -47,7 +50,7 @@ _WRITTEN = (("events", "the event log's disk"), ("repo", "the kernel repo's disk
             ("spool", "the spool's disk"), ("pending", "the pending store's disk"))
 
 
-def disks(config: Any) -> dict[str, Any]:
+def disks(config: Config) -> dict[str, Any]:
     """Headroom of every file system the daemon writes: the state directory's, and the
     event log's, repo's, spool's or pending store's where an operator mounted them apart.
 
@@ -80,14 +83,14 @@ def storage_full(what: str) -> ZooError:
                     "(the operator has been told)", {"retry_after_s": RETRY_AFTER_S})
 
 
-def check_headroom(zoo: Any) -> None:
+def check_headroom(zoo: Daemon) -> None:
     """Raise STORAGE_FULL when a disk the daemon writes (:func:`disks`) is below its headroom."""
     disk = disks(zoo.config)
     if not disk["ok"]:
         raise storage_full(disk["reason"])
 
 
-def store_check(zoo: Any) -> dict[str, Any]:
+def store_check(zoo: Daemon) -> dict[str, Any]:
     """The event store's own health (``Store.health()``) as a check."""
     health = zoo.store.health()
     reason = None
@@ -103,20 +106,20 @@ def store_check(zoo: Any) -> dict[str, Any]:
     return {"ok": reason is None, "reason": reason, **health}
 
 
-def report(zoo: Any, supervisor: Any = None, draining: bool = False) -> dict[str, Any]:
-    """Every check and the verdicts: ``{"alive", "ready", "reasons", "checks"}``."""
+def report(zoo: Service, supervisor: Supervisor | None = None, draining: bool = False) -> dict[str, Any]:
+    """Every check and the verdicts: ``{"alive", "ready", "reasons", "checks"}``.
+
+    ``supervisor``: the local runner child's (``kz up``), None without one.
+    """
     checks: dict[str, dict[str, Any]] = {}
-    started = bool(getattr(zoo, "ready", getattr(zoo, "started", True))) and not draining
+    started = zoo.started and not draining
     checks["daemon"] = {"ok": started,
                         "reason": None if started else "the daemon is starting or shutting down"}
-    if getattr(zoo, "store", None) is not None:
-        checks["store"] = store_check(zoo)
-    config = getattr(zoo, "config", None)
-    if config is not None:
-        try:
-            checks["disk"] = disks(config)
-        except OSError as exc:
-            checks["disk"] = {"ok": False, "reason": f"cannot stat the state directory: {exc.strerror}"}
+    checks["store"] = store_check(zoo)
+    try:
+        checks["disk"] = disks(zoo.config)
+    except OSError as exc:
+        checks["disk"] = {"ok": False, "reason": f"cannot stat the state directory: {exc.strerror}"}
     if supervisor is not None:
         checks["runner"] = supervisor.health()
     reasons = [f"{name}: {check['reason']}" for name, check in checks.items() if not check["ok"]]

@@ -7,10 +7,13 @@ older page exists), so the cost follows the page asked for, not the size of the 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kz_daemon.config.ports import Daemon
 from kz_events.log.history import Query
+from kz_events.state import Submission
 from kz_events.status import STATUSES
 
 PAGE_SIZE = 50
@@ -24,13 +27,13 @@ class Filters:
     status: str = ""
 
     @classmethod
-    def from_query(cls, query: Any) -> Filters:
+    def from_query(cls, query: Mapping[str, str]) -> Filters:
         """Filters from query parameters; an unknown status word is ignored."""
         status = str(query.get("status", "")).strip()
         return cls(kernel=str(query.get("kernel", "")).strip(), submitter=str(query.get("submitter", "")).strip(),
                    status=status if status in STATUSES else "")
 
-    def match(self, sub: Any) -> bool:
+    def match(self, sub: Submission) -> bool:
         """Whether a read-model submission passes (kernel: exact id or a folder prefix)."""
         if self.kernel and sub.kernel_id != self.kernel and not sub.kernel_id.startswith(self.kernel.rstrip("/") + "/"):
             return False
@@ -39,21 +42,20 @@ class Filters:
         return not self.status or sub.status == self.status
 
 
-def row_of(sub: Any) -> dict[str, Any]:
+def row_of(sub: Submission) -> dict[str, Any]:
     """A plain row for the pages from a read-model submission."""
-    reasons = [dict(r) for r in getattr(sub, "reasons", None) or []]
-    history = [list(h) for h in getattr(sub, "history", None) or []]
+    reasons = [dict(r) for r in sub.reasons or []]
+    history = [list(h) for h in sub.history or []]
     return {"uuid": sub.uuid, "kernel_id": sub.kernel_id, "submitter_id": sub.submitter_id,
-            "status": str(sub.status), "received_at": getattr(sub, "received_at", "") or "",
+            "status": str(sub.status), "received_at": sub.received_at or "",
             "updated_at": history[-1][2] if history and len(history[-1]) > 2 else "",
-            "attempts": getattr(sub, "attempts", 0), "commit_sha": getattr(sub, "sha_src", None),
+            "attempts": sub.attempts, "commit_sha": sub.sha_src,
             "code": reasons[-1].get("code", "") if reasons else "",
             "message": reasons[-1].get("message", "") if reasons else "",
-            "new_kernel": bool(getattr(sub, "new_kernel", False)),
-            "harness_change": bool(getattr(sub, "harness_change", False))}
+            "new_kernel": bool(sub.new_kernel), "harness_change": bool(sub.harness_change)}
 
 
-def recent(zoo: Any, filters: Filters, page: int = 1, per_page: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], bool]:
+def recent(zoo: Daemon, filters: Filters, page: int = 1, per_page: int = PAGE_SIZE) -> tuple[list[dict[str, Any]], bool]:
     """Rows of page ``page`` (newest first) and whether an older page exists."""
     skip = (page - 1) * per_page
     query = Query(submitter=filters.submitter or None, kernel_prefix=filters.kernel or None,

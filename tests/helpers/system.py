@@ -127,11 +127,14 @@ class ZooProcess:
         """The running daemon's pid (None when not running)."""
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
-    def start(self, crash_at: str | None = None, ready_timeout: float = 90) -> None:
-        """Start the daemon (``crash_at``: the accept-saga point where it SIGKILLs itself); wait for /readyz."""
+    def start(self, crash_at: str | None = None, ready_timeout: float = 90, env_extra: dict[str, str] | None = None
+              ) -> None:
+        """Start the daemon (``crash_at``: the accept-saga point where it SIGKILLs itself); wait for /readyz.
+        ``env_extra``: more environment for the daemon (a benchmark's probe)."""
         assert self.pid is None, "already running"
         env = {k: v for k, v in os.environ.items() if k != "KZ_CRASH_AT"}
         env["PYTHONPATH"] = str(ROOT)
+        env.update(env_extra or {})
         if crash_at:
             env["KZ_CRASH_AT"] = crash_at
         self.starts += 1
@@ -485,10 +488,19 @@ def index_diff(served: dict, rebuilt: dict) -> str:
     out += [f"only served: {sorted(set(a) - set(b))[:5]}"] if set(a) - set(b) else []
     out += [f"only rebuilt: {sorted(set(b) - set(a))[:5]}"] if set(b) - set(a) else []
     for kid in sorted(set(a) & set(b)):
-        fields = sorted(k for k in set(a[kid]) | set(b[kid]) if a[kid].get(k) != b[kid].get(k))
-        if fields:
-            out.append(f"{kid}: " + "; ".join(f"{f}: {a[kid].get(f)!r:.300} != {b[kid].get(f)!r:.300}" for f in fields))
+        paths = _differences(a[kid], b[kid], "")
+        if paths:
+            out.append(f"{kid}: " + "; ".join(paths[:6]))
     return " | ".join(out[:8])
+
+
+def _differences(x: object, y: object, at: str) -> list[str]:
+    """The innermost places where two JSON values differ, as ``path: served != rebuilt``."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        return [d for k in sorted(set(x) | set(y), key=str) for d in _differences(x.get(k), y.get(k), f"{at}.{k}")]
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return [d for i, (u, v) in enumerate(zip(x, y)) for d in _differences(u, v, f"{at}[{i}]")]
+    return [] if x == y else [f"{at.lstrip('.')}: {x!r:.200} != {y!r:.200}"]
 
 
 def _comparable(doc: dict) -> dict:

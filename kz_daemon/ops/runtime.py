@@ -123,10 +123,11 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> str:
     A long-lived daemon with a thread pool fragments glibc's default heap: an arena per
     thread (up to 8 per core), and a mmap threshold that rises after the first large free,
     so later large buffers (tarballs, result documents, git objects) come from the heap and
-    leave holes it keeps. Measured with ``benchmarks/memory_probe.py``: malloc's free bytes
-    grew from 2 to 17 MiB in five minutes of soak load and RSS 5.5 KB per submission; with
-    two arenas and fixed 128 KiB thresholds, free bytes stay at 1.5 MiB and RSS grows 0.4 KB
-    per submission. Called by ``kz daemon`` and ``kz up`` before any thread starts.
+    leave holes it keeps. Measured with ``benchmarks/memory_probe.py`` (soak load, 2-core
+    VM): malloc's free bytes grew from 2 to 17 MiB in five minutes and RSS 3.7 KB per
+    submission over the last three; with two arenas and fixed 128 KiB thresholds free bytes
+    stayed at 1.5 MiB and RSS grew 0.7 KB per submission. Called by ``kz daemon`` and
+    ``kz up`` before any thread starts.
     """
     env = os.environ if environ is None else environ
     chosen = [name for name in MALLOC_ENV if name in env]

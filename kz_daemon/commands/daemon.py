@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     heap = tune_malloc()  # before any thread: arenas are made per thread
     configure_logging()  # the daemon's log lines: stderr, with UTC time and level
-    __import__("logging").getLogger("kz_daemon").info(heap)
+    __import__("logging").getLogger("kz_daemon").debug(heap)
     try:
         config = init_state_dir(args.state_dir, seed_from=args.seed_from, config_file=args.config,
                                 repo=args.repo)

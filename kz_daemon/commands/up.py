@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     heap = tune_malloc()  # before any thread: arenas are made per thread
     configure_logging()  # the daemon's log lines: stderr, with UTC time and level
-    __import__("logging").getLogger("kz_daemon").info(heap)
+    __import__("logging").getLogger("kz_daemon").debug(heap)
     state_dir = Path(args.state_dir).resolve()
     seed = Path(args.seed_from) if args.seed_from else default_examples()
     try:

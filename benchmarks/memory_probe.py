@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -38,10 +36,9 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 from machine import machine_facts  # noqa: E402
-from soak import Paced, commit  # noqa: E402
+from soak import commit, start_load  # noqa: E402
 
-from tests.helpers.system import ProtocolRunner, RunnerProcess, ZooProcess, kernel_ids  # noqa: E402
-from tests.helpers.workload import Readers  # noqa: E402
+from tests.helpers.system import ZooProcess, kernel_ids  # noqa: E402
 
 SITE = HERE / "memory_probe_site"
 
@@ -136,15 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     env.update(item.split("=", 1) for item in args.env)
     started = time.time()
     zoo.start(env_extra=env, ready_timeout=300)
-    stop = threading.Event()
-    protos = [ProtocolRunner(zoo.url, rid, zoo.tokens[rid]) for rid in proto_ids]
-    threads = [threading.Thread(target=p.loop, args=(stop,), daemon=True) for p in protos]
-    for t in threads:
-        t.start()
-    real = RunnerProcess(zoo, "real", base / "work-real", wait=5)
-    clients = Paced(zoo, kernels, args.clients, args.pause).start()
-    readers = Readers(zoo, kernels, clients.acks, 2, pause=1.0).start()
-    random.seed(0)
+    stop, threads, real, clients, readers = start_load(zoo, base, kernels, proto_ids, args.clients, args.pause)
     probes: list[dict] = []
     end = started + args.minutes * 60
     try:
@@ -170,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             t.join(60)
         real.stop()
         zoo.stop()
-    first_i = min(args.warmup_probes, len(probes) - 1)
+    first_i = max(0, min(args.warmup_probes, len(probes) - 2))
     doc: dict = {"command": "python benchmarks/memory_probe.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                  "commit": commit(), "real_duration_s": round(time.time() - started, 1),
                  "acknowledged": len(clients.acks), "frames": args.frames, "env": args.env,

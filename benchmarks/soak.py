@@ -159,6 +159,21 @@ class Paced(LoopThreads):
                 self.stop_event.wait(self.pause)
 
 
+def start_load(zoo: ZooProcess, base: Path, kernels: list[str], proto_ids: list[str], clients: int,
+               pause: float) -> tuple[threading.Event, list[threading.Thread], RunnerProcess, Paced, Readers]:
+    """The soak's load against a started ``zoo``: wire-protocol runner threads (stopped by the
+    event), one real runner, paced submitters and readers."""
+    stop = threading.Event()
+    protos = [ProtocolRunner(zoo.url, rid, zoo.tokens[rid]) for rid in proto_ids]
+    threads = [threading.Thread(target=p.loop, args=(stop,), daemon=True) for p in protos]
+    for t in threads:
+        t.start()
+    real = RunnerProcess(zoo, "real", base / "work-real", wait=5)
+    paced = Paced(zoo, kernels, clients, pause).start()
+    readers = Readers(zoo, kernels, paced.acks, 2, pause=1.0).start()
+    return stop, threads, real, paced, readers
+
+
 def commit() -> str | None:
     """The commit the code under test came from (None outside a git checkout)."""
     done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -226,14 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     wall_start = time.time()
     zoo.start()
     daemon_start = time.time()
-    stop = threading.Event()
-    protos = [ProtocolRunner(zoo.url, rid, zoo.tokens[rid]) for rid in proto_ids]
-    threads = [threading.Thread(target=p.loop, args=(stop,), daemon=True) for p in protos]
-    for t in threads:
-        t.start()
-    real = RunnerProcess(zoo, "real", base / "work-real", wait=5)
-    clients = Paced(zoo, kernels, args.clients, args.pause).start()
-    readers = Readers(zoo, kernels, clients.acks, 2, pause=1.0).start()
+    stop, threads, real, clients, readers = start_load(zoo, base, kernels, proto_ids, args.clients, args.pause)
     samples: list[dict] = []
     kills, findings = 0, []
     end = wall_start + args.minutes * 60

@@ -106,3 +106,16 @@ def test_soak_tells_rss_held_across_restarts_from_rss_a_lifetime_adds():
     assert per == {"within_lifetime": 1000, "within_by_lifetime": [1000, 1000, 1000], "across_restarts": 500,
                    "lifetimes": 3}
     assert "500 bytes held across restarts" in " ".join(soak._rss_lines(per))
+
+
+def test_memory_probe_reads_the_daemons_memory_from_inside(tmp_path):
+    # a short run: the daemon answers SIGUSR2 with a probe line and a tracemalloc snapshot
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_probe.py"), "--minutes", "0.4",
+                           "--probe-every", "10", "--frames", "1", "--clients", "2", "--out", str(tmp_path),
+                           "--name", "probe"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads((tmp_path / "probe.json").read_text())
+    assert len(doc["probes"]) >= 2 and all(p["rss"] and p["malloc_in_use"] is not None for p in doc["probes"])
+    assert doc["probes"][-1]["traced"] > 0 and doc["lines"], "tracing on: traced bytes and the lines that grew"
+    report = (tmp_path / "probe_report.md").read_text()
+    assert "Per acknowledged submission" in report and "Source lines whose traced memory grew most" in report

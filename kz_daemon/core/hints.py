@@ -148,3 +148,8 @@ def exhausted_message(attempts: int, max_attempts: int, last: str) -> str:
     """ATTEMPTS_EXHAUSTED's message: the count, and how the last attempt ended (the runner's reason)."""
     return (f"{attempts} attempts without a result (queue.max_attempts is {max_attempts}); "
             f"the last: {last[:300]}")
+
+
+def lease_expired(runner_id: str) -> str:
+    """How an attempt ended whose lease ran out (the last attempt of an ATTEMPTS_EXHAUSTED message)."""
+    return f"the lease of runner {runner_id} expired (no renewal, no report)"

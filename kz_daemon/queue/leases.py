@@ -194,8 +194,7 @@ def reap(zoo: Daemon, now: float | None = None) -> int:
             sub = state.submissions[sub_uuid]
             zoo.store.emit(ev.JobLeaseExpired(uuid=sub_uuid, runner_id=lease.runner_id,
                                               lease_id=lease.lease_id, attempt=lease.attempt),
-                           *_exhausted(zoo, sub, f"the lease of runner {lease.runner_id} expired (no renewal, no "
-                                                 f"report)"))
+                           *_exhausted(zoo, sub, hints.lease_expired(lease.runner_id)))
             count += 1
         for events in reruns.expired(zoo, state, now):
             zoo.store.emit(*events)

@@ -129,8 +129,7 @@ def _gone(zoo: Daemon, rerun: dict, runner_id: str, lease_id: str, reason: str, 
         out.append(ev.RerunFailed(rerun_id=rerun["rerun_id"], uuid=rerun["uuid"], code="ATTEMPTS_EXHAUSTED",
                                   message=hints.exhausted_message(
                                       rerun["attempts"], zoo.config.queue.max_attempts,
-                                      f"the lease of runner {runner_id} expired (no renewal, no report)" if expired_
-                                      else reason)))
+                                      hints.lease_expired(runner_id) if expired_ else reason)))
     return out
 
 

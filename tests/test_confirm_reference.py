@@ -17,7 +17,16 @@ from kz_runner.bench.timing import Stats, Timing
 from kz_runner.contract.rules.engine import RULES_BY_ID
 from kz_runner.worker import sandbox
 from kz_runner.worker.job import JobSettings, execute_job
-from tests.helpers.daemon import EXAMPLES, SOFTMAX_ID, drop_and_decide, package_files, tarball_bytes
+from tests.helpers.daemon import (
+    AXPY_ID,
+    EXAMPLES,
+    SOFTMAX_ID,
+    axpy_result,
+    axpy_tarball,
+    drop_and_decide,
+    package_files,
+    tarball_bytes,
+)
 
 pytestmark = pytest.mark.confirmation_defaults  # the shipped defaults (tests/conftest.py pins them elsewhere)
 
@@ -107,6 +116,70 @@ def test_the_reference_kernel_is_the_same_function_else_the_one_its_benchmark_na
         [["other", "rows"]]
 
 
+def test_two_measured_ratios_are_compared_when_the_reference_has_no_record():
+    # an honest kernel on a loaded host: 21.3 then 29.3 us, each run 1.0x the reference it timed beside it
+    first, second = _cases(21.3, 50.0), _cases(29.3, 50.0)
+    near = ({"a": {"value": 1.0, "lo": 0.97, "hi": 1.03}}, {"a": {"value": 1.04, "lo": 1.01, "hi": 1.07}})
+    assert confirm.disagreement(first, second, METAS, 0.25) != []  # compared raw, the noise refuses it
+    assert confirm.disagreement(first, second, METAS, 0.25, near[1], {}, near[0]) == []
+    # a kernel twice as fast beside the reference in its first run as in its confirmation is caught
+    problems = confirm.disagreement(first, second, METAS, 0.25, near[1], {}, {"a": {"value": 0.5}})
+    assert len(problems) == 1 and "measured 0.5x the reference in the first run, 1.04x in the confirmation" \
+        in problems[0]
+    # the ratios' intervals overlapping is within noise, as for absolute figures
+    assert confirm.disagreement(first, second, METAS, 0.25, {"a": {"value": 1.4, "lo": 0.9, "hi": 1.5}}, {},
+                                {"a": {"value": 1.0, "lo": 0.8, "hi": 1.1}}) == []
+
+
+def _ratio_result(kernel_id: str, latency: float, ratio: float, choice: dict) -> dict:
+    """A CPU Axpy result whose every case measured ``ratio`` times the chosen reference's time."""
+    result = axpy_result(kernel_id, latency)
+    result["reference"] = {"status": "measured", "kernel_id": choice["kernel_id"], "commit": choice["commit"]}
+    for case in result["cases"]:
+        case["reference_ratio"] = {"value": ratio, "lo": ratio * 0.97, "hi": ratio * 1.03, "rounds": 2}
+    return result
+
+
+@pytest.mark.parametrize("first_ratio, status", [(1.0, "accepted"), (0.5, "rejected")])
+def test_a_fresh_zoos_first_record_times_the_seeded_reference_in_both_runs(tmp_path, first_ratio, status):
+    # On a fresh zoo nothing is measured: the seeded numpy_ref is the reference all the same, and the first
+    # run of a first record carries it too, so both runs measure a ratio that host noise cancels in.
+    state = tmp_path / "kz"
+    init_state_dir(state, seed_from=EXAMPLES)
+    (state / "kz.yaml").write_text("confirmation: {exclusive_s: 0}\n")
+    zoo = Zoo(Config.load(state))
+    zoo.start()
+    try:
+        uuid = drop_and_decide(zoo, "a.tar.gz", axpy_tarball()).uuid
+        claim = zoo.claim("r1", "cpu", 5)
+        with tarfile.open(zoo.runner_package(uuid, "r1")) as tar:
+            note = json.load(tar.extractfile(f"{AXPY_ID}/.kernel_package/reference/reference.json"))
+            assert f"{AXPY_ID}/.kernel_package/reference/src/axpy.py" in tar.getnames()
+        choice = reference.load(zoo.pending, uuid)
+        assert choice["kernel_id"] == note["kernel_id"] == AXPY_ID and choice["values"] == {}
+        assert note["status"] == "available" and choice["commit"] == choice["head"] == zoo.git.head()
+        view = zoo.report_result(uuid, "r1", claim.lease_id, _ratio_result(AXPY_ID, 21.3, first_ratio, choice))
+        assert view.status == "queued" and "first record" in view.result["confirmation"]["reason"]
+        claim = zoo.claim("r2", "cpu", 5)
+        assert claim.uuid == uuid
+        with tarfile.open(zoo.runner_package(uuid, "r2")) as tar:  # the same reference, chosen once
+            assert json.load(tar.extractfile(f"{AXPY_ID}/.kernel_package/reference/reference.json")) == note
+        # the loaded host ran the confirmation 38 % slower, beside a reference slowed as much
+        view = zoo.report_result(uuid, "r2", claim.lease_id, _ratio_result(AXPY_ID, 29.3, 1.02, choice))
+        assert view.status == status, view.reasons
+        if status == "rejected":
+            assert view.reasons[-1]["code"] == "CONFIRMATION_MISMATCH"
+            assert "0.5x the reference in the first run" in view.reasons[-1]["message"]
+        else:  # now measured: the next first record of the operator is confirmed against its record
+            uuid = drop_and_decide(zoo, "b.tar.gz", axpy_tarball("cpu/Elementwise/Axpy/fp32/other")).uuid
+            zoo.claim("r1", "cpu", 5)
+            with tarfile.open(zoo.runner_package(uuid, "r1")) as tar:
+                assert not any("/.kernel_package/reference/" in n for n in tar.getnames())
+            assert reference.load(zoo.pending, uuid)["values"]
+    finally:
+        zoo.stop()
+
+
 # -- a real zoo, real sandboxed job steps with the judge ----------------------------------------
 needs_sandbox = pytest.mark.skipif(not sandbox.probe().ok or not sandbox.probe_nested().ok,
                                    reason="no bwrap sandbox (or no nested one) on this host")
@@ -178,11 +251,14 @@ def _submit(zoo: Zoo, name: str, files: dict[str, bytes], kernel_id: str = SOFTM
     return view.uuid
 
 
-def _confirmed(zoo: Zoo, tmp_path, name: str) -> tuple[dict, dict, object]:
-    """The first run on r1 (asks for a confirmation run), then the confirmation on r2; both results."""
+def _confirmed(zoo: Zoo, tmp_path, name: str, first_carries: bool = False) -> tuple[dict, dict, object]:
+    """The first run on r1 (asks for a confirmation run), then the confirmation on r2; both results.
+
+    ``first_carries``: whether the first run times the reference too (an unrecorded one).
+    """
     _uuid, first, (view, names) = _job(zoo, "r1", tmp_path, f"{name}-1")
     assert view.status == "queued" and "confirmation" in view.result, view.reasons
-    assert not any("/.kernel_package/reference/" in n for n in names)  # only the confirmation carries one
+    assert any("/.kernel_package/reference/" in n for n in names) == first_carries
     _uuid, second, (view, names) = _job(zoo, "r2", tmp_path, f"{name}-2")
     assert any(n.endswith("/.kernel_package/reference/reference.json") for n in names)
     return first, second, view
@@ -202,13 +278,18 @@ def test_first_records_and_a_cpu_best_are_confirmed_beside_the_reference_and_a_t
     zoo = Zoo(Config.load(state))
     zoo.start()
     try:
-        # 1. the reference kernel's own first record: there is no measured reference yet, so the confirmation
-        #    says so and the two runs' absolute figures are compared
+        # 1. the reference kernel's own first record: nothing is measured yet, so both runs time the seeded
+        #    numpy_ref (HEAD's source, not the submission's) beside the candidate and their ratios are compared
         uuid = _submit(zoo, "slow", _softmax_files(SLOW_SOURCE))
-        first, second, view = _confirmed(zoo, tmp_path, "slow")
+        first, second, view = _confirmed(zoo, tmp_path, "slow", first_carries=True)
         assert view.status == "accepted", view.reasons
-        assert second["reference"]["status"] == "unavailable" and "no measured" in second["reference"]["reason"]
-        assert "reference" not in first and not any("reference_ratio" in c for c in second["cases"])
+        choice = reference.load(zoo.pending, uuid)
+        assert choice["kernel_id"] == SOFTMAX_ID and choice["values"] == {}
+        for run in (first, second):
+            assert run["reference"]["status"] == "measured" and run["reference"]["commit"] == choice["commit"]
+            # the 2 ms sleep makes the smallest case many times slower than the seeded source, in both runs
+            ratios = {c["test_case_id"]: c["reference_ratio"]["value"] for c in run["cases"] if "reference_ratio" in c}
+            assert ratios.get("r64_c128", 10.0) > 2.0, ratios
         assert (zoo.pending.run_folder(uuid) / "confirm-result.json").exists()
 
         # 2. a new kernel's first record: confirmed beside numpy_ref, with a ratio per case

@@ -138,11 +138,16 @@ def measured(record: Any) -> Interval | None:
     return found if found is not None and found.value > 0 and found.lo > 0 else None
 
 
-def reference_of(entries: Iterable[Mapping[str, Any]]) -> tuple[str | None, bool]:
-    """``(kernel_id, by default)`` of the operator's reference kernel (see the module docstring)."""
+def reference_of(entries: Iterable[Mapping[str, Any]], measured_only: bool = True) -> tuple[str | None, bool]:
+    """``(kernel_id, by default)`` of the operator's reference kernel (see the module docstring).
+
+    ``measured_only=False`` applies the same order to kernels without a measurement too (the
+    confirmation run's fallback when no kernel of the operator is measured yet: it times the
+    reference's source, it needs no record of it).
+    """
     ordered = sorted((e for e in entries if not unreviewed(e)), key=lambda e: str(e.get("kernel_id", "")))
-    has_record = {str(e.get("kernel_id")): any(measured(c.get("best")) is not None for c in cases_of(e))
-                  for e in ordered}
+    has_record = {str(e.get("kernel_id")): not measured_only or
+                  any(measured(c.get("best")) is not None for c in cases_of(e)) for e in ordered}
     for entry in ordered:
         if REFERENCE_TAG in (entry.get("tags") or []) and has_record[str(entry.get("kernel_id"))]:
             return str(entry.get("kernel_id")), False

@@ -20,8 +20,11 @@ the reference's). The host's speed is a common factor of both, so it cancels: a 
 measured on a loaded CPU host means what it means on a quiet one, which is what lets the
 CPU lane confirm at all. When the reference's source lacks the candidate's kernel (another
 module or function name) the harness times the kernel the reference's own benchmark names;
-when there is none, or the operator has no measured reference, the result says
-``reference: unavailable`` and the agreement falls back to the absolute comparison below.
+when there is none the result says ``reference: unavailable`` and the agreement falls back
+to the absolute comparison below. When no kernel of the operator is measured yet (a fresh
+zoo: the seeded examples hold placeholders), the reference is chosen among the kernels at
+HEAD without a record, and the *first* run of the first record carries it as well: both runs
+measure a ratio, and those two ratios are compared (``reference.in_first_run``).
 
 **Agreement.** The confirmation run is stored beside the first
 (``runs/<uuid>/confirm-result.json``; the first stays ``runs/<uuid>/result.json``). The two
@@ -30,8 +33,10 @@ correctness tolerance, applied by the package's benchmark, governs the outputs),
 each case: with a measured ratio, the first run's *implied* ratio (its value over the
 reference's recorded value at HEAD, the one kept with the choice) and the confirmation's
 measured ratio differ by at most ``confirmation.agreement`` (``cpu_agreement`` on the CPU
-lane) relative to the implied one; without one, the two runs' primary metrics differ by at
-most that much relative to the first run's value. Only a confirmation *worse* than the first
+lane) relative to the implied one; where both runs measured a ratio (an unrecorded
+reference), the confirmation's ratio and the first run's differ by at most that much relative
+to the first's; without any, the two runs' primary metrics differ by at most that much
+relative to the first run's value. Only a confirmation *worse* than the first
 run (in the metric's direction) can disagree: a confirmation that measured the kernel faster
 says the first figure was not inflated, and the slower of the two is committed anyway, so
 there is nothing to gain by a slow first run. On a fresh `kz up` on a loaded 2-core host an
@@ -151,7 +156,7 @@ def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[Map
     return beyond_margin(card, metas, cases, margin)
 
 
-def measured_ratios(result: Any, choice: dict | None) -> dict[str, dict]:
+def measured_ratios(result: object, choice: dict | None) -> dict[str, dict]:
     """test_case_id -> the confirmation result's ``reference_ratio``, when it measured the chosen reference.
 
     Empty when no reference was chosen, the result says ``reference: unavailable``, or it names
@@ -174,16 +179,18 @@ def measured_ratios(result: Any, choice: dict | None) -> dict[str, dict]:
 
 def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], metas: list[dict],
                  agreement: float,
-                 ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None) -> list[str]:
+                 ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None,
+                 first_ratios: dict[str, dict] | None = None) -> list[str]:
     """What keeps two runs' case summaries from agreeing (empty: they agree).
 
     ``ratios`` (the confirmation's measured ``reference_ratio`` per case) and ``recorded`` (the
     reference's recorded primary value per case): where a case has both, its first value over
-    the recorded one (the implied ratio) is compared with the measured ratio; any other case
-    compares the two runs' primary metrics.
+    the recorded one (the implied ratio) is compared with the measured ratio. Where the first
+    run measured a ratio too (``first_ratios``: an unrecorded reference timed in both runs), the
+    two measured ratios are compared. Any other case compares the two runs' primary metrics.
     """
     problems = []
-    ratios, recorded = ratios or {}, recorded or {}
+    ratios, recorded, first_ratios = ratios or {}, recorded or {}, first_ratios or {}
     primaries = _directions(metas)
     seconds = {c["test_case_id"]: c for c in second}
     for case in first:
@@ -201,7 +208,13 @@ def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[st
             problems.append(f"{cid}: {primary} not measured in both runs")
             continue
         direction = primaries.get(cid, (None, "lower_better"))[1]
-        if cid in ratios and recorded.get(cid):
+        if cid in ratios and cid in first_ratios:
+            before, after = float(first_ratios[cid]["value"]), float(ratios[cid]["value"])
+            apart = _worse_by(before, after, direction)
+            if apart > agreement and not _overlap(_ratio_range(first_ratios[cid]), _ratio_range(ratios[cid])):
+                problems.append(f"{cid}: {primary} measured {before:.4g}x the reference in the first run, "
+                                f"{after:.4g}x in the confirmation run ({apart:.3g} apart, agreement {agreement:g})")
+        elif cid in ratios and recorded.get(cid):
             implied, measured = a / recorded[cid], float(ratios[cid]["value"])
             apart = _worse_by(implied, measured, direction)
             first_range = _range(case, 1.0 / recorded[cid])
@@ -314,9 +327,10 @@ def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[Cas
         choice = reference.load(zoo.pending, sub.uuid)
         ratios = measured_ratios(run.result, choice)
         recorded = {k: float(v) for k, v in ((choice or {}).get("values") or {}).items()} if ratios else {}
+        first_ratios = measured_ratios(_first_result(zoo, sub.uuid), choice) if ratios and not recorded else {}
         problems = [] if accepted else [f"the confirmation run did not accept: {code}: {message}"]
-        problems += disagreement(first, cases, metas, settings.agreement_for(arch), ratios, recorded) \
-            if first is not None else ["the first result is no longer stored"]
+        problems += disagreement(first, cases, metas, settings.agreement_for(arch), ratios, recorded,
+                                 first_ratios) if first is not None else ["the first result is no longer stored"]
         if problems:
             ref: dict[str, Any] = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} \
                 if choice else {}
@@ -343,6 +357,14 @@ def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[Cas
     with zoo.git_lock:
         base = zoo.git.head()
     return [ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base)]
+
+
+def _first_result(zoo: Daemon, sub_uuid: str) -> object:
+    """The first run's stored result document (None when its file is gone or unreadable)."""
+    try:
+        return zoo.pending.load_result(sub_uuid)
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Summarize) -> list[CaseSummary] | None:

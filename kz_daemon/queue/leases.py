@@ -34,6 +34,7 @@ from kz_daemon.storage.pending import RUNNER_TARBALL, RUNNER_TARBALL_KEY
 from kz_events import events as ev
 from kz_events.durable import atomic_write
 from kz_events.reducer import next_claimable
+from kz_events.state import Submission
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, DESC, KP, REFERENCE_DIR
 from kz_runner.contract.tarball import scan_tarball
@@ -244,10 +245,7 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
         # an existing kernel runs HEAD's harness, whatever the package holds (a maintainer's
         # own harness change runs as submitted: HEAD still has the old one)
         harness = {} if sub.harness_change else harness_lock.head_harness(zoo.git, kid)
-        # a confirmation run carries the operator's reference kernel (chosen once, kept in pending/)
-        extra = reference.package_entries(zoo.git, kid, reference.decide(
-            zoo.pending, zoo.git, sub_uuid, kid, zoo.pending.metas(sub_uuid))) \
-            if confirm.is_confirmation_run(sub) else {}
+        extra = _reference_entries(zoo, sub, current)
     if current is None:
         metas = zoo.pending.metas(sub_uuid)
         current = scorecard.dump(scorecard.seed_scorecard(kid, metas))
@@ -267,6 +265,22 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
     atomic_write(target, data, fsync=False)
     key_file.write_text(json.dumps({"scorecard_sha256": key}) + "\n")
     return target
+
+
+def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> dict[str, bytes]:
+    """The operator's reference kernel, when this run times one (chosen once, kept in pending/).
+
+    A confirmation run carries it; so does the first run of a first record whose reference
+    has no recorded values (``reference.in_first_run``), so that both runs measure a ratio.
+    Call with the git lock held.
+    """
+    kid, metas = sub.kernel_id, zoo.pending.metas(sub.uuid)
+    if confirm.is_confirmation_run(sub):
+        return reference.package_entries(zoo.git, kid, reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas))
+    if not (zoo.config.confirmation.first_records and confirm.first_record(scorecard.load(current))):
+        return {}
+    doc = reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas)
+    return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc) else {}
 
 
 def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits,

@@ -2,19 +2,29 @@
 
 A confirmation run measures the candidate against the operator's reference kernel in the same
 run (:mod:`kz_daemon.queue.confirm`). The reference is chosen from the kernel repo at HEAD when
-the confirmation job's package is first built, by the leaderboard's own rule
+the job's package is first built, by the leaderboard's own rule
 (``kz_daemon.board.ranking.reference_of``: tag ``reference``, else a name in
 ``REFERENCE_NAMES``, else the first measured kernel of the operator), and kept as
 ``pending/<uuid>/confirm-reference.json``: its kernel_id, its source commit (the
 ``commit_sha`` of its current record), the HEAD its files were read at, the kernels its
 ``benchmark.py`` names with ``bench.kernel`` and its recorded value of each case's primary
-metric (``metrics_current``: the record of the source that is shipped). When there is none (an
-operator without a measured kernel), the file says why instead (``unavailable``).
+metric (``metrics_current``: the record of the source that is shipped).
 
-The runner package of the confirmation run carries the reference's source area (every file
-of its folder outside ``.kernel_package/``) under ``<kernel_id>/.kernel_package/reference/``
-with ``reference.json`` (``kz_runner.contract.layout.REFERENCE_DIR``, ``REFERENCE_FILE``); the
-harness (``kz_runner.bench``) times it with the candidate's benchmark and reports the ratio.
+**Unrecorded reference.** On a fresh zoo no kernel is measured: the seeded examples hold only
+their placeholders. The same rule is then applied to the kernels at HEAD, measured or not (the
+seeded ``numpy_ref`` of its operator), with no recorded values, and the reference's commit is
+the HEAD its files were read at. Without a record the confirmation's ratio has nothing to be
+compared with, so a first record's *first* run carries the reference too
+(:func:`in_first_run`): both runs time it beside the candidate and their two measured ratios
+are compared, host noise cancelling in each. An honest, unchanged CPU softmax on a loaded
+2-core host measured 21.3 us, then 29.3 us, its intervals apart: compared raw it was refused.
+Only an operator with no kernel at HEAD at all (a new kernel of a new operator) has no
+reference; the file then says why (``unavailable``).
+
+The runner package carries the reference's source area (every file of its folder outside
+``.kernel_package/``) under ``<kernel_id>/.kernel_package/reference/`` with ``reference.json``
+(``kz_runner.contract.layout.REFERENCE_DIR``, ``REFERENCE_FILE``); the harness
+(``kz_runner.bench``) times it with the candidate's benchmark and reports the ratio.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ from kz_events.durable import atomic_write_json
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, KP, REFERENCE_DIR, REFERENCE_FILE, is_seed_sha
 from kz_runner.contract.yamlio import load_yaml
 
-__all__ = ["CHOICE_FILE", "choose", "load", "decide", "package_entries", "declared_kernels", "recorded_values"]
+__all__ = ["CHOICE_FILE", "choose", "in_first_run", "load", "decide", "package_entries", "declared_kernels", "recorded_values"]
 
 CHOICE_FILE = "confirm-reference.json"  # in pending/<uuid>/, beside the package
 
@@ -99,25 +109,43 @@ def _entries(git: GitStore, operator: str, head: str) -> list[dict]:
 
 
 def choose(git: GitStore, kernel_id: str, metas: list[dict]) -> dict[str, Any]:
-    """The reference for a confirmation run of ``kernel_id``, read at HEAD (call with the git lock held)."""
+    """The reference for a confirmation run of ``kernel_id``, read at HEAD (call with the git lock held).
+
+    A measured reference carries its recorded value of each case (``values``). Without one (no
+    kernel of the operator is measured yet, or the reference's record lacks these cases) the
+    reference is chosen by the same rule among the kernels at HEAD, measured or not, with empty
+    ``values``: the first run of a first record then carries it too (:func:`in_first_run`), so
+    both runs measure a ratio and the two ratios are compared.
+    """
     operator = "/".join(kernel_id.split("/")[:4])
     head = git.head()
     if head is None:
         return {"operator": operator, "unavailable": "the kernel repo has no commit"}
-    ref, by_default = reference_of(_entries(git, operator, head))
-    if ref is None:
-        return {"operator": operator, "unavailable": f"operator {operator} has no reference kernel and no "
-                "measured kernel"}
-    card = scorecard.load(git.read_file(f"{ref}/{KP}/{BENCH_RESULT}", head))
-    values = recorded_values(card, metas)
+    entries = _entries(git, operator, head)
+    ref, by_default = reference_of(entries)
+    values: dict[str, float] = {}
+    commit = head
+    if ref is not None:
+        card = scorecard.load(git.read_file(f"{ref}/{KP}/{BENCH_RESULT}", head))
+        values = recorded_values(card, metas)
+        primaries = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
+        commit = next((str(c["metrics_current"][primaries[c["test_case_id"]]]["commit_sha"])
+                       for c in (card or {}).get("cases") or [] if c.get("test_case_id") in values), head)
     if not values:
-        return {"operator": operator, "kernel_id": ref,
-                "unavailable": f"the reference kernel {ref} has no measured record of these cases"}
-    primaries = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
-    commit = next((str(c["metrics_current"][primaries[c["test_case_id"]]]["commit_sha"])
-                   for c in (card or {}).get("cases") or [] if c.get("test_case_id") in values), "")
+        ref, by_default = reference_of(entries, measured_only=False)
+    if ref is None:
+        return {"operator": operator, "unavailable": f"operator {operator} has no kernel at HEAD to time beside it"}
     return {"operator": operator, "kernel_id": ref, "by_default": by_default, "commit": commit, "head": head,
             "kernels": declared_kernels(git.read_file(f"{ref}/{KP}/{BENCHMARK}", head)), "values": values}
+
+
+def in_first_run(doc: dict[str, Any] | None) -> bool:
+    """Whether a first record's first run carries the chosen reference: one without recorded values.
+
+    A recorded reference needs no ratio from the first run (its record implies one); an
+    unrecorded one has no figure to compare the first run's with unless that run timed it too.
+    """
+    return doc is not None and "unavailable" not in doc and not doc.get("values")
 
 
 def load(pending: PendingStore, sub_uuid: str) -> dict[str, Any] | None:

@@ -55,7 +55,9 @@ overhead's uncertainty (tiny calls on a loaded host), else *under*.
 ``max_bad_share`` (0.4) of the batches are under (about the median batch: a
 preempted batch is noise, and hiding time in a minority of batches does not
 move the headline); ``MACHINE_BUSY`` (void, re-run; not a verdict on the
-kernel) when under and busy batches together are more than that share. A
+kernel) when under and busy batches together are more than that share, unless
+the case's first output already failed its check (``first_passed`` False: that
+is the verdict, and a re-run could only hide it). A
 worker can make itself wait (hog threads) but that only voids its timing:
 busy batches never count in the headline. Only sums are checked: the worker
 can move time between the calls of a batch, so the per-call median and
@@ -1050,7 +1052,10 @@ class Judge:
             result.findings.append(Finding(
                 TIMER_TAMPERED, f"{len(under)} of {nb} batches report under (1-{tol:g})*(wall-overhead)-slack: "
                                 f"{s / 1e6:.3f} ms reported against {w / 1e6:.3f} ms of judge wall", evidence))
-        elif len(under) + len(busy) > max_bad_share * nb:
+        elif len(under) + len(busy) > max_bad_share * nb and result.first_passed is not False:
+            # (a case whose first output is wrong has its verdict: a void timing must not turn it into a job
+            # given back to the queue, or a wrong kernel that loads the host with its own threads would end
+            # ATTEMPTS_EXHAUSTED, never rejected)
             result.findings.append(Finding(
                 MACHINE_BUSY, f"{len(busy) + len(under)} of {nb} batches outside the tolerance, {len(busy)} of "
                               f"them explained by the worker waiting for a CPU; re-run on a quieter machine",

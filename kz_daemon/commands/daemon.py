@@ -31,11 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Initialise the state dir, then run the Zoo until a signal."""
     from kz_daemon.core.errors import ZooError
-    from kz_daemon.ops.runtime import configure_logging, init_state_dir, open_failure, run_until_signal, tune_malloc
+    from kz_daemon.ops.runtime import init_state_dir, open_failure, prepare_daemon_process, run_until_signal
 
-    heap = tune_malloc()  # before any thread: arenas are made per thread
-    configure_logging()  # the daemon's log lines: stderr, with UTC time and level
-    __import__("logging").getLogger("kz_daemon").debug(heap)
+    prepare_daemon_process()  # the heap tuned before any thread; the log lines on stderr
     try:
         config = init_state_dir(args.state_dir, seed_from=args.seed_from, config_file=args.config,
                                 repo=args.repo)

@@ -104,12 +104,10 @@ def run(args: argparse.Namespace) -> int:
     from kz_daemon.config.tokens import ensure_local_tokens
     from kz_daemon.core.errors import ZooError
     from kz_daemon.http.serve import serve_config
-    from kz_daemon.ops.runtime import configure_logging, init_state_dir, open_failure, tune_malloc
+    from kz_daemon.ops.runtime import init_state_dir, open_failure, prepare_daemon_process
     from kz_events.log.segments import LogError, LogLocked
 
-    heap = tune_malloc()  # before any thread: arenas are made per thread
-    configure_logging()  # the daemon's log lines: stderr, with UTC time and level
-    __import__("logging").getLogger("kz_daemon").debug(heap)
+    prepare_daemon_process()  # the heap tuned before any thread; the log lines on stderr
     state_dir = Path(args.state_dir).resolve()
     seed = Path(args.seed_from) if args.seed_from else default_examples()
     try:

@@ -126,8 +126,8 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> str:
     leave holes it keeps. Measured with ``benchmarks/memory_probe.py`` (soak load, 2-core
     VM): malloc's free bytes grew from 2 to 17 MiB in five minutes and RSS 3.7 KB per
     submission over the last three; with two arenas and fixed 128 KiB thresholds free bytes
-    stayed at 1.5 MiB and RSS grew 0.7 KB per submission. Called by ``kz daemon`` and
-    ``kz up`` before any thread starts.
+    stayed at 1.5 MiB and RSS grew 0.7 KB per submission. Called by
+    :func:`prepare_daemon_process` before any thread starts.
     """
     env = os.environ if environ is None else environ
     chosen = [name for name in MALLOC_ENV if name in env]
@@ -143,6 +143,19 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> str:
     if failed:
         return f"malloc partly tuned (mallopt refused {failed})"
     return "malloc tuned: 2 arenas, mmap and trim thresholds fixed at 128 KiB"
+
+
+def prepare_daemon_process() -> logging.Handler:
+    """A daemon process's first step (``kz daemon``, ``kz up``): tune the heap, then show the log lines.
+
+    The heap first, before any thread starts (glibc makes arenas per thread); what was done
+    is logged at debug level once the handler exists (stderr at INFO stays for what an
+    operator must read).
+    """
+    heap = tune_malloc()
+    handler = configure_logging()
+    logging.getLogger("kz_daemon").debug(heap)
+    return handler
 
 
 def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -> logging.Handler:

@@ -460,9 +460,11 @@ def finish_earlier_saga(zoo: Daemon, sub_uuid: str) -> None:
 def run_saga(zoo: Daemon, sub_uuid: str, run: StoredRun | None = None, metas: list[dict] | None = None) -> None:
     """Drive the accept saga of ``sub_uuid`` (status ``accepting``) to a terminal status; idempotent."""
     def result() -> BenchmarkResult:
-        if run is not None:
-            return run.result
-        return confirm.committed_result(zoo.pending, sub_uuid, case_metas(), case_summary)
+        doc = run.result if run is not None else \
+            confirm.committed_result(zoo.pending, sub_uuid, case_metas(), case_summary)
+        if doc is None:  # the verdict accepted a document: only a damaged runs/ folder gets here
+            raise ValueError(f"the stored result of {sub_uuid} is empty")
+        return doc
 
     def case_metas() -> list[dict]:
         return metas if metas is not None else zoo.pending.metas(sub_uuid)

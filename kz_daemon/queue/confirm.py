@@ -65,12 +65,12 @@ from typing import Any
 
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
-from kz_daemon.core.verdicts import CaseSummary, Summarize, Verdict
+from kz_daemon.core.verdicts import BenchmarkResult, CaseSummary, Summarize, Verdict
 from kz_daemon.guards import unconfined
 from kz_daemon.queue import reference
 from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
 from kz_events import events as ev
-from kz_events.state import Submission
+from kz_events.state import State, Submission
 from kz_events.status import Status
 from kz_runner.contract.layout import BENCH_RESULT, KP, is_seed_sha
 
@@ -156,7 +156,7 @@ def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[Map
     return beyond_margin(card, metas, cases, margin)
 
 
-def measured_ratios(result: object, choice: dict | None) -> dict[str, dict]:
+def measured_ratios(result: BenchmarkResult | None, choice: dict | None) -> dict[str, dict]:
     """test_case_id -> the confirmation result's ``reference_ratio``, when it measured the chosen reference.
 
     Empty when no reference was chosen, the result says ``reference: unavailable``, or it names
@@ -169,7 +169,8 @@ def measured_ratios(result: object, choice: dict | None) -> dict[str, dict]:
             ref.get("kernel_id") != choice.get("kernel_id") or ref.get("commit") != choice.get("commit"):
         return {}
     out = {}
-    for case in result.get("cases") or []:
+    cases = result.get("cases")
+    for case in cases if isinstance(cases, list) else []:
         ratio = case.get("reference_ratio") if isinstance(case, dict) else None
         if isinstance(ratio, dict) and isinstance(ratio.get("value"), (int, float)) and ratio["value"] > 0 \
                 and math.isfinite(ratio["value"]):
@@ -279,20 +280,20 @@ def committed_choice(first: Sequence[Mapping[str, Any]], second: Sequence[Mappin
 
 
 # -- the stored runs ----------------------------------------------------------------------
-def store_run(pending: PendingStore, sub: Any, result: dict | None, logs: bytes, env: dict,
+def store_run(pending: PendingStore, sub: Submission, result: dict | None, logs: bytes, env: dict,
               failure: dict | None) -> StoredRun:
     """Store a report: the first run as ``result.json``, the confirmation run beside it."""
     prefix = CONFIRM_PREFIX if is_confirmation_run(sub) else ""
     return pending.store_run(sub.uuid, result, logs, env, failure, prefix)
 
 
-def load_confirm_result(pending: PendingStore, sub_uuid: str) -> Any:
+def load_confirm_result(pending: PendingStore, sub_uuid: str) -> BenchmarkResult | None:
     """The stored confirmation result (FileNotFoundError when there is none)."""
     return pending.load_result(sub_uuid, CONFIRM_PREFIX)
 
 
 def committed_result(pending: PendingStore, sub_uuid: str, metas: list[dict],
-                     summarize: Summarize | None = None) -> Any:
+                     summarize: Summarize | None = None) -> BenchmarkResult | None:
     """The result the accept saga commits: the first, or the slower of the two when confirmed.
 
     A pure function of the two stored files, so a restarted saga commits the same bytes.
@@ -359,7 +360,7 @@ def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[Cas
     return [ev.AcceptStarted(uuid=sub.uuid, kernel_id=sub.kernel_id, base_head=base)]
 
 
-def _first_result(zoo: Daemon, sub_uuid: str) -> object:
+def _first_result(zoo: Daemon, sub_uuid: str) -> BenchmarkResult | None:
     """The first run's stored result document (None when its file is gone or unreadable)."""
     try:
         return zoo.pending.load_result(sub_uuid)
@@ -376,7 +377,7 @@ def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Summ
 
 
 # -- the queue -------------------------------------------------------------------------------
-def excluded(state: Any, runner_id: str, now: float) -> list[str]:
+def excluded(state: State, runner_id: str, now: float) -> list[str]:
     """Pending uuids ``runner_id`` may not claim now: kernels whose confirmation run is not yet its to take.
 
     A confirmation job is back at the front of its kernel's line (its place is its first

@@ -27,6 +27,7 @@ import copy
 import hashlib
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,11 +35,13 @@ from kz_daemon.board import outcome
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core import hints, scorecard, short_ids
 from kz_daemon.core.errors import ZooError
+from kz_daemon.core.readmodel import SubmissionView
 from kz_daemon.guards import unconfined
 from kz_daemon.storage.pending import result_bytes
 from kz_events import events as ev
 from kz_events.durable import atomic_write
 from kz_events.reducer import RERUN_LEASED, RERUN_LIVE, RERUN_STATUSES, next_rerun
+from kz_events.state import State
 from kz_events.status import Status
 from kz_runner.contract.checks import check_result
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, KP
@@ -49,6 +52,8 @@ __all__ = ["request", "is_rerun", "pick", "claim_event", "decide_renew", "decide
            "report", "cancel", "listing", "public", "of_record", "get", "wait"]
 
 #: the result-check codes that void a rerun's figures (the package's own verdict does not matter here)
+#: ``queue.renew``: (zoo, job id, runner_id, lease_id) -> the lease's new expiry
+Renew = Callable[[Daemon, str, str, str], float]
 VOID_CODES = frozenset({"BAD_OUTPUT", "RESULT_SCHEMA", "RESULT_KERNEL_ID", "RESULT_CASES", "RESULT_NONFINITE",
                         "BUILD_FAILED"})
 
@@ -80,13 +85,13 @@ def is_rerun(zoo: Daemon, job_id: str) -> bool:
         return job_id in zoo.store.state.reruns
 
 
-def pick(state: Any, runner_id: str, arch: str) -> tuple[str, int] | None:
+def pick(state: State, runner_id: str, arch: str) -> tuple[str, int] | None:
     """``(rerun_id, requested seq)`` of the rerun ``runner_id`` would claim next, or None."""
     rerun_id = next_rerun(state, arch, runner_id)
     return (rerun_id, state.reruns[rerun_id]["requested_seq"]) if rerun_id is not None else None
 
 
-def claim_event(state: Any, rerun_id: str, runner_id: str, lease_id: str,
+def claim_event(state: State, rerun_id: str, runner_id: str, lease_id: str,
                 expires: float) -> tuple[ev.RerunClaimed, str, int]:
     """The claim of a picked rerun: ``(event, kernel_id, attempt)``."""
     rerun = state.reruns[rerun_id]
@@ -140,18 +145,18 @@ def decide_release(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str, re
         return None, zoo.store.submit(*_gone(zoo, rerun, runner_id, lease_id, reason or "released", False))
 
 
-def expired(zoo: Daemon, state: Any, now: float) -> list[list]:
+def expired(zoo: Daemon, state: State, now: float) -> list[list]:
     """The events of every rerun lease past its time, one batch per rerun (the reaper emits them)."""
     return [_gone(zoo, rerun, rerun["lease"][0], rerun["lease"][1], "the lease expired", True)
             for rerun in state.reruns.values()
             if rerun["status"] in RERUN_LEASED and rerun["lease"] is not None and rerun["lease"][2] <= now]
 
 
-def _record(zoo: Daemon, rerun: dict) -> Any:
+def _record(zoo: Daemon, rerun: dict) -> SubmissionView:
     return zoo.submission(rerun["uuid"])
 
 
-def package(zoo: Daemon, rerun_id: str, runner_id: str, renew: Any) -> Path:
+def package(zoo: Daemon, rerun_id: str, runner_id: str, renew: Renew) -> Path:
     """The tar.gz of the record's kernel folder at its source commit, for the lease holder.
 
     That folder is what the record's run was given (the submission's files, the harness
@@ -244,7 +249,7 @@ def report(zoo: Daemon, rerun_id: str, runner_id: str, lease_id: str, result: di
     return get(zoo, rerun_id)
 
 
-def _resolve(state: Any, token: str) -> str:
+def _resolve(state: State, token: str) -> str:
     """The rerun id ``token`` names: a full id, or an unambiguous prefix of one (as ``kz`` prints: 8 characters)."""
     return short_ids.resolve(token, state.reruns, "rerun")
 
@@ -298,7 +303,7 @@ def public(rerun: dict) -> dict[str, Any]:
             "history": [list(h) for h in rerun["history"]]}
 
 
-def of_record(state: Any, uuid: str) -> list[dict[str, Any]]:
+def of_record(state: State, uuid: str) -> list[dict[str, Any]]:
     """The reruns of a record, oldest first, as the API shows them (call under ``store.lock``)."""
     found = [r for r in state.reruns.values() if r["uuid"] == uuid]
     return [public(r) for r in sorted(found, key=lambda r: r["requested_seq"])]

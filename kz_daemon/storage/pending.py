@@ -35,11 +35,18 @@ def result_bytes(result: dict | None) -> bytes:
     return json.dumps(result, sort_keys=True, allow_nan=True).encode() + b"\n"
 
 
+def result_doc(doc: object) -> dict[str, object] | None:
+    """A stored result.json's JSON, as a result document: an object, or null (ValueError for anything else)."""
+    if doc is None or isinstance(doc, dict):
+        return doc
+    raise ValueError(f"a stored result.json holds {type(doc).__name__}, not an object")
+
+
 @dataclass(frozen=True)
 class StoredRun:
     """A run as ``runs/<uuid>/`` holds it: the result (as the file reads back), its sha256, the failure."""
 
-    result: Any
+    result: dict[str, object] | None  # as the file reads back; None: the runner sent none
     sha256: str
     failure: dict | None
 
@@ -98,11 +105,15 @@ class PendingStore:
         durable.atomic_write(folder / (prefix + RESULT_FILE), data, sync_dir=False)
         # The saga must build from what the file holds (a restarted saga reads the file), so the
         # caller gets the decoded bytes, not the object it passed in.
-        return StoredRun(json.loads(data), hashlib.sha256(data).hexdigest(), failure)
+        return StoredRun(result_doc(json.loads(data)), hashlib.sha256(data).hexdigest(), failure)
 
-    def load_result(self, sub_uuid: str, prefix: str = "") -> Any:
-        """The stored result.json of a submission (None when the runner sent none)."""
-        return json.loads((self.run_folder(sub_uuid) / (prefix + RESULT_FILE)).read_text())
+    def load_result(self, sub_uuid: str, prefix: str = "") -> dict[str, object] | None:
+        """The stored result.json of a submission (None when the runner sent none).
+
+        FileNotFoundError when there is none; ValueError when it is not JSON or not a result
+        document (only an object or null is ever stored).
+        """
+        return result_doc(json.loads((self.run_folder(sub_uuid) / (prefix + RESULT_FILE)).read_text()))
 
     def load_env(self, sub_uuid: str, prefix: str = "") -> dict:
         """The stored env.json of a run ({} when missing or unreadable: pruned, or never written)."""
@@ -121,4 +132,5 @@ class PendingStore:
                 docs.append(json.loads((folder / (prefix + name)).read_text()))
             except (FileNotFoundError, ValueError):
                 docs.append(None)
-        return StoredRun(docs[0], "", docs[1])
+        result = docs[0] if isinstance(docs[0], dict) else None
+        return StoredRun(result, "", docs[1] if isinstance(docs[1], dict) else None)

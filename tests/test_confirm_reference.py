@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from kz_daemon.config.settings import Config
+from kz_daemon.guards.harness_review import HarnessDigests, review_of
+from kz_daemon.intake.review import review_harness
 from kz_daemon.ops.runtime import init_state_dir
 from kz_daemon.ops.service import Zoo
 from kz_daemon.queue import confirm, reference
@@ -176,6 +178,45 @@ def test_a_fresh_zoos_first_record_times_the_seeded_reference_in_both_runs(tmp_p
             with tarfile.open(zoo.runner_package(uuid, "r1")) as tar:
                 assert not any("/.kernel_package/reference/" in n for n in tar.getnames())
             assert reference.load(zoo.pending, uuid)["values"]
+    finally:
+        zoo.stop()
+
+
+def test_a_kernel_whose_harness_awaits_review_is_never_the_reference(tmp_path):
+    # A submitter's new kernel tags itself `reference` (and sorts first): accepted, its harness unreviewed. Were
+    # it the confirmation's reference, its recorded figures (measured under that harness) would set the ratio
+    # every later kernel of the operator is held to. The seeded numpy_ref stays the reference.
+    state = tmp_path / "kz"
+    init_state_dir(state, seed_from=EXAMPLES)
+    (state / "kz.yaml").write_text("confirmation: {exclusive_s: 0}\n")
+    zoo = Zoo(Config.load(state))
+    zoo.start()
+    try:
+        rogue = "cpu/Elementwise/Axpy/fp32/aaa_ref"
+
+        def tagged(files: dict) -> None:
+            desc = files[".kernel_package/desc.yaml"]
+            files[".kernel_package/desc.yaml"] = desc.replace(b"tags: [cpu-lane,", b"tags: [reference, cpu-lane,")
+        uuid = drop_and_decide(zoo, "rogue.tar.gz", axpy_tarball(rogue, mutate=tagged)).uuid
+        for runner in ("r1", "r2"):  # its own first record: a run and its confirmation
+            claim = zoo.claim(runner, "cpu", 5)
+            assert claim.uuid == uuid
+            zoo.runner_package(uuid, runner)
+            choice = reference.load(zoo.pending, uuid)
+            view = zoo.report_result(uuid, runner, claim.lease_id, _ratio_result(rogue, 5.0, 1.0, choice))
+        assert view.status == "accepted", view.reasons
+        digests = HarnessDigests(zoo.config.paths.repo)
+        assert review_of(zoo.store, digests, rogue, zoo.git.head()) == "unreviewed"
+
+        uuid = drop_and_decide(zoo, "b.tar.gz", axpy_tarball()).uuid
+        zoo.claim("r1", "cpu", 5)
+        zoo.runner_package(uuid, "r1")
+        assert reference.load(zoo.pending, uuid)["kernel_id"] == AXPY_ID
+        # once a maintainer approves its harness it is a reference like any other (a later choice)
+        review_harness(zoo, digests, rogue, "approve", "maintainer")
+        (zoo.pending.folder(uuid) / reference.CHOICE_FILE).unlink()
+        zoo.runner_package(uuid, "r1")
+        assert reference.load(zoo.pending, uuid)["kernel_id"] == rogue
     finally:
         zoo.stop()
 

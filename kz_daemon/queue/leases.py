@@ -27,7 +27,8 @@ from kz_daemon.config.ports import Daemon
 from kz_daemon.config.settings import Limits
 from kz_daemon.core import hints, scorecard
 from kz_daemon.core.errors import ZooError
-from kz_daemon.guards import harness_lock
+from kz_daemon.guards import harness_lock, harness_review
+from kz_daemon.guards.harness_review import HarnessDigests
 from kz_daemon.queue import confirm, reference, reruns
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import RUNNER_TARBALL, RUNNER_TARBALL_KEY
@@ -275,11 +276,18 @@ def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> d
     Call with the git lock held.
     """
     kid, metas = sub.kernel_id, zoo.pending.metas(sub.uuid)
+
+    def unreviewed() -> set[str]:
+        head = zoo.git.head()
+        return set() if head is None else \
+            harness_review.unreviewed_at(HarnessDigests(zoo.config.paths.repo), head, harness_review.reviews_of(zoo.store))
+
     if confirm.is_confirmation_run(sub):
-        return reference.package_entries(zoo.git, kid, reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas))
+        return reference.package_entries(zoo.git, kid, reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas,
+                                                                         unreviewed))
     if not (zoo.config.confirmation.first_records and confirm.first_record(scorecard.load(current))):
         return {}
-    doc = reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas)
+    doc = reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas, unreviewed)
     return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc) else {}
 
 

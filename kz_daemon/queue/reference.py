@@ -4,7 +4,8 @@ A confirmation run measures the candidate against the operator's reference kerne
 run (:mod:`kz_daemon.queue.confirm`). The reference is chosen from the kernel repo at HEAD when
 the job's package is first built, by the leaderboard's own rule
 (``kz_daemon.board.ranking.reference_of``: tag ``reference``, else a name in
-``REFERENCE_NAMES``, else the first measured kernel of the operator), and kept as
+``REFERENCE_NAMES``, else the first measured kernel of the operator; never a kernel whose
+harness awaits review, whose tag and records no maintainer vouched for), and kept as
 ``pending/<uuid>/confirm-reference.json``: its kernel_id, its source commit (the
 ``commit_sha`` of its current record), the HEAD its files were read at, the kernels its
 ``benchmark.py`` names with ``bench.kernel`` and its recorded value of each case's primary
@@ -30,10 +31,11 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from kz_daemon.board.ranking import reference_of
+from kz_daemon.board.ranking import HARNESS, REVIEWED, UNREVIEWED, reference_of
 from kz_daemon.core import scorecard
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import PendingStore
@@ -85,8 +87,12 @@ def recorded_values(card: dict | None, metas: list[dict]) -> dict[str, float]:
     return out
 
 
-def _entries(git: GitStore, operator: str, head: str) -> list[dict]:
-    """Index-like entries (kernel_id, tags, cases with a ``best``) of every kernel of ``operator`` at ``head``."""
+def _entries(git: GitStore, operator: str, head: str, unreviewed: Collection[str] = ()) -> list[dict]:
+    """Index-like entries (kernel_id, tags, cases with a ``best``) of every kernel of ``operator`` at ``head``.
+
+    A kernel of ``unreviewed`` (its harness awaits a maintainer) is marked so, as on the board:
+    it is never the reference.
+    """
     depth = len(operator.split("/")) + 1
     entries = []
     for path in git.list_files(operator, head):
@@ -104,11 +110,12 @@ def _entries(git: GitStore, operator: str, head: str) -> list[dict]:
             best = next((r for r in (case.get("metrics_best") or {}).values() if _measured(r)), None)
             cases.append({"test_case_id": case.get("test_case_id"), "best": best})
         tags = desc.get("tags") if isinstance(desc, dict) else None
-        entries.append({"kernel_id": kid, "tags": tags if isinstance(tags, list) else [], "cases": cases})
+        entries.append({"kernel_id": kid, "tags": tags if isinstance(tags, list) else [], "cases": cases,
+                        HARNESS: UNREVIEWED if kid in unreviewed else REVIEWED})
     return entries
 
 
-def choose(git: GitStore, kernel_id: str, metas: list[dict]) -> dict[str, Any]:
+def choose(git: GitStore, kernel_id: str, metas: list[dict], unreviewed: Collection[str] = ()) -> dict[str, Any]:
     """The reference for a confirmation run of ``kernel_id``, read at HEAD (call with the git lock held).
 
     A measured reference carries its recorded value of each case (``values``). Without one (no
@@ -121,7 +128,7 @@ def choose(git: GitStore, kernel_id: str, metas: list[dict]) -> dict[str, Any]:
     head = git.head()
     if head is None:
         return {"operator": operator, "unavailable": "the kernel repo has no commit"}
-    entries = _entries(git, operator, head)
+    entries = _entries(git, operator, head, unreviewed)
     ref, by_default = reference_of(entries)
     values: dict[str, float] = {}
     commit = head
@@ -158,16 +165,17 @@ def load(pending: PendingStore, sub_uuid: str) -> dict[str, Any] | None:
 
 
 def decide(pending: PendingStore, git: GitStore, sub_uuid: str, kernel_id: str,
-           metas: list[dict]) -> dict[str, Any]:
+           metas: list[dict], unreviewed: Callable[[], Collection[str]] = tuple) -> dict[str, Any]:
     """The reference of ``sub_uuid``'s confirmation run: the stored choice, else a new one, stored.
 
     Chosen once: a second claim of the same confirmation run (a lease that expired) ships the
-    same reference, so the run that is reported always measured the stored one. Call with the
-    git lock held.
+    same reference, so the run that is reported always measured the stored one.
+    ``unreviewed()``: the kernels whose harness awaits review at HEAD (asked only when a new
+    choice is made). Call with the git lock held.
     """
     doc = load(pending, sub_uuid)
     if doc is None:
-        doc = choose(git, kernel_id, metas)
+        doc = choose(git, kernel_id, metas, unreviewed())
         atomic_write_json(Path(pending.folder(sub_uuid)) / CHOICE_FILE, doc)
     return doc
 

@@ -24,7 +24,10 @@ when there is none the result says ``reference: unavailable`` and the agreement 
 to the absolute comparison below. When no kernel of the operator is measured yet (a fresh
 zoo: the seeded examples hold placeholders), the reference is chosen among the kernels at
 HEAD without a record, and the *first* run of the first record carries it as well: both runs
-measure a ratio, and those two ratios are compared (``reference.in_first_run``).
+measure a ratio, and those two ratios are compared (``reference.in_first_run``). On the CPU
+lane every first run that may be confirmed carries it, recorded or not: the ratio implied by
+the first run's figure and the reference's record spans two jobs, and a shared host's speed
+moves between jobs by more than the agreement, so only a ratio measured in each run cancels it.
 
 **Agreement.** The confirmation run is stored beside the first
 (``runs/<uuid>/confirm-result.json``; the first stays ``runs/<uuid>/result.json``). The two
@@ -33,9 +36,9 @@ correctness tolerance, applied by the package's benchmark, governs the outputs),
 each case: with a measured ratio, the first run's *implied* ratio (its value over the
 reference's recorded value at HEAD, the one kept with the choice) and the confirmation's
 measured ratio differ by at most ``confirmation.agreement`` (``cpu_agreement`` on the CPU
-lane) relative to the implied one; where both runs measured a ratio (an unrecorded
-reference), the confirmation's ratio and the first run's differ by at most that much relative
-to the first's; without any, the two runs' primary metrics differ by at most that much
+lane) relative to the implied one; where both runs measured a ratio (the CPU lane, an
+unrecorded reference), the confirmation's ratio and the first run's differ by at most that
+much relative to the first's, and this comparison comes first; without any, the two runs' primary metrics differ by at most that much
 relative to the first run's value. Only a confirmation *worse* than the first
 run (in the metric's direction) can disagree: a confirmation that measured the kernel faster
 says the first figure was not inflated, and the slower of the two is committed anyway, so
@@ -184,11 +187,11 @@ def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[st
                  first_ratios: dict[str, dict] | None = None) -> list[str]:
     """What keeps two runs' case summaries from agreeing (empty: they agree).
 
-    ``ratios`` (the confirmation's measured ``reference_ratio`` per case) and ``recorded`` (the
-    reference's recorded primary value per case): where a case has both, its first value over
-    the recorded one (the implied ratio) is compared with the measured ratio. Where the first
-    run measured a ratio too (``first_ratios``: an unrecorded reference timed in both runs), the
-    two measured ratios are compared. Any other case compares the two runs' primary metrics.
+    ``ratios``: the confirmation's measured ``reference_ratio`` per case. Where the first run
+    measured one too (``first_ratios``: the reference timed in both runs), the two measured
+    ratios are compared; else, with ``recorded`` (the reference's recorded primary value per
+    case), the first value over the recorded one (the implied ratio) is compared with the
+    measured ratio. Any other case compares the two runs' primary metrics.
     """
     problems = []
     ratios, recorded, first_ratios = ratios or {}, recorded or {}, first_ratios or {}
@@ -328,7 +331,7 @@ def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[Cas
         choice = reference.load(zoo.pending, sub.uuid)
         ratios = measured_ratios(run.result, choice)
         recorded = {k: float(v) for k, v in ((choice or {}).get("values") or {}).items()} if ratios else {}
-        first_ratios = measured_ratios(_first_result(zoo, sub.uuid), choice) if ratios and not recorded else {}
+        first_ratios = measured_ratios(_first_result(zoo, sub.uuid), choice) if ratios else {}
         problems = [] if accepted else [f"the confirmation run did not accept: {code}: {message}"]
         problems += disagreement(first, cases, metas, settings.agreement_for(arch), ratios, recorded,
                                  first_ratios) if first is not None else ["the first result is no longer stored"]

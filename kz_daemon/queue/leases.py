@@ -271,9 +271,9 @@ def runner_package(zoo: Daemon, sub_uuid: str, runner_id: str) -> Path:
 def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> dict[str, bytes]:
     """The operator's reference kernel, when this run times one (chosen once, kept in pending/).
 
-    A confirmation run carries it; so does the first run of a first record whose reference
-    has no recorded values (``reference.in_first_run``), so that both runs measure a ratio.
-    Call with the git lock held.
+    A confirmation run carries it; so does a first run that may be confirmed (a first
+    record; on the CPU lane any run while its margin is on) when ``reference.in_first_run``
+    says so, so that both runs measure a ratio. Call with the git lock held.
     """
     kid, metas = sub.kernel_id, zoo.pending.metas(sub.uuid)
 
@@ -285,10 +285,12 @@ def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> d
     if confirm.is_confirmation_run(sub):
         return reference.package_entries(zoo.git, kid, reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas,
                                                                          unreviewed))
-    if not (zoo.config.confirmation.first_records and confirm.first_record(scorecard.load(current))):
+    settings, arch = zoo.config.confirmation, sub.arch or kid.split("/", 1)[0]
+    if not (settings.first_records and confirm.first_record(scorecard.load(current))) and \
+            not (arch == "cpu" and settings.margin_for(arch) > 0):
         return {}
     doc = reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas, unreviewed)
-    return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc) else {}
+    return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc, arch) else {}
 
 
 def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits,

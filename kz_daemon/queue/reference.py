@@ -17,7 +17,9 @@ seeded ``numpy_ref`` of its operator), with no recorded values, and the referenc
 the HEAD its files were read at. Without a record the confirmation's ratio has nothing to be
 compared with, so a first record's *first* run carries the reference too
 (:func:`in_first_run`): both runs time it beside the candidate and their two measured ratios
-are compared, host noise cancelling in each. An honest, unchanged CPU softmax on a loaded
+are compared, host noise cancelling in each. On the CPU lane every first run that may be
+confirmed carries it, recorded or not: a ratio implied across two jobs compares the host's
+load at two times. An honest, unchanged CPU softmax on a loaded
 2-core host measured 21.3 us, then 29.3 us, its intervals apart: compared raw it was refused.
 Only an operator with no kernel at HEAD at all (a new kernel of a new operator) has no
 reference; the file then says why (``unavailable``).
@@ -146,13 +148,16 @@ def choose(git: GitStore, kernel_id: str, metas: list[dict], unreviewed: Collect
             "kernels": declared_kernels(git.read_file(f"{ref}/{KP}/{BENCHMARK}", head)), "values": values}
 
 
-def in_first_run(doc: dict[str, Any] | None) -> bool:
-    """Whether a first record's first run carries the chosen reference: one without recorded values.
+def in_first_run(doc: dict[str, Any] | None, arch: str) -> bool:
+    """Whether a first run that may be confirmed carries the chosen reference too.
 
-    A recorded reference needs no ratio from the first run (its record implies one); an
-    unrecorded one has no figure to compare the first run's with unless that run timed it too.
+    On the ``cpu`` lane, always: a shared host's speed changes between jobs by more than any
+    agreement, so a ratio implied from the first run's figure and the reference's recorded
+    one (two different jobs) compares the host's load, not the kernel; timed in both runs,
+    the two measured ratios cancel it. On a GPU lane (noise a hundred times smaller) only an
+    unrecorded reference, which implies no ratio at all.
     """
-    return doc is not None and "unavailable" not in doc and not doc.get("values")
+    return doc is not None and "unavailable" not in doc and (arch == "cpu" or not doc.get("values"))
 
 
 def load(pending: PendingStore, sub_uuid: str) -> dict[str, Any] | None:

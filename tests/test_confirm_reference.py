@@ -129,6 +129,15 @@ def test_two_measured_ratios_are_compared_when_the_reference_has_no_record():
     problems = confirm.disagreement(first, second, METAS, 0.25, near[1], {}, {"a": {"value": 0.5}})
     assert len(problems) == 1 and "measured 0.5x the reference in the first run, 1.04x in the confirmation" \
         in problems[0]
+    # a runner that reports four times the speed it ran, keeping the ratio: the reference it timed would have
+    # run 5.6x faster than in the confirmation, more than a host's change between jobs (host_spread 1: 2x)
+    problems = confirm.disagreement(_cases(5.0, 50.0), second, METAS, 0.25, near[1], {}, near[0])
+    assert len(problems) == 1 and "put the reference at 5 us, 5.63x ahead of the 28.17" in problems[0], problems
+    assert confirm.disagreement(_cases(5.0, 50.0), second, METAS, 0.25, near[1], {}, near[0], host_spread=5.0) == []
+    # (the same for a rate: 4x the bandwidth reported)
+    rate = tuple({**n, "b": {"value": 1.0, "lo": 0.97, "hi": 1.03}} for n in near)
+    assert confirm.disagreement(_cases(21.3, 200.0), second, METAS, 0.25, rate[1], {}, rate[0])
+    assert confirm.disagreement(_cases(21.3, 60.0), second, METAS, 0.25, rate[1], {}, rate[0]) == []
     # the ratios' intervals overlapping is within noise, as for absolute figures
     assert confirm.disagreement(first, second, METAS, 0.25, {"a": {"value": 1.4, "lo": 0.9, "hi": 1.5}}, {},
                                 {"a": {"value": 1.0, "lo": 0.8, "hi": 1.1}}) == []

@@ -118,6 +118,10 @@ confirmation:             # a new best, and every first record, is run twice bef
                           # record) and the confirmation's measured ratio may differ by at most 10 %
                           # (without a reference: the two runs' primary metrics)
   cpu_agreement: 0.25     # the same for arch cpu
+  host_spread: 1.0        # where both runs timed the reference (cpu; an unrecorded one): the reference's
+                          # figure in the first run may beat its figure in the confirmation by at most
+                          # 1 + this (2x): a host changes speed between jobs, a runner that reports more
+                          # than it ran makes the reference look faster than any host does
   exclusive_s: 120        # for this long only another runner may take the confirmation run; then any
 
 retention:                # what a finished submission leaves on disk (`kz gc`; the daemon sweeps hourly)
@@ -254,6 +258,7 @@ class ConfirmationSettings:
     first_records: bool = True
     agreement: float = 0.1
     cpu_agreement: float = 0.25
+    host_spread: float = 1.0
     exclusive_s: float = 120.0
 
     def margin_for(self, arch: str) -> float:
@@ -516,7 +521,7 @@ def _check_ranges(config: Config, source: str) -> None:
     for key, value in not_negative.items():
         if value < 0:
             raise _invalid(f"{source}: {key} must be >= 0, got {value!r}", path=source, key=key)
-    for key in ("margin", "cpu_margin", "agreement", "cpu_agreement", "exclusive_s"):
+    for key in ("margin", "cpu_margin", "agreement", "cpu_agreement", "host_spread", "exclusive_s"):
         if getattr(config.confirmation, key) < 0:
             raise _invalid(f"{source}: confirmation.{key} must be >= 0", path=source, key=f"confirmation.{key}")
     for key in ("pending_days", "run_logs_days", "rejected_keep", "rejected_max_bytes", "rejected_days",

@@ -184,7 +184,7 @@ def measured_ratios(result: BenchmarkResult | None, choice: dict | None) -> dict
 def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], metas: list[dict],
                  agreement: float,
                  ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None,
-                 first_ratios: dict[str, dict] | None = None) -> list[str]:
+                 first_ratios: dict[str, dict] | None = None, host_spread: float = 1.0) -> list[str]:
     """What keeps two runs' case summaries from agreeing (empty: they agree).
 
     ``ratios``: the confirmation's measured ``reference_ratio`` per case. Where the first run
@@ -192,6 +192,12 @@ def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[st
     ratios are compared; else, with ``recorded`` (the reference's recorded primary value per
     case), the first value over the recorded one (the implied ratio) is compared with the
     measured ratio. Any other case compares the two runs' primary metrics.
+
+    Where both runs measured a ratio, each run's figure over its ratio is the reference's
+    figure in that run: the same trusted source timed twice, so it differs only by the host's
+    speed. A first run whose figures put the reference more than ``1 + host_spread`` times
+    ahead of the confirmation's disagrees: a runner that reports more than it ran, keeping
+    the ratio, makes the reference look faster than a host's change between jobs does.
     """
     problems = []
     ratios, recorded, first_ratios = ratios or {}, recorded or {}, first_ratios or {}
@@ -218,6 +224,11 @@ def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[st
             if apart > agreement and not _overlap(_ratio_range(first_ratios[cid]), _ratio_range(ratios[cid])):
                 problems.append(f"{cid}: {primary} measured {before:.4g}x the reference in the first run, "
                                 f"{after:.4g}x in the confirmation run ({apart:.3g} apart, agreement {agreement:g})")
+            ref_first, ref_second = a / before, b / after
+            if (host := _ahead(ref_first, ref_second, direction)) > 1.0 + host_spread:
+                problems.append(f"{cid}: the first run's figures put the reference at {ref_first:.4g} {primary}, "
+                                f"{host:.3g}x ahead of the {ref_second:.4g} the confirmation run measured (a host "
+                                f"changes speed between jobs by at most {1.0 + host_spread:g}x, host_spread)")
         elif cid in ratios and recorded.get(cid):
             implied, measured = a / recorded[cid], float(ratios[cid]["value"])
             apart = _worse_by(implied, measured, direction)
@@ -334,7 +345,8 @@ def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[Cas
         first_ratios = measured_ratios(_first_result(zoo, sub.uuid), choice) if ratios else {}
         problems = [] if accepted else [f"the confirmation run did not accept: {code}: {message}"]
         problems += disagreement(first, cases, metas, settings.agreement_for(arch), ratios, recorded,
-                                 first_ratios) if first is not None else ["the first result is no longer stored"]
+                                 first_ratios, settings.host_spread) \
+            if first is not None else ["the first result is no longer stored"]
         if problems:
             ref: dict[str, Any] = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} \
                 if choice else {}

@@ -119,3 +119,18 @@ def test_memory_probe_reads_the_daemons_memory_from_inside(tmp_path):
     assert doc["probes"][-1]["traced"] > 0 and doc["lines"], "tracing on: traced bytes and the lines that grew"
     report = (tmp_path / "probe_report.md").read_text()
     assert "Per acknowledged submission" in report and "Source lines whose traced memory grew most" in report
+
+
+@pytest.mark.slow
+def test_bench_runners_loads_a_fresh_daemon_per_runner_count(tmp_path):
+    out = tmp_path / "runners.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_runners.py"), "--submissions", "12",
+                           "--job-seconds", "0.2", "--runners", "1,2", "--clients", "4", "--out", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [c["runners"] for c in report["counts"]] == [1, 2]
+    for count in report["counts"]:
+        assert count["statuses"] == {"accepted": 12} and count["invariant_problems"] == []
+        assert count["ceiling_per_s"] == count["runners"] / 0.2 and count["throughput_per_s"] > 0
+    assert "runners" in proc.stdout and report["command"].startswith("python benchmarks/bench_runners.py")

@@ -305,10 +305,11 @@ class ProtocolRunner:
     (a late report test). Server-side it is indistinguishable from a fast runner.
     """
 
-    def __init__(self, url: str, runner_id: str, token: str) -> None:
+    def __init__(self, url: str, runner_id: str, token: str, job_s: float = 0.0) -> None:
         self.url, self.runner_id = url, runner_id
         self.client = httpx.Client(base_url=url, timeout=90, headers={"Authorization": f"Bearer {token}"})
         self.done = 0
+        self.job_s = job_s  # how long each job "runs" between the package download and the report
 
     def claim(self, wait: float = 2.0) -> dict | None:
         """One claim long poll; the claim document or None."""
@@ -335,6 +336,8 @@ class ProtocolRunner:
             return False
         try:
             self.client.get(claim["package_url"])
+            if self.job_s > 0:
+                time.sleep(self.job_s)
             resp = self.report(claim)
         except httpx.HTTPError:
             return False

@@ -274,13 +274,17 @@ def wait_terminal_in_log(zoo: ZooProcess, acks: list[Ack], timeout: float) -> li
 
 def run_load(zoo: ZooProcess, base: Path, *, submissions: int, clients: int, kernels: list[str],
              protocol_runners: list[str], real_runners: list[str], readers: int = 4,
-             timeout: float = 600, tag: str = "L", real_jobs_each: int = 3) -> tuple[list[Ack], list[Ack], LoadFigures, list[str]]:
-    """One load batch; (acks, acks not terminal in time, figures, reader 5xx errors)."""
+             timeout: float = 600, tag: str = "L", real_jobs_each: int = 3,
+             protocol_job_s: float = 0.0) -> tuple[list[Ack], list[Ack], LoadFigures, list[str]]:
+    """One load batch; (acks, acks not terminal in time, figures, reader 5xx errors).
+
+    ``protocol_job_s``: how long each protocol runner's job takes (0: it reports at once).
+    """
     figures = LoadFigures(submissions, clients, len(protocol_runners), len(real_runners), len(kernels))
     figures.rss_start_bytes = zoo.rss_bytes() or 0
     rss = RssSampler(zoo).start()
     stop = threading.Event()
-    protos = [ProtocolRunner(zoo.url, rid, zoo.tokens[rid]) for rid in protocol_runners]
+    protos = [ProtocolRunner(zoo.url, rid, zoo.tokens[rid], protocol_job_s) for rid in protocol_runners]
     proto_threads = [threading.Thread(target=p.loop, args=(stop,), daemon=True) for p in protos]
     reals = [RealRunnerShifts(zoo, rid, base / f"work-{tag}-{rid}", real_jobs_each, stop) for rid in real_runners]
     started = time.time()

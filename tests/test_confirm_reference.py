@@ -28,6 +28,7 @@ from tests.helpers.daemon import (
     axpy_tarball,
     drop_and_decide,
     package_files,
+    seeded_zoo,
     tarball_bytes,
 )
 
@@ -161,16 +162,16 @@ def _ratio_result(kernel_id: str, latency: float, ratio: float, choice: dict) ->
     return result
 
 
+def _fresh_zoo(tmp_path):
+    """A started zoo seeded from the examples, nothing measured, confirmations claimable at once."""
+    return seeded_zoo(tmp_path, "confirmation: {exclusive_s: 0}\n")
+
+
 @pytest.mark.parametrize("first_ratio, status", [(1.0, "accepted"), (0.5, "rejected")])
 def test_a_fresh_zoos_first_record_times_the_seeded_reference_in_both_runs(tmp_path, first_ratio, status):
     # On a fresh zoo nothing is measured: the seeded numpy_ref is the reference all the same, and the first
     # run of a first record carries it too, so both runs measure a ratio that host noise cancels in.
-    state = tmp_path / "kz"
-    init_state_dir(state, seed_from=EXAMPLES)
-    (state / "kz.yaml").write_text("confirmation: {exclusive_s: 0}\n")
-    zoo = Zoo(Config.load(state))
-    zoo.start()
-    try:
+    with _fresh_zoo(tmp_path) as zoo:
         uuid = drop_and_decide(zoo, "a.tar.gz", axpy_tarball()).uuid
         claim = zoo.claim("r1", "cpu", 5)
         with tarfile.open(zoo.runner_package(uuid, "r1")) as tar:
@@ -208,20 +209,13 @@ def test_a_fresh_zoos_first_record_times_the_seeded_reference_in_both_runs(tmp_p
             claim = zoo.claim("r2", "cpu", 5)
             view = zoo.report_result(uuid, "r2", claim.lease_id, _ratio_result(other, 14.0, 0.52, choice))
             assert view.status == "accepted", view.reasons
-    finally:
-        zoo.stop()
 
 
 def test_a_kernel_whose_harness_awaits_review_is_never_the_reference(tmp_path):
     # A submitter's new kernel tags itself `reference` (and sorts first): accepted, its harness unreviewed. Were
     # it the confirmation's reference, its recorded figures (measured under that harness) would set the ratio
     # every later kernel of the operator is held to. The seeded numpy_ref stays the reference.
-    state = tmp_path / "kz"
-    init_state_dir(state, seed_from=EXAMPLES)
-    (state / "kz.yaml").write_text("confirmation: {exclusive_s: 0}\n")
-    zoo = Zoo(Config.load(state))
-    zoo.start()
-    try:
+    with _fresh_zoo(tmp_path) as zoo:
         rogue = "cpu/Elementwise/Axpy/fp32/aaa_ref"
 
         def tagged(files: dict) -> None:
@@ -247,8 +241,6 @@ def test_a_kernel_whose_harness_awaits_review_is_never_the_reference(tmp_path):
         (zoo.pending.folder(uuid) / reference.CHOICE_FILE).unlink()
         zoo.runner_package(uuid, "r1")
         assert reference.load(zoo.pending, uuid)["kernel_id"] == rogue
-    finally:
-        zoo.stop()
 
 
 # -- a real zoo, real sandboxed job steps with the judge ----------------------------------------

@@ -9,22 +9,18 @@ branch unchanged.
 """
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import time
 
 import pytest
 
-from kz_daemon.config.settings import Config
 from kz_daemon.core.errors import ZooError
-from kz_daemon.ops.runtime import init_state_dir
-from kz_daemon.ops.service import Zoo
 from kz_daemon.queue import reruns
 from kz_events import events as ev
 from kz_events.reducer import InvalidTransition, apply_record, next_rerun
 from kz_events.state import State, Submission
-from tests.helpers.daemon import AXPY_ID, EXAMPLES, ROOT, accept_axpy, axpy_tarball, drop_and_decide
+from tests.helpers.daemon import AXPY_ID, ROOT, accept_axpy, axpy_tarball, drop_and_decide, seeded_zoo
 from tests.helpers.http_server import CPU_AXPY, LiveServer, package_tarball
 from tests.test_runner_loop import finish, start_runner
 
@@ -73,17 +69,8 @@ def test_the_rerun_lifecycle_in_the_reducer():
 
 # -- the queue, over a real Zoo ---------------------------------------------------------------------
 
-@contextlib.contextmanager
 def _zoo(tmp_path):
-    state = tmp_path / "kz"
-    init_state_dir(state, seed_from=EXAMPLES)
-    (state / "kz.yaml").write_text("queue:\n  max_attempts: 2\nconfirmation: {margin: 0}\n")
-    zoo = Zoo(Config.load(state))
-    zoo.start()
-    try:
-        yield zoo
-    finally:
-        zoo.stop()
+    return seeded_zoo(tmp_path, "queue:\n  max_attempts: 2\nconfirmation: {margin: 0}\n")
 
 
 def test_a_rerun_is_claimed_like_a_job_pinned_to_its_runner_and_requeued_when_its_lease_expires(tmp_path):

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.helpers.submissions import every
@@ -126,6 +127,24 @@ def axpy_result(kernel_id: str, latency: float = 1.0, *, accept: bool = True, co
              for cid in AXPY_CASES]
     return {"schema_version": "1.0.0", "kernel_id": kernel_id, "ran_at": "2026-01-01T00:00:00Z",
             "overall": {"accept": accept, "build_ok": True, "accept_reason": "test"}, "cases": cases}
+
+
+@contextmanager
+def seeded_zoo(tmp_path: Path, kz_yaml: str) -> Iterator:
+    """A started in-process Zoo on ``tmp_path/kz``, seeded from the examples, ``kz_yaml`` as its kz.yaml."""
+    from kz_daemon.config.settings import Config
+    from kz_daemon.ops.runtime import init_state_dir
+    from kz_daemon.ops.service import Zoo
+
+    state = tmp_path / "kz"
+    init_state_dir(state, seed_from=EXAMPLES)
+    (state / "kz.yaml").write_text(kz_yaml)
+    zoo = Zoo(Config.load(state))
+    zoo.start()
+    try:
+        yield zoo
+    finally:
+        zoo.stop()
 
 
 def drop_and_decide(zoo, name: str, data: bytes, meta: dict | None = None):

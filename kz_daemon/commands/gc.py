@@ -7,14 +7,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kz_events import defaults
+
 NAME = "gc"
 HELP = "remove old files of finished submissions (retention: in kz.yaml); safe beside a running daemon"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``kz gc``."""
-    parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
-                        help="state directory (default ./kz-data): its kz.yaml, event log, pending/ and runs/")
+    parser.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+                        help=f"state directory (default {defaults.STATE_DIR}): its kz.yaml, event log, pending/ and runs/")
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON document: dry_run, removed [{path, what, bytes}], count, submissions, bytes")

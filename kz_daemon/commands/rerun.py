@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any
 
+from kz_events import defaults
+
 NAME = "rerun"
 HELP = ("measure an accepted record again on a runner of its arch and compare, case by case; "
         "'list' the reruns, 'cancel' one (admin)")
@@ -43,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every rerun; 'cancel' to cancel the rerun RERUN_ID (admin)")
     parser.add_argument("rerun_id", nargs="?", metavar="RERUN_ID",
                         help="with cancel: the rerun's id, or an unambiguous prefix (8 characters)")
-    parser.add_argument("--server", default=os.environ.get("KZ_SERVER", "http://127.0.0.1:8470"),
-                        help="server URL (env KZ_SERVER; default http://127.0.0.1:8470)")
+    parser.add_argument("--server", default=os.environ.get("KZ_SERVER", defaults.SERVER_URL),
+                        help=f"server URL (env KZ_SERVER; default {defaults.SERVER_URL})")
     parser.add_argument("--token", default=os.environ.get("KZ_TOKEN"),
                         help="an admin token, or the record's submitter's (env KZ_TOKEN)")
     parser.add_argument("--runner", default=None, help="only this runner may run it (default: any of the arch)")

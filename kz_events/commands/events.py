@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from kz_events import defaults
+
 NAME = "events"
 HELP = "read the event log: 'tail' the latest events, 'show UUID' a submission's full story"
 #: how many candidates an ambiguous prefix lists before saying "and N more"
@@ -15,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``kz events``."""
     sub = parser.add_subparsers(dest="events_command", metavar="{tail,show}")
     tail = sub.add_parser("tail", help="print the last events (optionally follow new ones)")
-    tail.add_argument("--state-dir", default="./kz-data", metavar="DIR",
-                      help="state directory (default ./kz-data); the log is DIR/events")
+    tail.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+                      help=f"state directory (default {defaults.STATE_DIR}); the log is DIR/events")
     tail.add_argument("-n", type=int, default=20, metavar="N", help="how many events (default 20)")
     tail.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     tail.add_argument("--json", action="store_true", help="print the raw JSON lines")
@@ -24,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("uuid", metavar="UUID",
                       help="submission uuid, a unique prefix of it (tail prints 8 characters), "
                            "or the seq number of one of its events")
-    show.add_argument("--state-dir", default="./kz-data", metavar="DIR",
-                      help="state directory (default ./kz-data); the log is DIR/events")
+    show.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+                      help=f"state directory (default {defaults.STATE_DIR}); the log is DIR/events")
     show.add_argument("--json", action="store_true",
                       help="print {submission, status, events} as one JSON document")
 

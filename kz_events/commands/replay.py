@@ -14,14 +14,16 @@ import json
 import sys
 import time
 
+from kz_events import defaults
+
 NAME = "replay"
 HELP = "rebuild the state from the event log alone and print a summary (--verify: compare with the snapshot)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``kz replay``."""
-    parser.add_argument("--state-dir", default="./kz-data", metavar="DIR",
-                        help="state directory (default ./kz-data); the log is DIR/events")
+    parser.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+                        help=f"state directory (default {defaults.STATE_DIR}); the log is DIR/events")
     parser.add_argument("--verify", action="store_true",
                         help="also replay up to the newest snapshot's seq and compare; exit 1 on divergence "
                              "or when the log has no events (without a snapshot only the log is verified)")

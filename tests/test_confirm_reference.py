@@ -24,6 +24,7 @@ from tests.helpers.daemon import (
     AXPY_ID,
     EXAMPLES,
     SOFTMAX_ID,
+    accept_axpy,
     axpy_result,
     axpy_tarball,
     drop_and_decide,
@@ -209,6 +210,22 @@ def test_a_fresh_zoos_first_record_times_the_seeded_reference_in_both_runs(tmp_p
             claim = zoo.claim("r2", "cpu", 5)
             view = zoo.report_result(uuid, "r2", claim.lease_id, _ratio_result(other, 14.0, 0.52, choice))
             assert view.status == "accepted", view.reasons
+
+
+@pytest.mark.parametrize("every_run", [True, False])
+def test_a_cpu_runs_reference_is_in_every_first_run_unless_switched_off(tmp_path, every_run):
+    # cpu_reference_in_first_run (default on) costs a CPU job the reference's timing; off, a CPU run of a
+    # kernel with records times it only in its confirmation, and the first figure's ratio is implied.
+    # (first records are not confirmed here: the run is one that only a new best would confirm)
+    text = f"confirmation: {{first_records: false, cpu_reference_in_first_run: {str(every_run).lower()}}}\n"
+    with seeded_zoo(tmp_path, text) as zoo:
+        accept_axpy(zoo, AXPY_ID, "recorded", latency=20.0)  # numpy_ref now has a record
+        uuid = drop_and_decide(zoo, "b.tar.gz", axpy_tarball("cpu/Elementwise/Axpy/fp32/other")).uuid
+        zoo.claim("r1", "cpu", 5)
+        with tarfile.open(zoo.runner_package(uuid, "r1")) as tar:
+            carried = any("/.kernel_package/reference/" in n for n in tar.getnames())
+        assert carried == every_run
+        assert (reference.load(zoo.pending, uuid) is not None) == every_run  # no choice made when not shipped
 
 
 def test_a_kernel_whose_harness_awaits_review_is_never_the_reference(tmp_path):

@@ -272,7 +272,8 @@ def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> d
     """The operator's reference kernel, when this run times one (chosen once, kept in pending/).
 
     A confirmation run carries it; so does a first run that may be confirmed (a first
-    record; on the CPU lane any run while its margin is on) when ``reference.in_first_run``
+    record; on the CPU lane any run while its margin and ``cpu_reference_in_first_run`` are on)
+    when ``reference.in_first_run``
     says so, so that both runs measure a ratio. Call with the git lock held.
     """
     kid, metas = sub.kernel_id, zoo.pending.metas(sub.uuid)
@@ -286,11 +287,12 @@ def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> d
         return reference.package_entries(zoo.git, kid, reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas,
                                                                          unreviewed))
     settings, arch = zoo.config.confirmation, sub.arch or kid.split("/", 1)[0]
+    every_run = arch == "cpu" and settings.cpu_reference_in_first_run
     if not (settings.first_records and confirm.first_record(scorecard.load(current))) and \
-            not (arch == "cpu" and settings.margin_for(arch) > 0):
+            not (every_run and settings.margin_for(arch) > 0):
         return {}
     doc = reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas, unreviewed)
-    return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc, arch) else {}
+    return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc, every_run) else {}
 
 
 def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits,

@@ -18,8 +18,8 @@ the HEAD its files were read at. Without a record the confirmation's ratio has n
 compared with, so a first record's *first* run carries the reference too
 (:func:`in_first_run`): both runs time it beside the candidate and their two measured ratios
 are compared, host noise cancelling in each. On the CPU lane every first run that may be
-confirmed carries it, recorded or not: a ratio implied across two jobs compares the host's
-load at two times. An honest, unchanged CPU softmax on a loaded
+confirmed carries it, recorded or not (``confirmation.cpu_reference_in_first_run``): a ratio
+implied across two jobs compares the host's load at two times. An honest, unchanged CPU softmax on a loaded
 2-core host measured 21.3 us, then 29.3 us, its intervals apart: compared raw it was refused.
 Only an operator with no kernel at HEAD at all (a new kernel of a new operator) has no
 reference; the file then says why (``unavailable``).
@@ -148,16 +148,17 @@ def choose(git: GitStore, kernel_id: str, metas: list[dict], unreviewed: Collect
             "kernels": declared_kernels(git.read_file(f"{ref}/{KP}/{BENCHMARK}", head)), "values": values}
 
 
-def in_first_run(doc: dict[str, Any] | None, arch: str) -> bool:
+def in_first_run(doc: dict[str, Any] | None, every_run: bool) -> bool:
     """Whether a first run that may be confirmed carries the chosen reference too.
 
-    On the ``cpu`` lane, always: a shared host's speed changes between jobs by more than any
-    agreement, so a ratio implied from the first run's figure and the reference's recorded
-    one (two different jobs) compares the host's load, not the kernel; timed in both runs,
-    the two measured ratios cancel it. On a GPU lane (noise a hundred times smaller) only an
-    unrecorded reference, which implies no ratio at all.
+    ``every_run``: the lane times it in every such run (the CPU lane by default,
+    ``confirmation.cpu_reference_in_first_run``): a shared host's speed changes between jobs
+    by more than any agreement, so a ratio implied from the first run's figure and the
+    reference's recorded one (two different jobs) compares the host's load, not the kernel;
+    timed in both runs, the two measured ratios cancel it. Otherwise (a GPU lane, whose
+    noise is a hundred times smaller) only an unrecorded reference, which implies no ratio.
     """
-    return doc is not None and "unavailable" not in doc and (arch == "cpu" or not doc.get("values"))
+    return doc is not None and "unavailable" not in doc and (every_run or not doc.get("values"))
 
 
 def load(pending: PendingStore, sub_uuid: str) -> dict[str, Any] | None:

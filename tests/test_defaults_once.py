@@ -41,8 +41,8 @@ def test_the_shared_defaults_are_written_only_in_the_defaults_module():
     found = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path == ROOT / "kz_events" / "defaults.py":
-                continue
+            if path == ROOT / "kz_events" / "defaults.py" or path.parent == ROOT / "kz_runner" / "worker":
+                continue  # the worker runs on runner hosts without kz_events (test_runner_isolation.py)
             found += [f"{path.relative_to(ROOT)}:{line}: {value!r}"
                       for line, value in shared_literals(path.read_text(encoding="utf-8"))]
     assert found == [], "name kz_events.defaults instead:\n" + "\n".join(found)
@@ -53,3 +53,16 @@ def test_the_check_sees_a_literal_and_not_prose():
         [(2, 8470), (5, 1800.0)]
     assert shared_literals('URL = "http://127.0.0.1:8470"\nD = "./kz-data"\n') == [(1, defaults.SERVER_URL),
                                                                                    (2, "./kz-data")]
+
+
+def test_the_workers_own_copies_equal_the_defaults():
+    # kz_runner.worker imports nothing of ours outside kz_runner (a runner host has no daemon packages),
+    # so it keeps its own literals; they must say what the defaults module says
+    from kz_runner.worker.job import JobSettings
+    from kz_runner.worker.runner import RunnerConfig
+
+    assert JobSettings.__dataclass_fields__["benchmark_timeout_s"].default == defaults.BENCHMARK_TIMEOUT_S
+    assert JobSettings.__dataclass_fields__["build_timeout_s"].default == defaults.BUILD_TIMEOUT_S
+    fields = RunnerConfig.__dataclass_fields__
+    assert fields["default_benchmark_timeout_s"].default == defaults.BENCHMARK_TIMEOUT_S
+    assert fields["default_build_timeout_s"].default == defaults.BUILD_TIMEOUT_S

@@ -54,7 +54,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from kz_events import defaults
 from kz_runner.contract import tarball
 from kz_runner.contract.layout import BENCHMARK, BUILD_TEST_ENV, KP, WORKER_SANDBOX_ENV, WORKER_SOURCE_ENV
 from kz_runner.contract.rules.pysource import harness_not_judged, read_metas
@@ -115,9 +114,9 @@ class JobSettings:
     """How to run one job; the runner fills it from its options and the claim."""
 
     # seconds build_test_env.py may run
-    build_timeout_s: float = defaults.BUILD_TIMEOUT_S
+    build_timeout_s: float = 600.0
     # seconds benchmark.py may run
-    benchmark_timeout_s: float = defaults.BENCHMARK_TIMEOUT_S
+    benchmark_timeout_s: float = 1800.0
     # GPU index the steps may see (CUDA/HIP_VISIBLE_DEVICES), None to leave visibility alone
     gpu: str | None = None
     # the runner's arch, passed to the steps as KZ_ARCH and used in synthesized results

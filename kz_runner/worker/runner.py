@@ -51,7 +51,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from kz_events import defaults
 from kz_runner.contract.arch import detect_arch
 from kz_runner.worker import contain, envinfo, sandbox
 from kz_runner.worker.client import NO_RETRY, ApiError, Claim, ClientError, ResponseTooLarge, RetryPolicy, ZooClient
@@ -105,8 +104,8 @@ class RunnerConfig:
     # seconds between two log lines about a report that keeps failing
     report_log_interval_s: float = 60.0
     # build/benchmark timeouts when the claim names none
-    default_build_timeout_s: float = defaults.BUILD_TIMEOUT_S
-    default_benchmark_timeout_s: float = defaults.BENCHMARK_TIMEOUT_S
+    default_build_timeout_s: float = 600.0
+    default_benchmark_timeout_s: float = 1800.0
     # keep job directories (debugging)
     keep_workdir: bool = False
     # the job user and limits of each step's sandbox (kz_runner.worker.contain); contain.UNCONFINED

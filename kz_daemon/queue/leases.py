@@ -276,22 +276,22 @@ def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> d
     when ``reference.in_first_run``
     says so, so that both runs measure a ratio. Call with the git lock held.
     """
-    kid, metas = sub.kernel_id, zoo.pending.metas(sub.uuid)
+    kid = sub.kernel_id
 
-    def unreviewed() -> set[str]:
-        head = zoo.git.head()
-        return set() if head is None else \
-            harness_review.unreviewed_at(HarnessDigests(zoo.config.paths.repo), head, harness_review.reviews_of(zoo.store))
+    def unreviewed() -> frozenset[str]:
+        return harness_review.unreviewed_kernels(zoo.store, HarnessDigests(zoo.config.paths.repo), zoo.git.head())
+
+    def decided() -> dict:
+        return reference.decide(zoo.pending, zoo.git, sub.uuid, kid, zoo.pending.metas(sub.uuid), unreviewed)
 
     if confirm.is_confirmation_run(sub):
-        return reference.package_entries(zoo.git, kid, reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas,
-                                                                         unreviewed))
+        return reference.package_entries(zoo.git, kid, decided())
     settings, arch = zoo.config.confirmation, sub.arch or kid.split("/", 1)[0]
     every_run = arch == "cpu" and settings.cpu_reference_in_first_run
     if not (settings.first_records and confirm.first_record(scorecard.load(current))) and \
             not (every_run and settings.margin_for(arch) > 0):
         return {}
-    doc = reference.decide(zoo.pending, zoo.git, sub.uuid, kid, metas, unreviewed)
+    doc = decided()
     return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc, every_run) else {}
 
 

@@ -196,3 +196,58 @@ def test_bench_result_nonfinite_values_are_still_named(tmp_path, text):
     doc = ('schema_version: "1.0.0"\nkernel_id: cpu/x/y/z/w\ncases: []\n' + text).encode()
     _check_bench(an, doc)
     assert any(p.code == "NONFINITE_VALUE" for p in an.problems), (text, an.problems)
+
+
+# ---------------------------------------------------------------- lookups in a sorted document
+
+IDS = ["cpu/A/x/fp32/a", "cpu/A/x/fp32/a-b", "cpu/A/x/fp32/a/src/n", "cpu/A/x/fp32/a0",
+       "cpu/A/x/fp32/b", "cpu/B/x/fp32/a"]
+
+
+def test_family_and_prefix_find_what_a_scan_finds():
+    kernels = [{"kernel_id": k} for k in sorted(IDS)]
+    for kid in IDS + ["cpu/A/x/fp32/c", "cpu", "zzz"]:
+        scan = [e for e in kernels if e["kernel_id"] == kid or e["kernel_id"].startswith(kid + "/")]
+        assert index_module.family(kernels, kid) == scan, kid
+        assert index_module.family(sorted(IDS), kid, key=None) == [e["kernel_id"] for e in scan]
+    for prefix in ("cpu/A/x/fp32/", "cpu/B/", "cpu/A/x/fp32/a", "nothing/"):
+        assert index_module.with_prefix(kernels, prefix) == \
+            [e for e in kernels if e["kernel_id"].startswith(prefix)]
+    assert index_module.is_sorted(kernels) and not index_module.is_sorted(kernels[::-1])
+
+
+def _doc(ids, tag):
+    return {"head": tag, "kernels": [{"kernel_id": k, "tag": tag} for k in sorted(ids)]}
+
+
+@pytest.mark.parametrize("changed", IDS)
+def test_index_file_refresh_equals_a_fresh_encoding(tmp_path, changed):
+    """An accept's refresh re-encodes its kernel and the packages nested in it, and no neighbour
+    (``…/a-b`` sorts between ``…/a`` and ``…/a/src/n``); the file equals one written from scratch."""
+    from kz_daemon.accept.indexer import IndexFile
+
+    live = IndexFile(tmp_path / "live.json")
+    live.reset(_doc(IDS, "old"))
+    ids = [k for k in IDS if not k.startswith(changed + "/")] + [changed + "/src/new"]
+    new = _doc(ids, "old")
+    for entry in new["kernels"]:
+        if entry["kernel_id"] == changed or entry["kernel_id"].startswith(changed + "/"):
+            entry["tag"] = "new"
+    live.refresh(new, [changed])
+    live.write(new)
+    fresh = IndexFile(tmp_path / "fresh.json")
+    fresh.reset(new)
+    fresh.write(new)
+    assert (tmp_path / "live.json").read_bytes() == (tmp_path / "fresh.json").read_bytes()
+    assert live.order == sorted(ids)
+
+
+def test_index_file_reset_sorts_a_document_read_back_unsorted(tmp_path):
+    from kz_daemon.accept.indexer import IndexFile
+
+    doc = {"head": "h", "kernels": [{"kernel_id": k} for k in reversed(IDS)]}
+    index_file = IndexFile(tmp_path / "index.json")
+    index_file.reset(doc)
+    assert [k["kernel_id"] for k in doc["kernels"]] == sorted(IDS) == index_file.order
+    index_file.write(doc)
+    assert [k["kernel_id"] for k in json.loads((tmp_path / "index.json").read_text())["kernels"]] == sorted(IDS)

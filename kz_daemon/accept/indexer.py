@@ -90,36 +90,47 @@ class IndexFile:
 
     The file is a projection of HEAD: it is replaced atomically (temp file + rename)
     but not fsynced; after a crash, recovery rebuilds it whenever the log's last
-    ``index.updated`` head differs from HEAD or the file does not parse.
+    ``index.updated`` head differs from HEAD or the file does not parse. The fragments'
+    kernel_ids are kept sorted beside them, so an accept finds what it changes by
+    bisection instead of walking all 10,000 entries.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fragments: dict[str, bytes] = {}
+        self.order: list[str] = []  # the fragments' kernel_ids, sorted (the file's order)
 
     def reset(self, doc: dict) -> None:
-        """Encode every entry of ``doc`` afresh."""
-        self.fragments = {k["kernel_id"]: _encode(k) for k in doc.get("kernels", [])}
+        """Encode every entry of ``doc`` afresh (and sort its kernels, should a file read back not be)."""
+        kernels = doc.get("kernels", [])
+        if not lib.is_sorted(kernels):
+            kernels.sort(key=lambda k: k["kernel_id"])
+        self.fragments = {k["kernel_id"]: _encode(k) for k in kernels}
+        self.order = sorted(self.fragments)
 
     def refresh(self, doc: dict, kernel_ids: Iterable[str]) -> None:
         """Re-encode the entries of ``kernel_ids`` (and drop those gone, nested ones included)."""
-        entries = {k["kernel_id"]: k for k in doc.get("kernels", [])}
+        kernels = doc.get("kernels", [])
+        order = self.order
         for kid in kernel_ids:
-            for stale in [k for k in self.fragments if k == kid or k.startswith(kid + "/")]:
+            for stale in lib.family(order, kid, key=None):
                 del self.fragments[stale]
-            for k, entry in entries.items():
-                if k == kid or k.startswith(kid + "/"):
-                    self.fragments[k] = _encode(entry)
-        if len(self.fragments) != len(entries):  # defensive: never write a partial list
-            self.reset(doc)
+                del order[bisect.bisect_left(order, stale)]
+            for entry in lib.family(kernels, kid):
+                if entry["kernel_id"] not in self.fragments:
+                    bisect.insort(order, entry["kernel_id"])
+                self.fragments[entry["kernel_id"]] = _encode(entry)
+        if len(self.fragments) != len(kernels) or len(self.order) != len(kernels):
+            self.reset(doc)  # defensive: never write a partial list
 
-    def write(self, doc: dict, fragments: dict[str, bytes] | None = None) -> None:
-        """Replace the file atomically with ``doc`` (kernels joined from the fragments)."""
+    def write(self, doc: dict, fragments: dict[str, bytes] | None = None, order: list[str] | None = None) -> None:
+        """Replace the file atomically with ``doc`` (kernels joined from the fragments, in ``order``)."""
         fragments = self.fragments if fragments is None else fragments
+        order = self.order if order is None else order
         head = json.dumps({**doc, "kernels": _PLACEHOLDER}, ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode("utf-8")
         before, _sep, after = head.partition(json.dumps(_PLACEHOLDER).encode())
-        body = b",".join(fragments[k] for k in sorted(fragments))
+        body = b",".join(fragments[k] for k in order)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         durable.atomic_write(self.path, before + b"[" + body + b"]" + after + b"\n", fsync=False)
 
@@ -189,8 +200,8 @@ class Indexer:
                 self._dirty = False
                 if doc is None:
                     return
-                fragments = dict(self.file.fragments)
-            self.file.write(doc, fragments)
+                fragments, order = dict(self.file.fragments), list(self.file.order)
+            self.file.write(doc, fragments, order)
             zoo = self.zoo
             zoo.store.emit(ev.IndexUpdated(version=zoo.store.state.index_version + 1, head=doc.get("head"),
                                            kernels=kernel_count(doc)))
@@ -342,6 +353,8 @@ class OneKernelUpdate:
         kernels = doc.get("kernels") or []
         self._entries = {k["kernel_id"]: k for k in kernels}
         self._ids = sorted(self._entries)
+        if self._ids != [k["kernel_id"] for k in kernels]:  # unsorted or repeated ids: not the simple case
+            return False
         counts = dict.fromkeys(self.COUNT_KEYS, 0)
         for entry in kernels:
             for key, value in self.contribution(entry).items():
@@ -369,17 +382,21 @@ class OneKernelUpdate:
         if any(p["code"] == "NESTED_PACKAGE" for p in entry["problems"]):
             return None
         old = self._entries.get(kernel_id)
+        kernels = list(doc["kernels"])  # a copy: ``doc`` is left as it was
+        at = bisect.bisect_left(self._ids, kernel_id)
         if old is not None:
             for key, value in self.contribution(old).items():
                 self._counts[key] -= value
+            kernels[at] = entry
         else:
-            bisect.insort(self._ids, kernel_id)
+            self._ids.insert(at, kernel_id)
+            kernels.insert(at, entry)
         for key, value in self.contribution(entry).items():
             self._counts[key] += value
         self._entries[kernel_id] = entry
         new = {"schema_version": doc.get("schema_version", lib.SCHEMA_VERSION),
                "head": head, "generated_at": generated_at, "counts": dict(self._counts),
-               "kernels": [self._entries[k] for k in self._ids]}
+               "kernels": kernels}
         self._doc = new
         self.hits += 1
         return new

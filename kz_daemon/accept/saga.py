@@ -57,6 +57,7 @@ from kz_events.log.store import StorageError
 from kz_events.state import Submission
 from kz_events.status import Status
 from kz_runner.contract.checks import check_result, unencodable_paths
+from kz_runner.contract.indexing import build as index_lib
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, DESC, HARNESS_FILES, KP
 from kz_runner.contract.tarball import scan_tarball
 
@@ -344,9 +345,9 @@ def accept_outcome(zoo: Daemon, kernel_id: str, sha_src: str, sha_br: str, metas
         return None
     kernels = (index_doc or {}).get("kernels") or []
     # The operator's kernels share the first four segments of their kernel_id (intake refuses a
-    # category that differs from them): a prefix test picks them out of a large index cheaply.
+    # category that differs from them): the document is sorted by kernel_id, so they are found by bisection.
     prefix = "/".join(kernel_id.split("/")[:4]) + "/"
-    entries = [e for e in kernels if isinstance(e, dict) and str(e.get("kernel_id", "")).startswith(prefix)]
+    entries = index_lib.with_prefix(kernels, prefix)
     own = next((e for e in entries if e.get("kernel_id") == kernel_id), None)
     operator = ranking.operator_of(own) if own is not None else prefix[:-1]
     # The operator's other kernels whose harness no maintainer reviewed do not rank (as on the board), so

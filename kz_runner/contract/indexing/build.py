@@ -11,9 +11,10 @@ full rebuild would. ``write_index`` replaces the file atomically.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,38 @@ def _scan(root: Path, kernel_ids: Iterable[str], cache: ContentsCache | None,
         entries[kernel_id] = entry
         todo.extend((nested, False) for nested in _nested_under(entry))
     return entries
+
+
+def _kernel_id_of(entry: dict) -> str:
+    return entry["kernel_id"]
+
+
+def with_prefix(kernels: Sequence[Any], prefix: str, key: Callable[[Any], str] | None = _kernel_id_of) -> list:
+    """The items of ``kernels`` whose kernel_id starts with ``prefix``, found in O(log N).
+
+    ``kernels`` must be sorted by kernel_id, as a document's entries always are;
+    ``key`` gives an item's kernel_id (None: the items are kernel_ids).
+    """
+    ident = key if key is not None else str
+    start = bisect.bisect_left(kernels, prefix, key=key)
+    end = start
+    while end < len(kernels) and ident(kernels[end]).startswith(prefix):
+        end += 1
+    return list(kernels[start:end])
+
+
+def family(kernels: Sequence[Any], kernel_id: str, key: Callable[[Any], str] | None = _kernel_id_of) -> list:
+    """The items of ``kernel_id`` and of the packages nested below it (sorted ``kernels``, O(log N))."""
+    ident = key if key is not None else str
+    i = bisect.bisect_left(kernels, kernel_id, key=key)
+    own = [kernels[i]] if i < len(kernels) and ident(kernels[i]) == kernel_id else []
+    return own + with_prefix(kernels, kernel_id + "/", key)
+
+
+def is_sorted(kernels: Sequence[dict]) -> bool:
+    """Whether ``kernels`` is strictly sorted by kernel_id (what :func:`with_prefix` and :func:`family` need)."""
+    ids = [k["kernel_id"] for k in kernels]
+    return all(a < b for a, b in zip(ids, ids[1:]))
 
 
 def _document(entries: dict[str, dict], head: str | None, generated_at: str | None) -> dict:

@@ -157,10 +157,11 @@ class Records(MutableMapping):
                 or uuid[18] != "-" or uuid[23] != "-":
             return None
         try:
-            raw = bytes.fromhex(uuid[:8] + uuid[9:13] + uuid[14:18] + uuid[19:23] + uuid[24:])
+            raw = bytes.fromhex(uuid.replace("-", ""))
         except ValueError:
             return None
-        return raw if uuid.islower() or not any(c.isalpha() for c in uuid) else None
+        # fromhex skips whitespace between bytes (16 bytes: none was there) and reads upper case
+        return raw if len(raw) == 16 and uuid == uuid.lower() else None
 
     @staticmethod
     def _unpack(raw: bytes) -> str:
@@ -179,7 +180,7 @@ class Records(MutableMapping):
             if kind == _GONE:
                 if free < 0:
                     free = i
-            elif keys[16 * i:16 * i + 16] == raw:
+            elif keys.startswith(raw, 16 * i):  # compares in place, no slice
                 return i, True
             i = (i + 1) & mask
 
@@ -231,16 +232,21 @@ class Records(MutableMapping):
         self._used -= 1
 
     def _rehash(self, at_least: int) -> None:
-        old = [(bytes(self._keys[16 * i:16 * i + 16]), self._kinds[i]) for i in self._slots()]
+        old_keys, old_kinds = self._keys, self._kinds
+        used = [i for i, kind in enumerate(old_kinds) if kind > _GONE]
         capacity = 16
         while capacity < at_least:
             capacity *= 2
         self._alloc(capacity)
-        for raw, kind in old:
-            i = self._find(raw)[0]
-            self._keys[16 * i:16 * i + 16] = raw
-            self._kinds[i] = kind
-        self._used = self._filled = len(old)
+        keys, kinds, mask = self._keys, self._kinds, self._mask
+        for j in used:  # every key is distinct and the table has no removal marks: the first free slot
+            raw = old_keys[16 * j:16 * j + 16]
+            i = int.from_bytes(raw[:8], "little") & mask
+            while kinds[i] != _EMPTY:
+                i = (i + 1) & mask
+            keys[16 * i:16 * i + 16] = raw
+            kinds[i] = old_kinds[j]
+        self._used = self._filled = len(used)
 
     def __iter__(self) -> Iterator[str]:
         yield from list(self._other)

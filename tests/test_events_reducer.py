@@ -420,3 +420,28 @@ def test_checkpoint_and_restore_undo_a_harness_review():
     assert H1 in state.harnesses[kid]["approved"] and "sm_90/B/x/fp16/k" in state.harnesses
     restore(state, memo)
     assert state == before
+
+
+def test_finished_records_table_behaves_as_a_dict_through_growth_and_removals():
+    """The compact table of accepted records (``state.Records``) against a dict: many keys (rehashes),
+    removals, keys that look like uuids but are not canonical (upper case, whitespace fromhex would
+    skip), and a round trip through its snapshot form."""
+    from kz_events.state import Records
+
+    rng = random.Random(7)
+    table, plain = Records(), {}
+    odd = ["0123 567-0123-0123-0123-012345678901", "01234567-0123-0123-0123-0123456789AB",
+           "01234567-0123-0123-0123-01234567  ab", "u1"]
+    for key in odd:
+        table[key] = plain[key] = "k/odd"
+    keys = [new_uuid(rng) for _ in range(3000)]
+    for n, key in enumerate(keys):
+        table[key] = plain[key] = f"k/{n % 7}"
+        if n % 5 == 0:
+            gone = keys[rng.randrange(n + 1)]
+            if gone in plain:
+                del table[gone], plain[gone]
+    assert table == plain and len(table) == len(plain) and sorted(table) == sorted(plain)
+    assert all(table.get(k) == plain.get(k) for k in keys + odd + [new_uuid(rng) for _ in range(100)])
+    assert table._other == {k: "k/odd" for k in odd}
+    assert Records.from_json(json.loads(json.dumps(table.to_json()))) == plain

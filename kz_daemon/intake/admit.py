@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import stat
 import threading
 import time
@@ -246,6 +247,7 @@ class Intake:
         self.pending_dir = config.paths.pending
         self._batch: list[tuple[list, Claimed]] = []  # decided, events not appended yet
         self._unsynced: set[Path] = set()  # folders holding new outcome folders, fsynced once per batch
+        self._unsynced_docs: list[Path] = []  # new outcome JSONs: the file and its folder fsynced by flush
         self._batched: set[str] = set()
         self._skipped: set[tuple[str, str]] = set()  # inbox entries already logged as spool.skipped
         self._skip_lock = threading.Lock()
@@ -326,8 +328,14 @@ class Intake:
         if not batch:
             return
         try:
-            # the new outcome folders' names, durable before their events: one fsync per
-            # parent folder (pending/, rejected/) for the batch instead of one per file
+            # the batch's outcomes, durable before their events: each JSON and its folder, then
+            # one fsync per parent folder (pending/, rejected/) for the new folders' names. Done
+            # here for the batch, not file by file: the first fsync commits the journal with
+            # everything the batch wrote, and the rest find little left to do.
+            for doc in self._unsynced_docs:
+                durable.fsync_path(doc)
+                durable.fsync_dir(doc.parent)
+            self._unsynced_docs.clear()
             for parent in sorted(self._unsynced):
                 durable.fsync_dir(parent)
             self._unsynced.clear()
@@ -414,10 +422,12 @@ class Intake:
                    "details": outcome.details, "received": meta, "outcome": outcome.__dict__}
             name = REASON_FILE
         folder.mkdir(parents=True, exist_ok=True)
-        durable.atomic_write_json(folder / name, doc, sync_dir=False)
+        # not fsynced here: flush makes the batch durable before its events (a crash before
+        # that leaves a folder record_outcomes hands back to work/, to be decided again)
+        durable.atomic_write_json(folder / name, doc, fsync=False)
         if tarball.exists() or tarball.is_symlink():
             os.replace(tarball, folder / PACKAGE_FILE)
-        durable.fsync_dir(folder)         # the JSON and the tarball names
+        self._unsynced_docs.append(folder / name)  # the JSON and the tarball: fsynced by flush
         self._unsynced.add(folder.parent)  # the new folder's own name: fsynced by flush, before the events
 
     def _emit(self, sub_uuid: str, meta: dict, outcome: Outcome) -> None:
@@ -480,9 +490,14 @@ class Intake:
                 # finished submissions are in the history projection: ask once, in batches
                 for sub_uuid in self.store.unknown(sorted(u for u in os.listdir(base) if spool.is_uuid(u))):
                     doc_path = base / sub_uuid / name
-                    if not doc_path.exists() or (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
-                        continue  # no decision yet, or the work/ scan redoes it
-                    doc = json.loads(doc_path.read_text())
+                    if (self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}").exists():
+                        continue  # the work/ scan decides it (again)
+                    doc = _outcome_doc(doc_path)
+                    if doc is None:  # the decision never became durable, so no event names it
+                        self._undecide(base / sub_uuid)
+                        continue
+                    durable.fsync_path(doc_path)  # durable before its events, as flush makes them
+                    durable.fsync_dir(doc_path.parent)
                     try:
                         self._emit(sub_uuid, doc["received"], Outcome(**doc["outcome"]))
                     except ReducerError as exc:
@@ -493,6 +508,18 @@ class Intake:
                         self._cleanup(Claimed(sub_uuid, self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}", {}))
             self._owed = False
         return count
+
+    def _undecide(self, folder: Path) -> None:
+        """Hand an outcome folder whose decision was not durable back to ``work/`` (its tarball) to be decided again."""
+        package = folder / PACKAGE_FILE
+        if not (package.exists() or package.is_symlink()):
+            return  # the tarball never moved in: it is still in work/ or the inbox
+        sub_uuid = folder.name
+        logger.warning("intake: the decision on %s was cut short by a crash; deciding it again", sub_uuid)
+        os.replace(package, self.dirs.work / f"{sub_uuid}{spool.TARBALL_SUFFIX}")
+        durable.fsync_dir(self.dirs.work)
+        shutil.rmtree(folder, ignore_errors=True)
+        durable.fsync_dir(folder.parent)
 
     # -- start-up --------------------------------------------------------------
     def recover(self) -> int:
@@ -506,6 +533,16 @@ def _key_of(meta: dict) -> str | None:
     """The sidecar's Idempotency-Key when it is a valid one (a hand-written sidecar may hold anything)."""
     key = meta.get("idempotency_key")
     return key if isinstance(key, str) and idempotency.key_error(key) is None else None
+
+
+def _outcome_doc(path: Path) -> dict | None:
+    """An outcome folder's JSON, or None when it is absent or not a whole JSON object (a crash cut it short)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("received"), dict) \
+        and isinstance(doc.get("outcome"), dict) else None
 
 
 def _file_sha256(path: Path) -> str:

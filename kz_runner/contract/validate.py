@@ -10,7 +10,8 @@ daemon's intake, so all of them give the same verdict:
   then the package contents); :func:`read_package` reads a tarball once into a
   :class:`PackageRecord` (its members' bytes, each parse cached) and
   :func:`validate_record` checks that, so the daemon's intake reads and parses each
-  file once for the validation, its static rules and its policies;
+  file once for the validation, its static rules and its policies (and the harness
+  files not at all when their bytes were checked before: :class:`HarnessChecks`);
 - :func:`analyze_contents` is the shared core over the contract files' bytes.
 
 Package code is never imported: Python files are read with ``ast``.
@@ -18,11 +19,15 @@ Package code is never imported: Python files are read with ``ast``.
 from __future__ import annotations
 
 import ast
+import copy
+import hashlib
 import json
 import os
 import posixpath
 import re
 import stat
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +259,53 @@ def _check_cases_match(an: Analysis, bench_cases: list | None) -> None:
                                    field="cases"))
 
 
+class HarnessChecks:
+    """What the checks of the two harness files found, kept by content (the ``size`` most recent).
+
+    An existing kernel's ``benchmark.py`` and ``build_test_env.py`` are HEAD's byte for byte
+    (the harness is locked), so nearly every submission brings harness bytes already
+    checked; parsing them again was a fifth of intake's CPU. Keyed by the sha256 of the bytes
+    and the file name; the checks are pure functions of both. Callers get copies.
+    """
+
+    def __init__(self, size: int = 128) -> None:
+        self._size = size
+        self._found: OrderedDict[tuple[str, bytes, str], tuple[Any, tuple[Problem, ...]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def _get(self, check: str, source: bytes | str, file: str,
+             run: Callable[[], tuple[Any, list[Problem]]]) -> tuple[Any, list[Problem]]:
+        data = source.encode("utf-8", "surrogatepass") if isinstance(source, str) else source
+        key = (check, hashlib.sha256(data).digest(), file)
+        with self._lock:
+            found = self._found.get(key)
+            if found is not None:
+                self._found.move_to_end(key)
+                self.hits += 1
+        if found is None:
+            value, problems = run()
+            found = (copy.deepcopy(value), tuple(problems))
+            with self._lock:
+                self.misses += 1
+                self._found[key] = found
+                while len(self._found) > self._size:
+                    self._found.popitem(last=False)
+        return copy.deepcopy(found[0]), list(found[1])
+
+    def benchmark(self, source: bytes | str, file: str) -> tuple[list | None, list[Problem]]:
+        """``check_benchmark_source(source, file)``: (METAS, problems)."""
+        return self._get("benchmark", source, file, lambda: check_benchmark_source(source, file))
+
+    def build_env(self, source: bytes | str, file: str) -> list[Problem]:
+        """``check_build_env_source(source, file)``: problems."""
+        return self._get("build_env", source, file, lambda: (None, check_build_env_source(source, file)))[1]
+
+
+#: the checks of submitted harness files (:func:`analyze_contents` with a package record: intake)
+HARNESS_CHECKS = HarnessChecks()
+
+
 def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
                      exists: Callable[[str], bool | None] | None, expect_bench_result: bool = True,
                      record: PackageRecord | None = None) -> Analysis:
@@ -264,7 +316,8 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
     ``reference_sources`` check, skipped when ``exists`` is None. Missing files are reported
     as ``FILE_MISSING``; ``bench_result.yaml`` is checked only when expected. ``record``:
     the package record the bytes come from (members under ``<kernel_id>/``), whose
-    cached parses of desc.yaml and benchmark.py are used and kept for later readers.
+    cached parse of desc.yaml is used and kept for later readers; with a record, the
+    harness files' checks come from :data:`HARNESS_CHECKS` when their bytes were seen.
     """
     an = Analysis(kernel_id)
     id_valid = None
@@ -288,12 +341,14 @@ def analyze_contents(kernel_id: str | None, files: dict[str, bytes | None],
         _check_bench(an, files[BENCH_RESULT], id_valid)  # type: ignore[arg-type]
         if an.bench is not None:
             raw_bench_cases = an.bench["cases"]
-    if files.get(BUILD_ENV) is not None:
-        an.problems.extend(check_build_env_source(files[BUILD_ENV], contract_path(BUILD_ENV)))  # type: ignore
-    if files.get(BENCHMARK) is not None:
-        tree = record.python(f"{kernel_id}/{contract_path(BENCHMARK)}", contract_path(BENCHMARK)) \
-            if record is not None else None
-        metas, problems = check_benchmark_source(files[BENCHMARK], contract_path(BENCHMARK), tree)  # type: ignore
+    # A submission (read into a record) mostly brings harness bytes checked before: see HarnessChecks.
+    build_env, benchmark = files.get(BUILD_ENV), files.get(BENCHMARK)
+    if build_env is not None:
+        an.problems.extend(HARNESS_CHECKS.build_env(build_env, contract_path(BUILD_ENV)) if record is not None
+                           else check_build_env_source(build_env, contract_path(BUILD_ENV)))
+    if benchmark is not None:
+        metas, problems = HARNESS_CHECKS.benchmark(benchmark, contract_path(BENCHMARK)) if record is not None \
+            else check_benchmark_source(benchmark, contract_path(BENCHMARK))
         an.metas = metas
         an.problems.extend(problems)
     _check_cases_match(an, raw_bench_cases)

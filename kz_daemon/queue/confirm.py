@@ -63,8 +63,7 @@ Everything here decides from the log and the stored files, so start-up recovery
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
@@ -112,7 +111,7 @@ def _ahead(value: float, best: float, direction: str) -> float:
     return num / den
 
 
-def beyond_margin(card: dict | None, metas: list[dict], cases: Sequence[Mapping[str, Any]],
+def beyond_margin(card: dict | None, metas: list[dict], cases: Sequence[CaseSummary],
                   margin: float) -> str | None:
     """Why the run needs a confirmation (the first case beyond the margin), or None.
 
@@ -151,7 +150,7 @@ def first_record(card: dict | None) -> bool:
     return True
 
 
-def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[Mapping[str, Any]], margin: float,
+def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[CaseSummary], margin: float,
                        first_records: bool, kernel_id: str = "") -> str | None:
     """Why the run needs a confirmation run (a first record, or a case beyond the margin), or None."""
     if first_records and first_record(card) and any(c.get("value") is not None for c in cases):
@@ -181,7 +180,7 @@ def measured_ratios(result: BenchmarkResult | None, choice: dict | None) -> dict
     return out
 
 
-def disagreement(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]], metas: list[dict],
+def disagreement(first: Sequence[CaseSummary], second: Sequence[CaseSummary], metas: list[dict],
                  agreement: float,
                  ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None,
                  first_ratios: dict[str, dict] | None = None, host_spread: float = 1.0) -> list[str]:
@@ -252,7 +251,7 @@ def _worse_by(first: float, second: float, direction: str) -> float:
     return max(0.0, worse / abs(first))
 
 
-def _range(case: Mapping[str, Any], scale: float = 1.0) -> tuple[float, float] | None:
+def _range(case: CaseSummary, scale: float = 1.0) -> tuple[float, float] | None:
     """A case summary's 95 % interval of its primary value (``lo``, ``hi``), scaled; None without one."""
     lo, hi = case.get("lo"), case.get("hi")
     if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or not lo <= hi:
@@ -272,7 +271,7 @@ def _overlap(x: tuple[float, float] | None, y: tuple[float, float] | None) -> bo
     return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
 
 
-def committed_choice(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]],
+def committed_choice(first: Sequence[CaseSummary], second: Sequence[CaseSummary],
                      metas: list[dict]) -> str:
     """'first' or 'confirm': the slower run, whose record is the conservative one.
 
@@ -284,7 +283,7 @@ def committed_choice(first: Sequence[Mapping[str, Any]], second: Sequence[Mappin
     log_sum = 0.0
     for case in first:
         other = seconds.get(case["test_case_id"])
-        a, b = case.get("value"), (other or {}).get("value")
+        a, b = case.get("value"), other.get("value") if other is not None else None
         if a is None or b is None or a <= 0 or b <= 0:
             continue
         direction = primaries.get(case["test_case_id"], (None, "lower_better"))[1]
@@ -348,7 +347,7 @@ def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[Cas
                                  first_ratios, settings.host_spread) \
             if first is not None else ["the first result is no longer stored"]
         if problems:
-            ref: dict[str, Any] = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} \
+            ref: dict[str, object] = {k: choice[k] for k in ("kernel_id", "commit", "unavailable") if k in choice} \
                 if choice else {}
             ref["ratios"] = "measured" if ratios else "unavailable"
             return [ev.SubmissionRejected(
@@ -413,7 +412,7 @@ def excluded(state: State, runner_id: str, now: float) -> list[str]:
 
 # -- start-up recovery --------------------------------------------------------------------------
 #: ``accept.verdict_of``: (zoo, submission, result, failure, metas, facts) -> its verdict
-JudgeRun = Callable[[Daemon, Submission, Any, dict | None, list[dict], dict | None], Verdict]
+JudgeRun = Callable[[Daemon, Submission, BenchmarkResult | None, dict | None, list[dict], dict | None], Verdict]
 
 
 def recover(zoo: Daemon, judge: JudgeRun, summarize: Summarize) -> list[str]:

@@ -6,7 +6,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from kz_daemon.config.settings import Limits as DaemonLimits
+from kz_daemon.config.settings import DaemonLimits
 from kz_daemon.queue.leases import build_runner_tarball
 from kz_runner.contract.pack import build_tarball
 from kz_runner.contract.targz import deterministic_targz

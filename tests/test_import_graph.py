@@ -231,6 +231,18 @@ def test_no_two_modules_share_a_basename_within_a_package():
     assert repeated == {}
 
 
+def test_no_class_name_is_used_twice():
+    """A class's name says which thing it is: no two classes of the three packages share one
+    (``Finding`` was five classes; the judge's, the rules', the audits' now say whose)."""
+    where: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
 def test_the_module_map_names_every_module():
     """docs/architecture.md's module map lists every module of the three packages."""
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")

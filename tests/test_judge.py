@@ -481,13 +481,13 @@ def test_protocol_frames_are_json_only():
         assert frame[4:].startswith(b"{")
         assert protocol.check_done(protocol.recv(b, None), [1]) == [5]
         for bad in (b"NaN", b"[1]", b'{"op": 3}', b"\x80\x04K\x01.", b'{"op": "done", "x": Infinity}'):
-            with pytest.raises(protocol.ProtocolError):
+            with pytest.raises(protocol.JudgeProtocolError):
                 protocol.decode(bad)
         a.sendall(protocol.HEADER.pack(protocol.MAX_MESSAGE + 1))
-        with pytest.raises(protocol.ProtocolError):
+        with pytest.raises(protocol.JudgeProtocolError):
             protocol.recv(b, None)
     for bad_times in ([-1], [True], [1.5], [1, 2]):
-        with pytest.raises(protocol.ProtocolError):
+        with pytest.raises(protocol.JudgeProtocolError):
             protocol.check_done({"op": "done", "call_ids": [1], "times_ns": bad_times}, [1])
     sources = "".join(p.read_text() for p in (ROOT / "kz_runner/judge").glob("*.py"))
     assert "import pickle" not in sources and "pickle.load" not in sources

@@ -42,7 +42,7 @@ from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.core.readmodel import SubmissionView, view_of
-from kz_daemon.core.verdicts import BenchmarkResult, CaseSummary, Verdict
+from kz_daemon.core.verdicts import BenchmarkResult, CaseSummaryDoc, Verdict
 from kz_daemon.guards import physics, unconfined
 from kz_daemon.guards.harness_lock import SHORT_SHA, blob_sha
 from kz_daemon.guards.harness_review import UNREVIEWED, HarnessDigests, review_of
@@ -77,8 +77,8 @@ def crash_point(name: str) -> None:
 
 
 # -- results -------------------------------------------------------------------------
-def case_summary(result: BenchmarkResult | None, metas: list[dict]) -> list[CaseSummary]:
-    """Per case a ``CaseSummary`` for result.reported: {test_case_id, correctness, accept,
+def case_summary(result: BenchmarkResult | None, metas: list[dict]) -> list[CaseSummaryDoc]:
+    """Per case a ``CaseSummaryDoc`` for result.reported: {test_case_id, correctness, accept,
     primary_metric, value, unit, direction, n, lo, hi} (unit and direction of the primary
     metric from METAS; n, lo, hi its spread when the run reported one).
 
@@ -90,7 +90,7 @@ def case_summary(result: BenchmarkResult | None, metas: list[dict]) -> list[Case
     primary = {m.get("test_case_id"): m.get("primary_metric") for m in metas or []}
     declared = {(m.get("test_case_id"), d.get("name")): d for m in metas or []
                 for d in _list(m.get("metrics")) if isinstance(d, dict)}
-    out: list[CaseSummary] = []
+    out: list[CaseSummaryDoc] = []
     # "cases" that is not a list (null, a number, an object) is the hard checks' RESULT_SCHEMA: no summaries
     listed = _list(result.get("cases")) if isinstance(result, dict) else []
     for case in listed:
@@ -108,7 +108,7 @@ def case_summary(result: BenchmarkResult | None, metas: list[dict]) -> list[Case
             value = None
         meta = declared.get((cid, metric), {})
         n, lo, hi = _spread_of(spread)
-        out.append(CaseSummary(test_case_id=str(cid), correctness=str(case.get("correctness")),
+        out.append(CaseSummaryDoc(test_case_id=str(cid), correctness=str(case.get("correctness")),
                                accept=bool(case.get("accept")), primary_metric=metric,
                                value=value if isinstance(value, (int, float)) and not isinstance(value, bool) else None,
                                unit=meta.get("unit"), direction=meta.get("direction"), n=n, lo=lo, hi=hi))

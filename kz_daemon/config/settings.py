@@ -160,7 +160,7 @@ class RepoSettings:
 
 
 @dataclass(frozen=True)
-class Limits:
+class DaemonLimits:
     """Caps on an uploaded tarball (see kz_runner.contract.tarball)."""
 
     max_compressed_bytes: int = 64 * MIB
@@ -289,7 +289,7 @@ class Retention:
 
 
 @dataclass(frozen=True)
-class Mirror:
+class MirrorSettings:
     """A remote the repo is pushed to after each accept (a path or URL dulwich can push to)."""
 
     name: str
@@ -303,13 +303,13 @@ class Config:
     state_dir: Path
     paths: Paths
     repo: RepoSettings = field(default_factory=RepoSettings)
-    limits: Limits = field(default_factory=Limits)
+    limits: DaemonLimits = field(default_factory=DaemonLimits)
     queue: QueueSettings = field(default_factory=QueueSettings)
     timeouts: Timeouts = field(default_factory=Timeouts)
     intake: IntakeSettings = field(default_factory=IntakeSettings)
     policy: Policy = field(default_factory=Policy)
     http: HttpSettings = field(default_factory=HttpSettings)
-    mirrors: tuple[Mirror, ...] = ()
+    mirrors: tuple[MirrorSettings, ...] = ()
     source_file: Path | None = None
     confirmation: ConfirmationSettings = field(default_factory=ConfirmationSettings)
     maintainers: dict = field(default_factory=dict)   # kernel_id prefix -> submitter ids
@@ -362,7 +362,7 @@ class Config:
         if not isinstance(data, dict):
             raise _invalid(f"{source}: the top level must be a mapping of sections", path=source)
         sections: dict[str, type | None] = {
-            "paths": None, "repo": RepoSettings, "limits": Limits, "queue": QueueSettings,
+            "paths": None, "repo": RepoSettings, "limits": DaemonLimits, "queue": QueueSettings,
             "timeouts": Timeouts, "intake": IntakeSettings, "policy": Policy,
             "http": HttpSettings, "mirrors": None,
         }
@@ -465,7 +465,7 @@ def _coerce(value: Any, default: Any, source: str, key: str) -> Any:
     return value
 
 
-def _mirrors(raw: Any, source: str) -> tuple[Mirror, ...]:
+def _mirrors(raw: Any, source: str) -> tuple[MirrorSettings, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -480,7 +480,7 @@ def _mirrors(raw: Any, source: str) -> tuple[Mirror, ...]:
         if not isinstance(url, str) or not url:
             raise _invalid(f"{source}: mirrors[{i}].url must be a non-empty string", path=source,
                            key=f"mirrors[{i}].url")
-        out.append(Mirror(name=str(name or f"mirror{i}"), url=url))
+        out.append(MirrorSettings(name=str(name or f"mirror{i}"), url=url))
     return tuple(out)
 
 

@@ -1,4 +1,4 @@
-"""The accept path's values: a run's :class:`Verdict` and its per-case :class:`CaseSummary`.
+"""The accept path's values: a run's :class:`Verdict` and its per-case :class:`CaseSummaryDoc`.
 
 A verdict is what the hard checks, the physics floor and the containment rule say about one
 reported run; a case summary is what ``result.reported`` and the status documents carry per
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypedDict
 
-__all__ = ["BenchmarkResult", "CaseSummary", "Summarize", "Verdict"]
+__all__ = ["BenchmarkResult", "CaseSummaryDoc", "Summarize", "Verdict"]
 
 #: A reported benchmark result document (``benchmark_output``), as JSON decodes it: an object.
 #: The accept path reads ``overall`` (``build_ok``, ``accept_reason``) and ``cases`` (each with
@@ -39,7 +39,7 @@ class Verdict(NamedTuple):
         return cls(False, code, message, dict(details or {}), invalid)
 
 
-class CaseSummary(TypedDict):
+class CaseSummaryDoc(TypedDict):
     """A case of a reported run: its correctness and accept, its primary figure with its 95 % interval."""
 
     test_case_id: str
@@ -55,4 +55,4 @@ class CaseSummary(TypedDict):
 
 
 #: ``accept.case_summary``: a result document (None: the runner sent none) and its case metas -> its case summaries
-Summarize = Callable[[BenchmarkResult | None, list[dict]], list[CaseSummary]]
+Summarize = Callable[[BenchmarkResult | None, list[dict]], list[CaseSummaryDoc]]

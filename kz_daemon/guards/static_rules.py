@@ -20,7 +20,7 @@ from kz_runner.contract.rules.engine import (
     HOLD,
     REJECT,
     RULES_BY_ID,
-    Finding,
+    RuleFinding,
     check_sources,
 )
 from kz_runner.contract.tarball import Limits, scan_tarball
@@ -62,7 +62,7 @@ def parse_rules(raw: Any, source: str) -> RuleSettings:
 
 
 def screen(tarball: Path, kernel_id: str, desc: dict, settings: RuleSettings,
-           limits: Limits, record: PackageRecord | None = None) -> tuple[list[Finding], list[Finding]]:
+           limits: Limits, record: PackageRecord | None = None) -> tuple[list[RuleFinding], list[RuleFinding]]:
     """(findings that reject, findings that hold) for the source area of a validated tarball.
 
     ``record``: the tarball as intake read it (with its source area), so it is not read again.

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kz_daemon.config.settings import Config, Limits
+from kz_daemon.config.settings import Config, DaemonLimits
 from kz_daemon.core.scorecard import desc_is_frozen
 from kz_daemon.guards import harness_lock, physics
 from kz_daemon.guards.static_rules import screen
@@ -86,7 +86,7 @@ def reject(kernel_id: str, code: str, message: str, **details: Any) -> Outcome:
     return Outcome(False, kernel_id, code=code, message=message, details=details)
 
 
-def read_spooled(path: Path, limits: Limits) -> PackageRecord | None:
+def read_spooled(path: Path, limits: DaemonLimits) -> PackageRecord | None:
     """The package record of a spooled file, read once for every check; None when it is not a regular file.
 
     (:func:`validate_file` says why such a file is refused.)
@@ -99,7 +99,7 @@ def read_spooled(path: Path, limits: Limits) -> PackageRecord | None:
     return read_package(path, limits.contract_limits)
 
 
-def validate_file(path: Path, filename: str, limits: Limits,
+def validate_file(path: Path, filename: str, limits: DaemonLimits,
                   expected_kernel_id: str | None, record: PackageRecord | None = None) -> tuple[Outcome, dict]:
     """Check one spooled file with the contract library; returns (outcome, facts).
 
@@ -133,7 +133,7 @@ def validate_file(path: Path, filename: str, limits: Limits,
                    details={"problems": _problems_json(report.problems)}), facts
 
 
-def read_package_metas(path: Path, kernel_id: str, limits: Limits,
+def read_package_metas(path: Path, kernel_id: str, limits: DaemonLimits,
                        record: PackageRecord | None = None) -> list[dict] | None:
     """KERNEL_ZOO_TEST_CASE_METAS of a submitted tarball, read with ast (never imported).
 

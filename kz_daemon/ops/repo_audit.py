@@ -1,7 +1,7 @@
 """Audit a state directory: the event log against the git history and index.json.
 
 ``audit_state_dir(DIR)`` is read-only (it replays the log without its lock, so it
-works beside a running daemon) and returns :class:`Finding` values, empty when
+works beside a running daemon) and returns :class:`RepoFinding` values, empty when
 everything agrees:
 
 - every accepted submission has exactly its two commits: the source commit
@@ -46,7 +46,7 @@ VOLATILE_INDEX_KEYS = ("generated_at", "built_at")
 
 
 @dataclass(frozen=True)
-class Finding:
+class RepoFinding:
     """One disagreement between the log, git and the index."""
 
     code: str            # ACCEPT_COMMITS, COMMIT_WITHOUT_EVENTS, DUPLICATE_COMMIT, HEAD_MISMATCH,
@@ -96,11 +96,11 @@ def daemon_running(events_dir: str | Path) -> bool:
         os.close(fd)
 
 
-def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[Finding]:
+def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None) -> list[RepoFinding]:
     """Compare the event log with git history and index.json; the findings (empty: consistent)."""
     config = Config.load(state_dir, config_file)
     running = daemon_running(config.paths.events)
-    findings: list[Finding] = []
+    findings: list[RepoFinding] = []
     git = GitStore.open(config.paths.repo, config.repo.branch)
     try:
         # the log replayed on its own (not the daemon's projection), keeping of the finished
@@ -110,15 +110,15 @@ def audit_state_dir(state_dir: str | Path, config_file: str | Path | None = None
                                         keep=lambda s: s.status == Status.ACCEPTED or s.uuid in named)
         state = SimpleNamespace(submissions={**records, **live.submissions}, index_head=live.index_head)
         findings += _audit_commits(state, git)
-        findings += [Finding(**f) for f in anchor.audit(config.paths.events, state, git.log())]
+        findings += [RepoFinding(**f) for f in anchor.audit(config.paths.events, state, git.log())]
         findings += _audit_index(config, state, git, running)
     finally:
         git.close()
     return findings
 
 
-def _audit_commits(state, git) -> list[Finding]:
-    out: list[Finding] = []
+def _audit_commits(state, git) -> list[RepoFinding]:
+    out: list[RepoFinding] = []
     by_uuid: dict[str, dict[str, list]] = {}
     history = list(git.log())
     for info in history:
@@ -129,16 +129,16 @@ def _audit_commits(state, git) -> list[Finding]:
     for sub_uuid, steps in by_uuid.items():
         for step, commits in steps.items():
             if len(commits) > 1:
-                out.append(Finding("DUPLICATE_COMMIT", f"{len(commits)} {step} commits for one submission",
+                out.append(RepoFinding("DUPLICATE_COMMIT", f"{len(commits)} {step} commits for one submission",
                                    uuid=sub_uuid, sha=commits[0].sha))
         sub = subs.get(sub_uuid)
         if sub is None or sub.status not in ("accepted", "accepting", "revoked"):
             status = sub.status if sub else "unknown to the log"
             for commits in steps.values():
-                out.append(Finding("COMMIT_WITHOUT_EVENTS", f"commit of a submission that is {status}",
+                out.append(RepoFinding("COMMIT_WITHOUT_EVENTS", f"commit of a submission that is {status}",
                                    uuid=sub_uuid, sha=commits[0].sha))
         elif sub.status == "accepting":
-            out.append(Finding("SAGA_IN_PROGRESS", "accept saga not finished (the next start-up finishes it)",
+            out.append(RepoFinding("SAGA_IN_PROGRESS", "accept saga not finished (the next start-up finishes it)",
                                severity="warning", uuid=sub_uuid))
     accepted = [s for s in subs.values() if s.status in ("accepted", "revoked")]  # revoked: commits kept
     out += _audit_revocations(accepted, by_uuid)
@@ -147,16 +147,16 @@ def _audit_commits(state, git) -> list[Finding]:
         src = [c.sha for c in steps.get("source", [])]
         br = steps.get("scorecard", [])
         if src != [sub.sha_src] or [c.sha for c in br] != [sub.sha_br]:
-            out.append(Finding("ACCEPT_COMMITS", f"expected source {sub.sha_src} and scorecard {sub.sha_br} in "
+            out.append(RepoFinding("ACCEPT_COMMITS", f"expected source {sub.sha_src} and scorecard {sub.sha_br} in "
                                f"history, found source {src} and scorecard {[c.sha for c in br]}", uuid=sub.uuid))
             continue
         commit2 = br[0]
         if commit2.parents != (sub.sha_src,) or commit2.subject != f"bench_result update (source {sub.sha_src[:7]})":
-            out.append(Finding("ACCEPT_COMMITS", "the scorecard commit is not the source commit's child with the "
+            out.append(RepoFinding("ACCEPT_COMMITS", "the scorecard commit is not the source commit's child with the "
                                "expected subject", uuid=sub.uuid, sha=commit2.sha))
         card = git.read_file(f"{sub.kernel_id}/.kernel_package/bench_result.yaml", sub.sha_br) or b""
         if PENDING_COMMIT.encode() in card:
-            out.append(Finding("PENDING_IN_SCORECARD", "bench_result.yaml still holds __PENDING_COMMIT__",
+            out.append(RepoFinding("PENDING_IN_SCORECARD", "bench_result.yaml still holds __PENDING_COMMIT__",
                                uuid=sub.uuid, sha=sub.sha_br))
     if accepted:
         last = _last_kz_commit(accepted)
@@ -169,29 +169,29 @@ def _audit_commits(state, git) -> list[Finding]:
                 later.append(info)
             kz_later = [c for c in later if "Kz-Submission" in c.trailers]
             if kz_later or not any(c.sha == last.sha_br for c in history):
-                out.append(Finding("HEAD_MISMATCH", f"branch head {head} is not the last accept's scorecard "
+                out.append(RepoFinding("HEAD_MISMATCH", f"branch head {head} is not the last accept's scorecard "
                                    f"commit {last.sha_br}", uuid=last.uuid, sha=head))
             else:
-                out.append(Finding("HEAD_MISMATCH", f"{len(later)} commit(s) without kz trailers after the last "
+                out.append(RepoFinding("HEAD_MISMATCH", f"{len(later)} commit(s) without kz trailers after the last "
                                    "accept", severity="warning", sha=head))
     return out
 
 
-def _audit_revocations(subs: list, by_uuid: dict) -> list[Finding]:
+def _audit_revocations(subs: list, by_uuid: dict) -> list[RepoFinding]:
     """A revoked submission has exactly its revocation commit (``Revokes: <uuid>``); an accepted one none."""
-    out: list[Finding] = []
+    out: list[RepoFinding] = []
     for sub in subs:
         commits = by_uuid.get(sub.uuid, {}).get(REVOKE_STEP, [])
         entry = revocation(sub)
         if sub.status == "accepted":
             if commits:
-                out.append(Finding("COMMIT_WITHOUT_EVENTS", "revocation commit of a submission the log has as "
+                out.append(RepoFinding("COMMIT_WITHOUT_EVENTS", "revocation commit of a submission the log has as "
                                    "accepted", uuid=sub.uuid, sha=commits[0].sha))
         elif entry is None or not entry.get("sha"):
-            out.append(Finding("SAGA_IN_PROGRESS", "revocation not finished (the next start-up finishes it)",
+            out.append(RepoFinding("SAGA_IN_PROGRESS", "revocation not finished (the next start-up finishes it)",
                                severity="warning", uuid=sub.uuid))
         elif [c.sha for c in commits] != [entry["sha"]] or commits[0].trailers.get("Revokes") != sub.uuid:
-            out.append(Finding("REVOKE_COMMIT", f"expected the revocation commit {entry['sha']} with trailer "
+            out.append(RepoFinding("REVOKE_COMMIT", f"expected the revocation commit {entry['sha']} with trailer "
                                f"Revokes: {sub.uuid}, found {[c.sha for c in commits]}", uuid=sub.uuid))
     return out
 
@@ -209,32 +209,32 @@ def _last_kz_commit(subs: list) -> SimpleNamespace:
     return SimpleNamespace(sha_br=sha, uuid=uuid)
 
 
-def _audit_index(config, state, git, running: bool = False) -> list[Finding]:
+def _audit_index(config, state, git, running: bool = False) -> list[RepoFinding]:
     head = git.head()
     if head is None:
         return []
     try:
         current = json.loads(config.paths.index.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError):
-        return [Finding("INDEX_MISSING", f"{config.paths.index} is missing or not JSON")]
+        return [RepoFinding("INDEX_MISSING", f"{config.paths.index} is missing or not JSON")]
     at = current.get("head") if isinstance(current, dict) else None
-    out: list[Finding] = []
+    out: list[RepoFinding] = []
     if at != head:
         if not running:
-            return [Finding("INDEX_STALE", f"index.json was written at {at}, HEAD is {head}, and no daemon "
+            return [RepoFinding("INDEX_STALE", f"index.json was written at {at}, HEAD is {head}, and no daemon "
                             "is running (a clean stop leaves it at HEAD; the next start-up catches it up)",
                             sha=head)]
         if not isinstance(at, str) or at.encode() not in git.store:
-            return [Finding("INDEX_STALE", f"index.json names commit {at}, which is not in the repo", sha=head)]
+            return [RepoFinding("INDEX_STALE", f"index.json names commit {at}, which is not in the repo", sha=head)]
         behind = _commits_behind(git, at, head)
         how = f"{behind} commits behind HEAD" if behind is not None else f"at {at[:12]}, not an ancestor of HEAD"
-        out.append(Finding("INDEX_BEHIND", f"index.json is {how}; the running daemon writes it when accepts "
+        out.append(RepoFinding("INDEX_BEHIND", f"index.json is {how}; the running daemon writes it when accepts "
                            "pause", severity="warning", sha=at))
     if _strip(current) != _strip(_rebuild(git, at if at != head else head)):
         where = "HEAD" if at == head else f"its commit {at}"
-        return out + [Finding("INDEX_STALE", f"index.json differs from a full rebuild at {where}", sha=at)]
+        return out + [RepoFinding("INDEX_STALE", f"index.json differs from a full rebuild at {where}", sha=at)]
     if at == head and state.index_head not in (None, head):
-        out.append(Finding("INDEX_STALE", f"the log's last index.updated was at {state.index_head}, HEAD is "
+        out.append(RepoFinding("INDEX_STALE", f"the log's last index.updated was at {state.index_head}, HEAD is "
                            f"{head}", severity="warning", sha=head))
     return out
 

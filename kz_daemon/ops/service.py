@@ -36,7 +36,7 @@ from kz_daemon.intake import idempotency, review, spool
 from kz_daemon.intake.admit import Intake
 from kz_daemon.ops import recovery
 from kz_daemon.queue import leases as queue
-from kz_daemon.queue.leases import Claim
+from kz_daemon.queue.leases import LeaseGrant
 from kz_daemon.storage import run_logs as logs_store
 from kz_daemon.storage.gitstore import GitStore
 from kz_daemon.storage.pending import PendingStore
@@ -341,7 +341,7 @@ class Zoo:
             entry.update({k: v for k, v in facts.items() if v is not None})
             entry["last_seen"] = self.clock()
 
-    def claim(self, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
+    def claim(self, runner_id: str, arch: str, wait_s: float = 0.0) -> LeaseGrant | None:
         """The next job of ``arch`` under a new lease, waiting up to ``wait_s``; None when none came."""
         got = queue.claim(self, runner_id, arch, wait_s)
         if got is not None:

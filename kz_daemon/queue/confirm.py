@@ -67,7 +67,7 @@ from collections.abc import Callable, Sequence
 
 from kz_daemon.config.ports import Daemon
 from kz_daemon.core import scorecard
-from kz_daemon.core.verdicts import BenchmarkResult, CaseSummary, Summarize, Verdict
+from kz_daemon.core.verdicts import BenchmarkResult, CaseSummaryDoc, Summarize, Verdict
 from kz_daemon.guards import unconfined
 from kz_daemon.queue import reference
 from kz_daemon.storage.pending import RESULT_FILE, PendingStore, StoredRun
@@ -111,7 +111,7 @@ def _ahead(value: float, best: float, direction: str) -> float:
     return num / den
 
 
-def beyond_margin(card: dict | None, metas: list[dict], cases: Sequence[CaseSummary],
+def beyond_margin(card: dict | None, metas: list[dict], cases: Sequence[CaseSummaryDoc],
                   margin: float) -> str | None:
     """Why the run needs a confirmation (the first case beyond the margin), or None.
 
@@ -150,7 +150,7 @@ def first_record(card: dict | None) -> bool:
     return True
 
 
-def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[CaseSummary], margin: float,
+def needs_confirmation(card: dict | None, metas: list[dict], cases: Sequence[CaseSummaryDoc], margin: float,
                        first_records: bool, kernel_id: str = "") -> str | None:
     """Why the run needs a confirmation run (a first record, or a case beyond the margin), or None."""
     if first_records and first_record(card) and any(c.get("value") is not None for c in cases):
@@ -180,7 +180,7 @@ def measured_ratios(result: BenchmarkResult | None, choice: dict | None) -> dict
     return out
 
 
-def disagreement(first: Sequence[CaseSummary], second: Sequence[CaseSummary], metas: list[dict],
+def disagreement(first: Sequence[CaseSummaryDoc], second: Sequence[CaseSummaryDoc], metas: list[dict],
                  agreement: float,
                  ratios: dict[str, dict] | None = None, recorded: dict[str, float] | None = None,
                  first_ratios: dict[str, dict] | None = None, host_spread: float = 1.0) -> list[str]:
@@ -251,7 +251,7 @@ def _worse_by(first: float, second: float, direction: str) -> float:
     return max(0.0, worse / abs(first))
 
 
-def _range(case: CaseSummary, scale: float = 1.0) -> tuple[float, float] | None:
+def _range(case: CaseSummaryDoc, scale: float = 1.0) -> tuple[float, float] | None:
     """A case summary's 95 % interval of its primary value (``lo``, ``hi``), scaled; None without one."""
     lo, hi = case.get("lo"), case.get("hi")
     if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or not lo <= hi:
@@ -271,7 +271,7 @@ def _overlap(x: tuple[float, float] | None, y: tuple[float, float] | None) -> bo
     return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
 
 
-def committed_choice(first: Sequence[CaseSummary], second: Sequence[CaseSummary],
+def committed_choice(first: Sequence[CaseSummaryDoc], second: Sequence[CaseSummaryDoc],
                      metas: list[dict]) -> str:
     """'first' or 'confirm': the slower run, whose record is the conservative one.
 
@@ -324,7 +324,7 @@ def committed_result(pending: PendingStore, sub_uuid: str, metas: list[dict],
 
 
 # -- the decision after a report -----------------------------------------------------------
-def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[CaseSummary], metas: list[dict],
+def verdict_events(zoo: Daemon, sub: Submission, run: StoredRun, cases: list[CaseSummaryDoc], metas: list[dict],
                    verdict: Verdict, runner_id: str, lease_id: str, confirming: bool,
                    summarize: Summarize) -> list:
     """The events that follow ``result.reported``: accept.started, a confirmation request or a rejection.
@@ -382,7 +382,7 @@ def _first_result(zoo: Daemon, sub_uuid: str) -> BenchmarkResult | None:
         return None
 
 
-def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Summarize) -> list[CaseSummary] | None:
+def pending_first(zoo: Daemon, sub_uuid: str, metas: list[dict], summarize: Summarize) -> list[CaseSummaryDoc] | None:
     """The case summaries of the first run (None when its file is gone)."""
     try:
         return summarize(zoo.pending.load_result(sub_uuid), metas)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kz_daemon.config.ports import Daemon
-from kz_daemon.config.settings import Limits
+from kz_daemon.config.settings import DaemonLimits
 from kz_daemon.core import hints, scorecard
 from kz_daemon.core.errors import ZooError
 from kz_daemon.guards import harness_lock, harness_review
@@ -43,7 +43,7 @@ from kz_runner.contract.targz import deterministic_targz
 
 
 @dataclass(frozen=True)
-class Claim:
+class LeaseGrant:
     """What a runner gets from a successful claim."""
 
     uuid: str
@@ -56,7 +56,7 @@ class Claim:
     timeouts: dict
 
 
-def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim | None:
+def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> LeaseGrant | None:
     """Give ``runner_id`` the next job of ``arch`` under a new lease, waiting up to ``wait_s``; None if none.
 
     A job whose package was frozen in the repo after it was queued is rejected
@@ -108,7 +108,7 @@ def claim(zoo: Daemon, runner_id: str, arch: str, wait_s: float = 0.0) -> Claim 
     ticket.wait()  # outside zoo.lock: concurrent decisions share one fsync
     zoo.note_runner(runner_id, arch)
     t = zoo.config.timeouts
-    return Claim(sub_uuid, kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
+    return LeaseGrant(sub_uuid, kernel_id, lease_id, expires, zoo.config.queue.lease_seconds,
                  attempts + 1, sub_arch or arch, {"build_s": t.build_s, "benchmark_s": t.benchmark_s})
 
 
@@ -295,7 +295,7 @@ def _reference_entries(zoo: Daemon, sub: Submission, current: bytes | None) -> d
     return reference.package_entries(zoo.git, kid, doc) if reference.in_first_run(doc, every_run) else {}
 
 
-def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: Limits,
+def build_runner_tarball(package: Path, kernel_id: str, bench_result: bytes, limits: DaemonLimits,
                          harness: dict[str, bytes] | None = None, extra: dict[str, bytes] | None = None) -> bytes:
     """Deterministic tar.gz bytes: every member of ``package`` plus ``<kid>/.kernel_package/bench_result.yaml``.
 

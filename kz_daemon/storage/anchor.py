@@ -47,7 +47,7 @@ def _finding(code: str, message: str, uuid: str | None = None, sha: str | None =
 def audit(events_dir: Path, state: Any, history: Iterable[Any]) -> list[dict[str, Any]]:
     """Anchors and kz trailers of every commit in ``history`` against the log (its ``state``).
 
-    Each finding is ``{code, message, uuid, sha}`` (``kz_daemon.ops.repo_audit.Finding``'s fields):
+    Each finding is ``{code, message, uuid, sha}`` (``kz_daemon.ops.repo_audit.RepoFinding``'s fields):
     ANCHOR_MISMATCH / ANCHOR_MISSING (the log no longer holds what a commit recorded),
     ANCHOR_MALFORMED, TRAILER_MISMATCH (a trailer disagrees with the log's events).
     """

@@ -40,7 +40,7 @@ _SOURCE_SUBJECT = re.compile(r"^accept (\S+) \(submission [0-9a-f]{8}\)")
 
 
 @dataclass(frozen=True)
-class Harness:
+class HeadHarness:
     """A package's ``benchmark.py`` at the head: its blob SHA and the metrics its METAS declare."""
 
     blob: str | None  # git blob SHA (hex), None when the file is missing
@@ -89,7 +89,7 @@ class KernelHistory:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[ObjectID, list[HistoryPoint]]] = OrderedDict()
         self._cache_size = cache_size
-        self._harness: dict[ObjectID, Harness] = {}
+        self._harness: dict[ObjectID, HeadHarness] = {}
         #: (head, hour of since, keep, max_walk) -> recent_accepts' answer
         self._recent: tuple[tuple[ObjectID, int, int, int], tuple[int, list[AcceptRecord]]] | None = None
 
@@ -134,16 +134,16 @@ class KernelHistory:
             head = self._head(repo)
             return self._read(repo, head, path) if head else None
 
-    def harness(self, kernel_id: str) -> Harness:
+    def harness(self, kernel_id: str) -> HeadHarness:
         """The kernel's ``benchmark.py`` at the head: blob SHA and declared metrics (cached per blob)."""
         repo = self._repo()
         if repo is None:
-            return Harness(None)
+            return HeadHarness(None)
         with repo:
             head = self._head(repo)
             blob = _blob_id(repo, _commit(repo, head).tree, f"{kernel_id}/{KP}/{BENCHMARK}".encode()) if head else None
             if blob is None:
-                return Harness(None)
+                return HeadHarness(None)
             with self._lock:
                 cached = self._harness.get(blob)
             if cached is not None:
@@ -159,7 +159,7 @@ class KernelHistory:
                 metrics[str(meta.get("test_case_id"))] = {
                     str(m.get("name")): {"unit": str(m.get("unit") or ""), "direction": str(m.get("direction") or "")}
                     for m in meta["metrics"] if isinstance(m, dict)}
-        found = Harness(blob.decode(), metrics, params)
+        found = HeadHarness(blob.decode(), metrics, params)
         with self._lock:
             self._harness[blob] = found
             while len(self._harness) > self._cache_size:

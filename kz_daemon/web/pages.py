@@ -31,7 +31,7 @@ from kz_daemon.guards.harness_review import HarnessDigests, review_of
 from kz_daemon.intake import review
 from kz_daemon.standings import rankings
 from kz_daemon.storage import run_logs as logs
-from kz_daemon.storage.history import Harness, HistoryPoint, KernelHistory
+from kz_daemon.storage.history import HeadHarness, HistoryPoint, KernelHistory
 from kz_daemon.web import charts as web_charts, commits, operators, source_pages, submission_list
 from kz_daemon.web.render import PAGE_HEADERS, TEMPLATES, fmt_value, short_sha, when
 from kz_events.status import STATUSES, Status, is_terminal
@@ -237,7 +237,7 @@ def _scorecard_rows(card: dict | None, primaries: Mapping[str, str], head_harnes
     return rows
 
 
-def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harness: Harness | None,
+def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harness: HeadHarness | None,
                          ceilings: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per case: its primary metric's best and that best's speed of light, as ``GET /api/kernels/{id}``.
 
@@ -256,7 +256,7 @@ def _speed_of_light_rows(entry: Mapping[str, Any], desc: Mapping[str, Any], harn
 
 
 def _kernel_data(history: KernelHistory | None, kernel_id: str
-                 ) -> tuple[dict | None, dict | None, list[HistoryPoint], Harness | None]:
+                 ) -> tuple[dict | None, dict | None, list[HistoryPoint], HeadHarness | None]:
     if history is None:
         return None, None, [], None
     desc, card = history.package_docs(kernel_id)

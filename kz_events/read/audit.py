@@ -1,4 +1,4 @@
-"""The audit of an event log: every line checked, every problem a Finding with its seq.
+"""The audit of an event log: every line checked, every problem a LogFinding with its seq.
 
 ``verify_log(events_dir)`` reads all segments (read-only, no lock: it can run
 beside the daemon) and checks, for every line: it is JSON, canonical, a valid
@@ -17,7 +17,7 @@ from some seq on with a fresh chain. For that, the chain head at some moment,
 ``Store.chain_head()`` = (seq, sha256 hex of line seq's bytes), is kept somewhere
 the log's writer does not rewrite (the daemon writes it into its git commit
 messages). ``check_anchors(events_dir, [(seq, head), ...])`` then reads the log
-(read-only) and returns a Finding for each anchor the log no longer matches:
+(read-only) and returns a LogFinding for each anchor the log no longer matches:
 ``ANCHOR_MISSING`` (the log ends before that seq) or ``ANCHOR_MISMATCH`` (the
 line at that seq hashes differently, or is not the event of that seq). An empty
 list means every anchor holds. Seq 0 anchors the empty log (64 zeros).
@@ -35,11 +35,11 @@ from kz_events.log.segments import list_segments, segment_name
 from kz_events.reducer import ReducerError, handler_for
 from kz_events.state import State
 
-__all__ = ["Finding", "verify_log", "iter_lines", "check_anchors"]
+__all__ = ["LogFinding", "verify_log", "iter_lines", "check_anchors"]
 
 
 @dataclass(frozen=True, slots=True)
-class Finding:
+class LogFinding:
     """One problem in the log."""
 
     code: str        # BAD_JSON, BAD_SEQ, MISSING_SEQ, CHAIN_BROKEN, NOT_CANONICAL, BAD_EVENT,
@@ -76,7 +76,7 @@ def iter_lines(events_dir: Path) -> Iterator[tuple[int, str, int, bytes, bool]]:
 
 class _Auditor:
     def __init__(self) -> None:
-        self.findings: list[Finding] = []
+        self.findings: list[LogFinding] = []
         self.last_pos = 0             # position seq of the last readable line
         self.last_hash = GENESIS
         self.last_where = ("", 0)
@@ -88,7 +88,7 @@ class _Auditor:
     def add(self, code: str, seq: int, where: tuple[str, int], message: str,
             severity: str = "error") -> None:
         """Record a finding."""
-        self.findings.append(Finding(code, seq, where[0], where[1], message, severity))
+        self.findings.append(LogFinding(code, seq, where[0], where[1], message, severity))
 
     def resolve_pending(self, next_link_broken: bool) -> None:
         """Name the edited line of a broken link, now that the next link is known."""
@@ -191,7 +191,7 @@ class _Auditor:
                      f"or the prev of seq {seq})")
 
 
-def verify_log(events_dir: Path | str) -> list[Finding]:
+def verify_log(events_dir: Path | str) -> list[LogFinding]:
     """Check every line of the log in ``events_dir``; findings sorted by seq (empty: intact)."""
     events_dir = Path(events_dir)
     auditor = _Auditor()
@@ -205,7 +205,7 @@ def verify_log(events_dir: Path | str) -> list[Finding]:
     return sorted(auditor.findings, key=lambda f: (f.seq, f.segment, f.offset))
 
 
-def check_anchors(events_dir: Path | str, anchors: Iterable[tuple[int, str]]) -> list[Finding]:
+def check_anchors(events_dir: Path | str, anchors: Iterable[tuple[int, str]]) -> list[LogFinding]:
     """Findings for the (seq, chain head) pairs the log in ``events_dir`` no longer matches.
 
     A pair holds when the line at ``seq`` (counted from its segment's first seq) is
@@ -216,17 +216,17 @@ def check_anchors(events_dir: Path | str, anchors: Iterable[tuple[int, str]]) ->
     events_dir = Path(events_dir)
     segments = list_segments(events_dir) if events_dir.is_dir() else []
     wanted = sorted(set(anchors))
-    findings: list[Finding] = []
+    findings: list[LogFinding] = []
     cached: tuple[int, list[bytes]] | None = None
     for seq, head in wanted:
         if seq <= 0:
             if seq < 0 or head != GENESIS:
-                findings.append(Finding("ANCHOR_MISMATCH", seq, "", 0,
+                findings.append(LogFinding("ANCHOR_MISMATCH", seq, "", 0,
                                         f"anchor ({seq}, {head}) is not the empty log's"))
             continue
         first = next((s for s in reversed(segments) if s <= seq), None)
         if first is None:
-            findings.append(Finding("ANCHOR_MISSING", seq, "", 0,
+            findings.append(LogFinding("ANCHOR_MISSING", seq, "", 0,
                                     f"the log has no segment holding seq {seq}"))
             continue
         if cached is None or cached[0] != first:
@@ -237,7 +237,7 @@ def check_anchors(events_dir: Path | str, anchors: Iterable[tuple[int, str]]) ->
         name = segment_name(first)
         if index >= len(lines):
             last = first + len(lines) - 1
-            findings.append(Finding("ANCHOR_MISSING", seq, name, 0,
+            findings.append(LogFinding("ANCHOR_MISSING", seq, name, 0,
                                     f"the log ends at seq {last}, before the anchor's seq {seq}"))
             continue
         line = lines[index]
@@ -248,7 +248,7 @@ def check_anchors(events_dir: Path | str, anchors: Iterable[tuple[int, str]]) ->
             line_seq = None
         if actual != head or line_seq != seq:
             offset = sum(len(x) + 1 for x in lines[:index])  # only for a finding: O(lines)
-            findings.append(Finding("ANCHOR_MISMATCH", seq, name, offset,
+            findings.append(LogFinding("ANCHOR_MISMATCH", seq, name, offset,
                                     f"the line at seq {seq} hashes to {actual} (seq field "
                                     f"{line_seq!r}), the anchor says {head}"))
     return findings

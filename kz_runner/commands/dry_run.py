@@ -37,19 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def server_scorecard(server: str):
     """``scorecard_for`` of :func:`dry_run`: the server's current scorecard, the seed for a kernel it lacks."""
-    from kz_runner.tools.dryrun import Scorecard, scorecard_from_kernel_doc
+    from kz_runner.tools.dryrun import DryRunScorecard, scorecard_from_kernel_doc
     from kz_runner.worker.client import RetryPolicy, ZooClient
 
     client = ZooClient(server, retry=RetryPolicy(attempts=2))
 
-    def scorecard_for(kernel_id: str) -> Scorecard:
+    def scorecard_for(kernel_id: str) -> DryRunScorecard:
         doc = client.kernel(kernel_id)
         if doc is None:
-            return Scorecard(f"the seed scorecard: {server} has no kernel {kernel_id} (404), so a "
+            return DryRunScorecard(f"the seed scorecard: {server} has no kernel {kernel_id} (404), so a "
                              "submission would be judged as a new kernel")
         card, missing = scorecard_from_kernel_doc(doc, kernel_id)
         source = f"{server}'s current scorecard for {kernel_id}"
-        return Scorecard(source + (f"; {missing}" if missing else ""), card)
+        return DryRunScorecard(source + (f"; {missing}" if missing else ""), card)
 
     return scorecard_for
 

@@ -3,7 +3,7 @@
 The daemon applies them to every result a runner reports; ``kz dry-run`` applies
 the same functions locally, so a submitter sees the server's verdict before
 submitting. Bad input is an expected outcome: every function returns values
-(:class:`Verdict`, :class:`~kz_runner.contract.problems.Problem`) and never raises
+(:class:`CheckVerdict`, :class:`~kz_runner.contract.problems.Problem`) and never raises
 for anything a benchmark can print.
 
 Stable codes (agents switch on them; the HTTP layer answers 422 for RESULT_INVALID):
@@ -31,7 +31,7 @@ RESULT_INVALID             a case has ``correctness: failed`` and ``accept: true
 =========================  =============================================================
 
 A result is *accepted* when no check fails and the package itself says
-``overall.accept: true``; otherwise :attr:`Verdict.reason` says why not.
+``overall.accept: true``; otherwise :attr:`CheckVerdict.reason` says why not.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _snippet(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CheckVerdict:
     """The hard checks' outcome for one result."""
 
     # no hard check failed and the package's own overall.accept is true
@@ -207,7 +207,7 @@ def _schema_problems(doc: Any) -> list[Problem]:
     return out
 
 
-def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdict:
+def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> CheckVerdict:
     """Apply every hard check to a parsed result; ``case_ids`` is the METAS id set."""
     unencodable = unencodable_paths(doc)
     if unencodable:  # checked alone: the other checks' messages would quote the broken strings
@@ -215,7 +215,7 @@ def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdic
                                             "at " + ", ".join(unencodable[:10])
                                             + (f" and {len(unencodable) - 10} more" if len(unencodable) > 10 else ""),
                                             300), clip(unencodable[0], 120))
-        return Verdict(False, (found,), None, f"BAD_OUTPUT: {found.message}", None)
+        return CheckVerdict(False, (found,), None, f"BAD_OUTPUT: {found.message}", None)
     problems: list[Problem] = []
     bad = list(nonfinite_paths(doc))
     if bad:
@@ -280,20 +280,20 @@ def check_result(doc: Any, *, kernel_id: str, case_ids: Iterable[str]) -> Verdic
     return _verdict(doc, problems, package_accept)
 
 
-def _verdict(doc: Any, problems: list[Problem], package_accept: bool | None) -> Verdict:
+def _verdict(doc: Any, problems: list[Problem], package_accept: bool | None) -> CheckVerdict:
     if problems:
         reason = f"{problems[0].code}: {problems[0].message}"
-        return Verdict(False, tuple(problems), package_accept, reason, doc)
+        return CheckVerdict(False, tuple(problems), package_accept, reason, doc)
     overall = doc.get("overall", {})
     if not package_accept:
-        return Verdict(False, (), package_accept, "rejected by the package: " + str(overall.get("accept_reason") or
+        return CheckVerdict(False, (), package_accept, "rejected by the package: " + str(overall.get("accept_reason") or
                                                                                   "overall.accept is false"), doc)
-    return Verdict(True, (), True, str(overall.get("accept_reason") or "accepted"), doc)
+    return CheckVerdict(True, (), True, str(overall.get("accept_reason") or "accepted"), doc)
 
 
-def check_output(stdout: bytes | str, *, kernel_id: str, case_ids: Iterable[str]) -> Verdict:
+def check_output(stdout: bytes | str, *, kernel_id: str, case_ids: Iterable[str]) -> CheckVerdict:
     """:func:`parse_output` then :func:`check_result`: the verdict on a benchmark's raw stdout."""
     doc, problems = parse_output(stdout)
     if problems:
-        return Verdict(False, problems, None, f"{problems[0].code}: {problems[0].message}", None)
+        return CheckVerdict(False, problems, None, f"{problems[0].code}: {problems[0].message}", None)
     return check_result(doc, kernel_id=kernel_id, case_ids=case_ids)

@@ -107,7 +107,7 @@ class TarballScan:
         return [m.name for m in self.members]
 
 
-class _Stop(Exception):
+class _ScanStop(Exception):
     """A limit was hit: reading stops and ``problem`` is reported."""
 
     def __init__(self, found: Problem):
@@ -126,7 +126,7 @@ class _CountingReader:
         data = self.raw.read(size)
         self.count += len(data)
         if self.count > self.limit:
-            raise _Stop(problem("TARBALL_COMPRESSED_TOO_LARGE",
+            raise _ScanStop(problem("TARBALL_COMPRESSED_TOO_LARGE",
                                 f"compressed size exceeds {self.limit} bytes"))
         return data
 
@@ -150,10 +150,10 @@ class _InflatingReader:
         data = self.gzip.read(size)
         self.count += len(data)
         if self.count > self.cap:
-            raise _Stop(problem("TARBALL_TOO_LARGE", f"unpacks to more than {self.limits.total_bytes} bytes"))
+            raise _ScanStop(problem("TARBALL_TOO_LARGE", f"unpacks to more than {self.limits.total_bytes} bytes"))
         if (self.count > self.limits.ratio_floor
                 and self.count > self.limits.ratio * max(self.counting.count, 1)):
-            raise _Stop(problem("TARBALL_RATIO", f"unpacks to {self.count} bytes from "
+            raise _ScanStop(problem("TARBALL_RATIO", f"unpacks to {self.count} bytes from "
                                 f"{self.counting.count} compressed (more than {self.limits.ratio:g}x)"))
         return data
 
@@ -250,14 +250,14 @@ def _iterate(source, limits: Limits, scan: TarballScan,
             for info in archive:
                 count += 1
                 if count > limits.members:
-                    raise _Stop(problem("TARBALL_TOO_MANY_MEMBERS", f"more than {limits.members} members"))
+                    raise _ScanStop(problem("TARBALL_TOO_MANY_MEMBERS", f"more than {limits.members} members"))
                 name, bad = normalize_member_name(info.name)
                 if bad is None and name is not None:
                     bad = _kind_problem(info, name or ".")
                 if bad is not None:
                     scan.problems.append(bad)
                     if len(scan.problems) >= MAX_PROBLEMS:
-                        raise _Stop(problem("TARBALL_CORRUPT", "too many bad members; stopped reading"))
+                        raise _ScanStop(problem("TARBALL_CORRUPT", "too many bad members; stopped reading"))
                     continue
                 assert name is not None
                 if name == "":
@@ -271,11 +271,11 @@ def _iterate(source, limits: Limits, scan: TarballScan,
                 seen[name] = kind
                 if kind == "file":
                     if info.size > limits.member_bytes:
-                        raise _Stop(problem("TARBALL_MEMBER_TOO_LARGE", f"{info.size} bytes exceeds "
+                        raise _ScanStop(problem("TARBALL_MEMBER_TOO_LARGE", f"{info.size} bytes exceeds "
                                             f"{limits.member_bytes}", file=name))
                     scan.unpacked_bytes += info.size
                     if scan.unpacked_bytes > limits.total_bytes:
-                        raise _Stop(problem("TARBALL_TOO_LARGE", f"unpacks to more than "
+                        raise _ScanStop(problem("TARBALL_TOO_LARGE", f"unpacks to more than "
                                             f"{limits.total_bytes} bytes"))
                 member = Member(name, kind, info.size if kind == "file" else 0,
                                 normalized_mode(info.mode, kind == "dir"))
@@ -283,7 +283,7 @@ def _iterate(source, limits: Limits, scan: TarballScan,
                 on_member(archive, info, member)
         inflating.drain()
         scan.complete = True
-    except _Stop as stop:
+    except _ScanStop as stop:
         scan.problems.append(stop.problem)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         scan.problems.append(problem("TARBALL_CORRUPT", f"{type(exc).__name__}: {exc}"))
@@ -398,7 +398,7 @@ def _ensure_dir(dest: Path, rel_parts: list[str], made: set[str]) -> Path:
             os.mkdir(path, 0o755)
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise _Stop(problem("TARBALL_DUPLICATE", "a path component exists and is not a directory",
+                raise _ScanStop(problem("TARBALL_DUPLICATE", "a path component exists and is not a directory",
                                     file=key)) from None
         made.add(key)
     return path
@@ -454,7 +454,7 @@ def safe_unpack(tar_path, dest_dir, limits: Limits = Limits(), expected_kernel_i
 
     try:
         _iterate(tar_path, limits, scan, on_member)
-    except _Stop as stop:
+    except _ScanStop as stop:
         scan.problems.append(stop.problem)
     except FileExistsError as exc:
         scan.problems.append(problem("TARBALL_DUPLICATE", f"already exists in the destination: {exc.filename}"))

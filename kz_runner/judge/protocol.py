@@ -54,7 +54,7 @@ OUT_MODES = ("return", "out_kw", "out_pos")
 WORKER_ERROR_CODES = ("LOAD_FAILED", "CALL_FAILED", "BAD_OUTPUT", "BAD_REQUEST")
 
 
-class ProtocolError(Exception):
+class JudgeProtocolError(Exception):
     """A malformed frame or message (from the worker: hostile or broken)."""
 
 
@@ -67,29 +67,29 @@ class ChannelTimeout(Exception):
 
 
 def _no_constants(name: str) -> Any:
-    raise ProtocolError(f"non-finite JSON constant {name}")
+    raise JudgeProtocolError(f"non-finite JSON constant {name}")
 
 
 def encode(msg: dict[str, Any]) -> bytes:
     """One frame for ``msg`` (a dict with a string ``op``)."""
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-        raise ProtocolError("a message is a dict with a string 'op'")
+        raise JudgeProtocolError("a message is a dict with a string 'op'")
     body = json.dumps(msg, separators=(",", ":"), allow_nan=False).encode("utf-8")
     if len(body) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(body)} bytes is over {MAX_MESSAGE}")
+        raise JudgeProtocolError(f"message of {len(body)} bytes is over {MAX_MESSAGE}")
     return HEADER.pack(len(body)) + body
 
 
 def decode(body: bytes) -> dict[str, Any]:
-    """The message in one frame's body; :class:`ProtocolError` unless it is a dict with a string ``op``."""
+    """The message in one frame's body; :class:`JudgeProtocolError` unless it is a dict with a string ``op``."""
     try:
         msg = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
-    except ProtocolError:
+    except JudgeProtocolError:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError(f"undecodable message: {type(exc).__name__}") from None
+        raise JudgeProtocolError(f"undecodable message: {type(exc).__name__}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-        raise ProtocolError("a message is a JSON object with a string 'op'")
+        raise JudgeProtocolError("a message is a JSON object with a string 'op'")
     return msg
 
 
@@ -156,10 +156,10 @@ def recv_ready(sock: socket.socket, deadline: float | None) -> tuple[dict[str, A
     if not data:
         raise ChannelClosed("peer closed the channel")
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < HEADER.size:
-        raise ProtocolError("truncated or oversized record")
+        raise JudgeProtocolError("truncated or oversized record")
     (length,) = HEADER.unpack_from(data)
     if length != len(data) - HEADER.size:
-        raise ProtocolError(f"frame header says {length} bytes, the record holds {len(data) - HEADER.size}")
+        raise JudgeProtocolError(f"frame header says {length} bytes, the record holds {len(data) - HEADER.size}")
     pid = None
     for level, kind, value in anc:
         if level == socket.SOL_SOCKET and kind == getattr(socket, "SCM_CREDENTIALS", -1) and len(value) >= 12:
@@ -195,10 +195,10 @@ def recv_stamped(sock: socket.socket, deadline: float | None = None) -> tuple[di
     if not data:
         raise ChannelClosed("peer closed the channel")
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < HEADER.size:
-        raise ProtocolError("truncated or oversized record")
+        raise JudgeProtocolError("truncated or oversized record")
     (length,) = HEADER.unpack_from(data)
     if length != len(data) - HEADER.size or length > MAX_MESSAGE:
-        raise ProtocolError(f"frame header says {length} bytes, the record holds {len(data) - HEADER.size}")
+        raise JudgeProtocolError(f"frame header says {length} bytes, the record holds {len(data) - HEADER.size}")
     stamp = None
     for level, kind, value in anc:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= 16:
@@ -245,7 +245,7 @@ def _is_int(v: Any) -> bool:
 
 def check_ready(msg: dict[str, Any]) -> int:
     if msg.get("op") != "ready" or not _is_int(msg.get("pid")):
-        raise ProtocolError(f"expected 'ready', got {msg.get('op')!r}")
+        raise JudgeProtocolError(f"expected 'ready', got {msg.get('op')!r}")
     return int(msg["pid"])
 
 
@@ -253,24 +253,24 @@ def check_error(msg: dict[str, Any]) -> tuple[str, str, int | None]:
     """(code, message, call_id) of an ``error`` message, each validated and bounded."""
     code, message, call_id = msg.get("code"), msg.get("message", ""), msg.get("call_id")
     if code not in WORKER_ERROR_CODES:
-        raise ProtocolError(f"unknown worker error code {str(code)[:40]!r}")
+        raise JudgeProtocolError(f"unknown worker error code {str(code)[:40]!r}")
     if not isinstance(message, str):
-        raise ProtocolError("error message is not a string")
+        raise JudgeProtocolError("error message is not a string")
     if call_id is not None and not _is_int(call_id):
-        raise ProtocolError("error call_id is not an int")
+        raise JudgeProtocolError("error call_id is not an int")
     return code, message[:2000], call_id
 
 
 def check_done(msg: dict[str, Any], call_ids: list[int]) -> list[int]:
     """The per-call times of a ``done`` reply to the batch ``call_ids`` (non-negative ints, one per call)."""
     if msg.get("op") != "done":
-        raise ProtocolError(f"expected 'done', got {str(msg.get('op'))[:40]!r}")
+        raise JudgeProtocolError(f"expected 'done', got {str(msg.get('op'))[:40]!r}")
     if msg.get("call_ids") != call_ids:
-        raise ProtocolError("reply names other calls than the batch")
+        raise JudgeProtocolError("reply names other calls than the batch")
     times = msg.get("times_ns")
     if not isinstance(times, list) or len(times) != len(call_ids):
-        raise ProtocolError("times_ns is not a list with one time per call")
+        raise JudgeProtocolError("times_ns is not a list with one time per call")
     for t in times:
         if not _is_int(t) or t < 0 or t > 1 << 62:
-            raise ProtocolError(f"bad time {str(t)[:40]!r}")
+            raise JudgeProtocolError(f"bad time {str(t)[:40]!r}")
     return [int(t) for t in times]

@@ -112,7 +112,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where ``kz_runner`
 
 
 @dataclass(frozen=True)
-class Finding:
+class RefereeFinding:
     code: str
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -144,7 +144,7 @@ class JudgeResult:
     overhead: dict[str, float] = field(default_factory=dict)  # o1_ns, per_call_ns, slack_ns, tol, ...
     skew: float = math.nan  # per-call median / batch_mean_median (1 with batch=1; forgeable, informational)
     compared: int = 0  # timed calls whose output was compared
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[RefereeFinding] = field(default_factory=list)
     elapsed_s: float = 0.0  # the whole time() call
     first_output: list[np.ndarray] | None = None  # the outputs of the call on first_inputs
     first_passed: bool | None = None  # first_output against first_expected (None: not compared)
@@ -365,10 +365,10 @@ def harden_self() -> bool:
         return False
 
 
-class _Stop(Exception):
+class _RefereeStop(Exception):
     """A decisive finding: the timing ends."""
 
-    def __init__(self, finding: Finding) -> None:
+    def __init__(self, finding: RefereeFinding) -> None:
         super().__init__(finding.line())
         self.finding = finding
 
@@ -476,7 +476,7 @@ class Judge:
         judge = cls(worker_argv_prefix, src_dir, module, function, **options)
         try:
             judge._spawn()
-        except _Stop as stop:  # no submitted code has run yet: this is the setup failing
+        except _RefereeStop as stop:  # no submitted code has run yet: this is the setup failing
             judge.close()
             raise RuntimeError(f"the worker did not start: {stop.finding.line()}") from None
         return judge
@@ -503,13 +503,13 @@ class Judge:
         try:
             ready, sender = protocol.recv_ready(self.sock, _time.monotonic() + self.start_timeout_s)
         except protocol.ChannelClosed as exc:
-            raise _Stop(self._crashed(str(exc))) from None
+            raise _RefereeStop(self._crashed(str(exc))) from None
         except protocol.ChannelTimeout:
             self._kill()
-            raise _Stop(Finding(WORKER_TIMEOUT, "the worker did not start before the deadline; it was killed")) from None
-        except protocol.ProtocolError as exc:
+            raise _RefereeStop(RefereeFinding(WORKER_TIMEOUT, "the worker did not start before the deadline; it was killed")) from None
+        except protocol.JudgeProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500])) from None
+            raise _RefereeStop(RefereeFinding(PROTOCOL_ERROR, str(exc)[:500])) from None
         self.worker_pid = protocol.check_ready(ready)  # in the worker's own pid namespace (informational)
         # The pid the kernel vouches for, in this process's pid namespace (a sandbox's worker has another
         # pid in its own); without credentials, the spawned process itself (no sandbox prefix).
@@ -568,21 +568,21 @@ class Judge:
         try:
             return protocol.recv_stamped(self.sock, deadline)
         except protocol.ChannelClosed as exc:
-            raise _Stop(self._crashed(str(exc))) from None
+            raise _RefereeStop(self._crashed(str(exc))) from None
         except protocol.ChannelTimeout:
             self._kill()
-            raise _Stop(Finding(WORKER_TIMEOUT, "no reply before the deadline; the worker was killed")) from None
-        except protocol.ProtocolError as exc:
+            raise _RefereeStop(RefereeFinding(WORKER_TIMEOUT, "no reply before the deadline; the worker was killed")) from None
+        except protocol.JudgeProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc)[:500])) from None
+            raise _RefereeStop(RefereeFinding(PROTOCOL_ERROR, str(exc)[:500])) from None
 
     def _unstoppable(self) -> None:
         """A worker process that did not stop in time could run outside the judge's clock: the timing ends."""
         self._kill()
-        raise _Stop(Finding(WORKER_TIMEOUT, "the worker's processes did not all stop within 2 s between batches "
+        raise _RefereeStop(RefereeFinding(WORKER_TIMEOUT, "the worker's processes did not all stop within 2 s between batches "
                                             "(they could have run outside the judge's clock); the worker was killed"))
 
-    def _crashed(self, why: str) -> Finding:
+    def _crashed(self, why: str) -> RefereeFinding:
         rc = None
         if self.proc is not None:
             try:
@@ -591,7 +591,7 @@ class Judge:
                 self._kill()
         how = f"exit status {rc}" if rc is not None and rc >= 0 else (
             f"signal {signal.Signals(-rc).name}" if rc is not None else "still running; killed")
-        return Finding(WORKER_CRASHED, f"the worker closed the channel ({why}; {how})", {"returncode": rc})
+        return RefereeFinding(WORKER_CRASHED, f"the worker closed the channel ({why}; {how})", {"returncode": rc})
 
     def _expect_ok(self, deadline: float) -> None:
         reply = self._recv(deadline)
@@ -602,14 +602,14 @@ class Judge:
     def _worker_error(self, reply: dict[str, Any]) -> None:
         if reply.get("op") != "error":
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, f"unexpected reply {str(reply.get('op'))[:40]!r}"))
+            raise _RefereeStop(RefereeFinding(PROTOCOL_ERROR, f"unexpected reply {str(reply.get('op'))[:40]!r}"))
         try:
             code, message, call_id = protocol.check_error(reply)
-        except protocol.ProtocolError as exc:
+        except protocol.JudgeProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc))) from None
+            raise _RefereeStop(RefereeFinding(PROTOCOL_ERROR, str(exc))) from None
         finding_code = BAD_OUTPUT if code == "BAD_OUTPUT" else WORKER_ERROR
-        raise _Stop(Finding(finding_code, f"{code}: {message}", {"worker_code": code, "call_id": call_id}))
+        raise _RefereeStop(RefereeFinding(finding_code, f"{code}: {message}", {"worker_code": code, "call_id": call_id}))
 
     def _run_batch(self, frame: bytes, call_ids: list[int], deadline_s: float,
                    outs: Sequence[Sequence[str]] = ()) -> tuple[int, list[int]]:
@@ -659,9 +659,9 @@ class Judge:
             self._worker_error(reply)
         try:
             times = protocol.check_done(reply, call_ids)
-        except protocol.ProtocolError as exc:
+        except protocol.JudgeProtocolError as exc:
             self._kill()
-            raise _Stop(Finding(PROTOCOL_ERROR, str(exc))) from None
+            raise _RefereeStop(RefereeFinding(PROTOCOL_ERROR, str(exc))) from None
         self._check_fence(names, left)
         return t1 - t0 + fence_ns, times
 
@@ -679,10 +679,10 @@ class Judge:
         evidence = {"outputs": len(bad), "first": bad[0][0], "poison_words": bad[0][1],
                     "poison_words_later": again[0]}
         if moved:
-            raise _Stop(Finding(TIMER_TAMPERED, f"{len(moved)} of the batch's outputs were still being written after "
+            raise _RefereeStop(RefereeFinding(TIMER_TAMPERED, f"{len(moved)} of the batch's outputs were still being written after "
                                                 f"the worker reported the batch done: GPU work left running past "
                                                 f"the reply", evidence))
-        raise _Stop(Finding(WRONG_OUTPUT, f"{len(bad)} of the batch's outputs were never (wholly) written",
+        raise _RefereeStop(RefereeFinding(WRONG_OUTPUT, f"{len(bad)} of the batch's outputs were never (wholly) written",
                             evidence))
 
     # -- timing ----------------------------------------------------------------------------------
@@ -780,7 +780,7 @@ class Judge:
                        timeout_s=timeout_s, first_call_timeout_s=first_call_timeout_s, budget_s=budget_s,
                        target_rse=target_rse, first_inputs=first_inputs, first_expected=first_expected,
                        max_batches=max_batches)
-        except _Stop as stop:
+        except _RefereeStop as stop:
             result.findings.append(stop.finding)
         finally:
             self.close()  # a loaded worker is never reused
@@ -927,7 +927,7 @@ class Judge:
                 for k, (g, e) in enumerate(zip(got, exps)):
                     bad = _compare(g, e if on_device else _host(e), atol, rtol)
                     if bad is not None:
-                        raise _Stop(Finding(WRONG_OUTPUT, f"call {ids[i]} (position {i} of a batch of {n}), "
+                        raise _RefereeStop(RefereeFinding(WRONG_OUTPUT, f"call {ids[i]} (position {i} of a batch of {n}), "
                                                           f"output {k}: {bad['mismatches']} of {bad['elements']} "
                                                           f"elements outside atol {atol:g} + rtol {rtol:g}",
                                             {**bad, "call_id": ids[i], "position": i, "batch": n}))
@@ -1002,7 +1002,7 @@ class Judge:
             slow = [ns for ns in prep_timed if ns > DEVICE_PROBE_FACTOR * base + DEVICE_PROBE_SLACK_NS]
             result.overhead.update({"idle_probe_cal_ns": base, "idle_probe_ns": float(np.median(prep_timed))})
             if len(slow) > max_bad_share * len(prep_timed):
-                raise _Stop(Finding(TIMER_TAMPERED, f"the GPU was busy while the worker was stopped: the judge's "
+                raise _RefereeStop(RefereeFinding(TIMER_TAMPERED, f"the GPU was busy while the worker was stopped: the judge's "
                                                     f"idle probe took {np.median(prep_timed) / 1e3:.0f} us against "
                                                     f"{base / 1e3:.0f} us before the kernel was loaded (GPU work "
                                                     f"left running outside the timed batches)",
@@ -1044,19 +1044,19 @@ class Judge:
                     "run_delays_ns": result.run_delays_ns[:20], "judge_delays_ns": result.judge_delays_ns[:20],
                     "excuse_ns": round(excuse)}
         if over:
-            result.findings.append(Finding(TIMER_TAMPERED, f"{len(over)} of {nb} batches report more time than "
+            result.findings.append(RefereeFinding(TIMER_TAMPERED, f"{len(over)} of {nb} batches report more time than "
                                                             f"the judge's wall clock saw", evidence))
         elif len(under) > max_bad_share * nb:
             w = sum(result.walls_ns[j] for j in under)
             s = sum(result.sums_ns[j] for j in under)
-            result.findings.append(Finding(
+            result.findings.append(RefereeFinding(
                 TIMER_TAMPERED, f"{len(under)} of {nb} batches report under (1-{tol:g})*(wall-overhead)-slack: "
                                 f"{s / 1e6:.3f} ms reported against {w / 1e6:.3f} ms of judge wall", evidence))
         elif len(under) + len(busy) > max_bad_share * nb and result.first_passed is not False:
             # (a case whose first output is wrong has its verdict: a void timing must not turn it into a job
             # given back to the queue, or a wrong kernel that loads the host with its own threads would end
             # ATTEMPTS_EXHAUSTED, never rejected)
-            result.findings.append(Finding(
+            result.findings.append(RefereeFinding(
                 MACHINE_BUSY, f"{len(busy) + len(under)} of {nb} batches outside the tolerance, {len(busy)} of "
                               f"them explained by the worker waiting for a CPU; re-run on a quieter machine",
                 evidence))

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kz_events import defaults
-from kz_runner.contract.checks import Verdict, check_result, parse_output
+from kz_runner.contract.checks import CheckVerdict, check_result, parse_output
 from kz_runner.contract.layout import BENCH_RESULT, BENCHMARK, BUILD_TEST_ENV, DESC, KP, seed_scorecard
 from kz_runner.contract.problems import Problem, clip
 
@@ -59,7 +59,7 @@ VERDICT_CHARS = 1000
 
 
 @dataclass(frozen=True)
-class Scorecard:
+class DryRunScorecard:
     """The scorecard a dry run judges against instead of the package's own ``bench_result.yaml``."""
 
     source: str  # one line for the report: where it came from
@@ -90,11 +90,11 @@ class DryRun:
     path: str
     kernel_id: str | None = None
     steps: list[Step] = field(default_factory=list)
-    verdict: Verdict | None = None
+    verdict: CheckVerdict | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)  # the per-case table
     workdirs: list[str] = field(default_factory=list)  # kept with keep=True
     warnings: tuple[Problem, ...] = ()
-    judged_against: str | None = None  # set when a Scorecard replaced the package's own
+    judged_against: str | None = None  # set when a DryRunScorecard replaced the package's own
     measurement: str | None = None  # "judged" or "unverified", once the benchmark ran
     unverified_reason: str = ""
 
@@ -309,7 +309,7 @@ def scorecard_from_kernel_doc(doc: dict[str, Any], kernel_id: str) -> tuple[dict
 def dry_run(path: str | os.PathLike, *, build_timeout_s: float = defaults.BUILD_TIMEOUT_S,
             bench_timeout_s: float = defaults.BENCHMARK_TIMEOUT_S,
             keep: bool = False, python: str | None = None, kernel_id: str | None = None,
-            scorecard_for: Callable[[str], Scorecard] | None = None) -> DryRun:
+            scorecard_for: Callable[[str], DryRunScorecard] | None = None) -> DryRun:
     """Run the whole loop on a package directory or a ``.tar.gz``; never raises for a bad package.
 
     ``kernel_id`` overrides the one validation derives; ``scorecard_for(kernel_id)``, called once
@@ -334,7 +334,7 @@ def dry_run(path: str | os.PathLike, *, build_timeout_s: float = defaults.BUILD_
 
 def _dry_run(run: DryRun, src: Path, scratch: Path, build_timeout_s: float, bench_timeout_s: float,
              python: str, validate_package_dir, validate_tarball, kernel_id: str | None = None,
-             scorecard_for: Callable[[str], Scorecard] | None = None) -> None:
+             scorecard_for: Callable[[str], DryRunScorecard] | None = None) -> None:
     import yaml
 
     t0 = time.monotonic()

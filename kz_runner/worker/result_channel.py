@@ -87,7 +87,7 @@ def open_pipes(trial_seed: int | None = None) -> Pipes:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ChannelVerdict:
     """What a finished benchmark produced, as far as the channels tell."""
 
     # the result document, None when there is none to report
@@ -129,47 +129,47 @@ def parse_channel(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return doc, None
 
 
-def judge(stdout: bytes, channel_data: bytes, *, channel_dropped: int = 0) -> Verdict:
+def judge(stdout: bytes, channel_data: bytes, *, channel_dropped: int = 0) -> ChannelVerdict:
     """The result of a benchmark step that exited 0 (see the module docstring)."""
     if channel_dropped:
-        return Verdict(None, INTEGRITY_ERROR,
+        return ChannelVerdict(None, INTEGRITY_ERROR,
                        f"the harness's result channel carried more than {RESULT_CAP} bytes", "harness")
     doc, problem = parse_channel(channel_data)
     if problem:
-        return Verdict(None, INTEGRITY_ERROR, problem, "harness")
+        return ChannelVerdict(None, INTEGRITY_ERROR, problem, "harness")
     if doc is None:
         out, problem = _stdout_document(stdout)
         if problem:
-            return Verdict(None, BAD_OUTPUT, problem, "stdout", "stdout (offending)")
-        return Verdict(out, None, None, "stdout")
+            return ChannelVerdict(None, BAD_OUTPUT, problem, "stdout", "stdout (offending)")
+        return ChannelVerdict(out, None, None, "stdout")
     if doc["kind"] == "integrity":
         return integrity_verdict(doc)
     if doc["kind"] == "unjudged":  # only the judge's step may say so (kz_runner.worker.job runs it again)
-        return Verdict(None, INTEGRITY_ERROR, "the harness said it needs the source area outside the judge's step",
+        return ChannelVerdict(None, INTEGRITY_ERROR, "the harness said it needs the source area outside the judge's step",
                        "harness")
     result = doc.get("result")
     if not isinstance(result, dict):
-        return Verdict(None, INTEGRITY_ERROR, "the harness's result document holds no benchmark output", "harness")
+        return ChannelVerdict(None, INTEGRITY_ERROR, "the harness's result document holds no benchmark output", "harness")
     bad = list(nonfinite_paths(result))
     if bad:
-        return Verdict(None, BAD_OUTPUT, f"NaN/Infinity in the result at {', '.join(bad[:5])}", "harness")
+        return ChannelVerdict(None, BAD_OUTPUT, f"NaN/Infinity in the result at {', '.join(bad[:5])}", "harness")
     out, _problem = _stdout_document(stdout)
     if out is not None and any(out.get(k) != result.get(k) for k in ("overall", "cases")):
-        return Verdict(None, INTEGRITY_ERROR, "stdout and the harness's result channel disagree", "harness",
+        return ChannelVerdict(None, INTEGRITY_ERROR, "stdout and the harness's result channel disagree", "harness",
                        "stdout (disagreeing with the result channel)")
-    return Verdict(result, None, None, "harness")
+    return ChannelVerdict(result, None, None, "harness")
 
 
-def integrity_verdict(doc: dict[str, Any]) -> Verdict:
+def integrity_verdict(doc: dict[str, Any]) -> ChannelVerdict:
     """The failure an ``integrity`` document reports (an unknown code is the runner's own)."""
     code = doc.get("code")
     message = str(doc.get("message") or "").splitlines()[0][:500] if doc.get("message") else ""
     case = doc.get("case")
     if code not in LIBRARY_CODES:
-        return Verdict(None, INTEGRITY_ERROR, f"the harness reported an unknown integrity code {code!r:.60}",
+        return ChannelVerdict(None, INTEGRITY_ERROR, f"the harness reported an unknown integrity code {code!r:.60}",
                        "harness")
     text = message or code
     if isinstance(case, str) and case:
         text = f"{text} (case {case[:200]})"
     evidence = json.dumps(doc.get("evidence"), sort_keys=True, default=str)[:4000]
-    return Verdict(None, code, text, "harness", f"harness integrity evidence: {evidence}")
+    return ChannelVerdict(None, code, text, "harness", f"harness integrity evidence: {evidence}")

@@ -14,7 +14,7 @@ decoded is itself a finding. Other text files (C, C++, CUDA, HIP, shell) are mat
 line by line with simple patterns (bytes that are not UTF-8 read as Latin-1, so an
 identifier is still seen). Files no rule can read (archives, compiled modules,
 bytecode caches) are findings by their names. The rules are pure:
-:func:`check_sources` takes ``{path: bytes}`` and returns :class:`Finding` values,
+:func:`check_sources` takes ``{path: bytes}`` and returns :class:`RuleFinding` values,
 one per rule, file and line. Import aliases are followed (``import cupy as cp``
 makes ``cp.matmul`` read as ``cupy.matmul``); anything that hides a name behind
 ``getattr`` or ``exec`` is what the hold rules and an admin's review are for.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from kz_runner.contract.rules.pysource import walk_nodes
 
-__all__ = ["Rule", "Finding", "RULES", "RULES_BY_ID", "REJECT", "HOLD", "DEFAULT_VENDOR_CALLS",
+__all__ = ["Rule", "RuleFinding", "RULES", "RULES_BY_ID", "REJECT", "HOLD", "DEFAULT_VENDOR_CALLS",
            "DEFAULT_GEMM_OP_CLASSES", "SHADOWED_MODULES", "SOURCE_SUFFIXES", "check_sources", "decode_python",
            "prebuilt_kind", "rule_table_markdown"]
 
@@ -49,7 +49,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Finding:
+class RuleFinding:
     """One place a rule matched: the rule, the file (relative to the package), the line, the text."""
 
     rule: str
@@ -297,7 +297,7 @@ def _aliases(nodes: Iterable[ast.AST]) -> dict[str, str]:
 class _PyChecker:
     def __init__(self, path: str, lines: list[str], vendor: tuple[str, ...] | None) -> None:
         self.path, self.lines, self.vendor = path, lines, vendor
-        self.found: list[Finding] = []
+        self.found: list[RuleFinding] = []
 
     def hit(self, rule: str, node: ast.AST) -> None:
         """Record ``rule`` at ``node``'s line (once per rule and line)."""
@@ -305,9 +305,9 @@ class _PyChecker:
         if any(f.rule == rule and f.line == line for f in self.found):
             return
         text = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
-        self.found.append(Finding(rule, RULES_BY_ID[rule].action, self.path, line, text[:MAX_TEXT]))
+        self.found.append(RuleFinding(rule, RULES_BY_ID[rule].action, self.path, line, text[:MAX_TEXT]))
 
-    def run(self, tree: ast.AST) -> list[Finding]:
+    def run(self, tree: ast.AST) -> list[RuleFinding]:
         nodes = walk_nodes(tree)  # one walk, read three times
         aliases = _aliases(nodes)
         # docstrings describe, they do not read files
@@ -416,7 +416,7 @@ def _shadowing(path: str) -> bool:
 def check_sources(files: Mapping[str, bytes], *, op_class: str = "",
                   reference_sources: Iterable[str] = (),
                   vendor_calls: Iterable[str] = DEFAULT_VENDOR_CALLS,
-                  gemm_op_classes: Iterable[str] = DEFAULT_GEMM_OP_CLASSES) -> list[Finding]:
+                  gemm_op_classes: Iterable[str] = DEFAULT_GEMM_OP_CLASSES) -> list[RuleFinding]:
     """Every finding of the rules in the source area ``files`` ({path relative to the package: bytes}).
 
     Paths under ``.kernel_package/`` are skipped (the contract area is checked by the
@@ -426,15 +426,15 @@ def check_sources(files: Mapping[str, bytes], *, op_class: str = "",
     gemm = {c.lower() for c in gemm_op_classes}
     vendor = tuple(vendor_calls) if op_class.lower() not in gemm else ()
     references = set(reference_sources)
-    found: list[Finding] = []
+    found: list[RuleFinding] = []
     for path in sorted(files):
         if path.startswith(".kernel_package/") or path == ".kernel_package":
             continue
         if _shadowing(path):
-            found.append(Finding("shadow-module", REJECT, path, 0, f"{path} shadows a module the harness imports"))
+            found.append(RuleFinding("shadow-module", REJECT, path, 0, f"{path} shadows a module the harness imports"))
         kind = prebuilt_kind(path)
         if kind is not None:
-            found.append(Finding("prebuilt-binary", HOLD, path, 0,
+            found.append(RuleFinding("prebuilt-binary", HOLD, path, 0,
                                  f"{path}: a submitted {kind}, which no rule reads"))
             continue
         data = files[path]
@@ -442,7 +442,7 @@ def check_sources(files: Mapping[str, bytes], *, op_class: str = "",
             try:
                 text = decode_python(data)
             except ValueError as exc:
-                found.append(Finding("unreadable-source", HOLD, path, 0,
+                found.append(RuleFinding("unreadable-source", HOLD, path, 0,
                                      f"{path} cannot be decoded as Python source: {exc}"[:MAX_TEXT]))
                 continue
             try:
@@ -459,7 +459,7 @@ def check_sources(files: Mapping[str, bytes], *, op_class: str = "",
             for number, line in enumerate(text.splitlines(), 1):
                 for rule, pattern in _NATIVE_PATTERNS:
                     if pattern.search(line):
-                        found.append(Finding(rule, RULES_BY_ID[rule].action, path, number,
+                        found.append(RuleFinding(rule, RULES_BY_ID[rule].action, path, number,
                                              line.strip()[:MAX_TEXT]))
     return found
 

@@ -116,9 +116,8 @@ class IndexFile:
             for stale in lib.family(order, kid, key=None):
                 del self.fragments[stale]
                 del order[bisect.bisect_left(order, stale)]
-            for entry in lib.family(kernels, kid):
-                if entry["kernel_id"] not in self.fragments:
-                    bisect.insort(order, entry["kernel_id"])
+            for entry in lib.family(kernels, kid):  # none of them is left in the fragments now
+                bisect.insort(order, entry["kernel_id"])
                 self.fragments[entry["kernel_id"]] = _encode(entry)
         if len(self.fragments) != len(kernels) or len(self.order) != len(kernels):
             self.reset(doc)  # defensive: never write a partial list
